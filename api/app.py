@@ -1,0 +1,69 @@
+"""The edge's FastAPI app, built in a factory; producer and tail start in the lifespan."""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
+
+from fastapi import FastAPI
+from fastapi.responses import JSONResponse
+from pydantic import BaseModel
+
+from api import conversations
+from api.tail import EdgeTail
+from api.views import ConversationViews
+from streams.producer import RecordProducer
+from streams.settings import VoiceSettings, load_settings
+from streams.topics import missing_topics
+
+
+class Health(BaseModel):
+    status: str
+
+
+def create_app(settings: VoiceSettings | None = None) -> FastAPI:
+    """Build the edge app for ``settings`` (read from the environment when omitted)."""
+    settings = settings or load_settings()
+
+    @asynccontextmanager
+    async def lifespan(app: FastAPI) -> AsyncIterator[None]:
+        views = ConversationViews()
+        app.state.settings = settings
+        app.state.views = views
+        app.state.producer = RecordProducer(settings)
+        app.state.tail = EdgeTail(settings, on_conversation=views.apply)
+        app.state.tail.start()
+        try:
+            yield
+        finally:
+            app.state.tail.stop()
+            app.state.producer.close()
+
+    app = FastAPI(title="Voice edge", version="0.1.0", lifespan=lifespan)
+    app.include_router(conversations.router)
+
+    @app.get("/healthz", tags=["ops"])
+    async def healthz() -> Health:
+        """The process is up."""
+        return Health(status="ok")
+
+    @app.get("/readyz", tags=["ops"], responses={503: {"description": "not ready"}})
+    async def readyz() -> JSONResponse:
+        """Broker reachable, topics present, the edge's consumers assigned and caught up."""
+        checks: dict[str, object] = {}
+        try:
+            missing = await asyncio.to_thread(missing_topics, app.state.settings, 3.0)
+            checks["broker"] = "ok"
+            checks["topics"] = "ok" if not missing else {"missing": missing}
+        except Exception as exc:
+            checks["broker"] = f"unreachable: {exc}"
+            checks["topics"] = "unknown"
+        tail: EdgeTail = app.state.tail
+        checks["consumers"] = "assigned" if tail.assigned.is_set() else "not assigned"
+        checks["caught_up"] = tail.caught_up.is_set()
+        ready = (checks["broker"] == "ok" and checks["topics"] == "ok"
+                 and tail.assigned.is_set() and tail.caught_up.is_set())
+        return JSONResponse({"ready": ready, "checks": checks}, status_code=200 if ready else 503)
+
+    return app

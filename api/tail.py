@@ -1,0 +1,141 @@
+"""The edge's tail of the log: command acknowledgements and conversation records.
+
+Every edge process reads all partitions of ``voice.acks`` (from the end: it only waits on its
+own commands) and of ``voice.conversations`` (from the beginning: the views it serves are
+derived from the log). A thread polls with confluent-kafka and hands decoded records to the
+event loop; nothing on a request path polls Kafka.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import threading
+from collections.abc import Callable
+
+from confluent_kafka import OFFSET_BEGINNING, OFFSET_END, Consumer, TopicPartition
+
+from schemas.system import CommandAcknowledged
+from streams.envelope import DecodeError, Envelope, decode
+from streams.settings import VoiceSettings
+from streams.topics import ACKS, CONVERSATIONS, topic_name
+
+log = logging.getLogger(__name__)
+
+RecordHandler = Callable[[Envelope], None]
+
+
+class AckTimeout(Exception):
+    """The writer did not acknowledge a command in time (the command is still on the log)."""
+
+
+class EdgeTail:
+    """Consumes acks and conversation records for one edge process."""
+
+    def __init__(self, settings: VoiceSettings, on_conversation: RecordHandler) -> None:
+        self.settings = settings
+        self.on_conversation = on_conversation
+        self.acks_topic = topic_name(settings, ACKS)
+        self.conv_topic = topic_name(settings, CONVERSATIONS)
+        self._waiters: dict[str, asyncio.Future[Envelope]] = {}
+        self._stop = threading.Event()
+        self._thread: threading.Thread | None = None
+        self._loop: asyncio.AbstractEventLoop | None = None
+        self.assigned = threading.Event()
+        self.caught_up = threading.Event()
+        """Set once the conversation log has been read up to its end at start."""
+
+    def start(self) -> None:
+        self._loop = asyncio.get_running_loop()
+        self._thread = threading.Thread(target=self._run, name="voice-edge-tail", daemon=True)
+        self._thread.start()
+
+    def stop(self) -> None:
+        self._stop.set()
+        if self._thread:
+            self._thread.join(timeout=5)
+
+    def expect_ack(self, command_id: str) -> asyncio.Future[Envelope]:
+        """Register interest in a command's ack *before* producing the command."""
+        fut: asyncio.Future[Envelope] = asyncio.get_running_loop().create_future()
+        self._waiters[command_id] = fut
+        return fut
+
+    async def wait_ack(self, command_id: str, fut: asyncio.Future[Envelope], timeout: float
+                       ) -> CommandAcknowledged:
+        try:
+            env = await asyncio.wait_for(fut, timeout)
+        except TimeoutError:
+            raise AckTimeout(f"no acknowledgement of command {command_id!r} in {timeout}s") from None
+        finally:
+            self._waiters.pop(command_id, None)
+        assert isinstance(env.record, CommandAcknowledged)
+        return env.record
+
+    def _assign(self, consumer: Consumer) -> None:
+        md = consumer.list_topics(timeout=10)
+        parts: list[TopicPartition] = []
+        for topic, start in ((self.acks_topic, OFFSET_END), (self.conv_topic, OFFSET_BEGINNING)):
+            t = md.topics.get(topic)
+            if t is None or t.error is not None:
+                raise RuntimeError(f"topic {topic!r} is missing: run `voice topics create`")
+            parts += [TopicPartition(topic, p, start) for p in t.partitions]
+        consumer.assign(parts)
+        # Where the conversation log ends now: the edge is caught up once it reaches these.
+        self._ends = {}
+        for p in md.topics[self.conv_topic].partitions:
+            _low, high = consumer.get_watermark_offsets(TopicPartition(self.conv_topic, p), 10)
+            self._ends[p] = high
+        self.assigned.set()
+
+    def _run(self) -> None:
+        consumer = Consumer({
+            "bootstrap.servers": self.settings.bootstrap,
+            "group.id": f"{self.settings.group_prefix}-edge-unused",  # assign(): no group joins
+            "enable.auto.commit": False,
+            "fetch.wait.max.ms": 5,
+            "fetch.min.bytes": 1,
+        })
+        try:
+            while not self._stop.is_set():
+                try:
+                    self._assign(consumer)
+                    break
+                except Exception as exc:
+                    log.warning("edge tail cannot assign yet: %s", exc)
+                    self._stop.wait(1.0)
+            while not self._stop.is_set():
+                msgs = consumer.consume(num_messages=500, timeout=0.05)
+                for msg in msgs:
+                    if msg.error():
+                        continue
+                    self._handle(msg.topic(), msg.partition(), msg.offset(), msg.key(),
+                                 msg.value(), msg.headers())
+                if not self.caught_up.is_set():
+                    self._check_caught_up(consumer)
+        finally:
+            consumer.close()
+
+    def _check_caught_up(self, consumer: Consumer) -> None:
+        tps = [TopicPartition(self.conv_topic, p) for p in self._ends]
+        positions = {tp.partition: tp.offset for tp in consumer.position(tps)}
+        if all(end == 0 or positions[p] >= end for p, end in self._ends.items()):
+            self.caught_up.set()
+
+    def _handle(self, topic: str, partition: int, offset: int, key: bytes | None,
+                value: bytes | None, headers: list[tuple[str, bytes]] | None) -> None:
+        try:
+            env = decode(key, value, headers)
+        except DecodeError as exc:  # the workers dead-letter it; the edge just skips it
+            log.debug("edge skips %s[%s]@%s: %s", topic, partition, offset, exc.reason)
+            return
+        assert self._loop is not None
+        if topic == self.acks_topic:
+            self._loop.call_soon_threadsafe(self._resolve, env)
+        else:
+            self._loop.call_soon_threadsafe(self.on_conversation, env)
+
+    def _resolve(self, env: Envelope) -> None:
+        fut = self._waiters.get(env.key)
+        if fut is not None and not fut.done():
+            fut.set_result(env)

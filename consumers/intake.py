@@ -1,0 +1,37 @@
+"""Decode a raw Kafka record or dead-letter it: the one place consumers turn bytes into records.
+
+A consumer never dies of one record: anything ``decode`` refuses goes to ``<topic>.dlq`` with
+the reason and its origin (``topic[partition]@offset``) in headers, and the caller moves on.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Sequence
+
+from streams.envelope import DecodeError, Envelope, decode
+from streams.producer import RecordProducer, dlq_headers
+from streams.topics import dlq_name
+
+log = logging.getLogger(__name__)
+
+
+async def decode_or_dead_letter(
+    producer: RecordProducer,
+    topic: str,
+    partition: int | None,
+    offset: int | None,
+    key: bytes | None,
+    value: bytes | None,
+    headers: Sequence[tuple[str, bytes | None]] | None,
+) -> Envelope | None:
+    """The record's envelope, or ``None`` after it was produced to the DLQ (and acked)."""
+    try:
+        return decode(key, value, headers)
+    except DecodeError as exc:
+        reason = exc.reason
+    log.warning("dead-lettering %s[%s]@%s: %s", topic, partition, offset, reason)
+    await producer.produce_raw(
+        dlq_name(topic), key, value, dlq_headers(headers, reason, topic, partition, offset)
+    )
+    return None

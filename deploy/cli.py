@@ -1,0 +1,171 @@
+"""The ``voice`` command: thin subcommands that call the packages."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import sys
+from datetime import UTC, datetime
+from pathlib import Path
+
+import typer
+
+from streams.settings import VoiceSettings, load_settings
+
+app = typer.Typer(help="Voice: a Kafka-native runtime for LLM agent conversations.",
+                  no_args_is_help=True, add_completion=False)
+topics_app = typer.Typer(help="Create and list Voice's topics.", no_args_is_help=True)
+schemas_app = typer.Typer(help="Record schemas.", no_args_is_help=True)
+kafka_app = typer.Typer(help="The local Kafka broker (from the Maven cache).",
+                        no_args_is_help=True)
+app.add_typer(topics_app, name="topics")
+app.add_typer(schemas_app, name="schemas")
+app.add_typer(kafka_app, name="kafka")
+
+
+def _settings(need_broker: bool = True) -> VoiceSettings:
+    """Settings, with the bootstrap taken from a running `voice up` when not configured."""
+    try:
+        settings = load_settings()
+    except ValueError as exc:
+        raise typer.BadParameter(str(exc)) from None
+    if need_broker and not settings.kafka_bootstrap:
+        from deploy.supervisor import bootstrap_file
+
+        path = bootstrap_file(settings)
+        if path.exists():
+            return settings.model_copy(update={"kafka_bootstrap": path.read_text().strip()})
+        typer.echo("No Kafka: set VOICE_KAFKA_BOOTSTRAP=host:port, or run `voice up` "
+                   "(it starts a local broker).", err=True)
+        raise typer.Exit(2)
+    return settings
+
+
+@app.command()
+def up() -> None:
+    """Run the whole stack in the foreground (local broker, simulator, worker, edge)."""
+    from deploy.kafka_local import LocalKafkaError
+    from deploy.supervisor import up as run_up
+
+    try:
+        raise typer.Exit(run_up(_settings(need_broker=False)))
+    except LocalKafkaError as exc:
+        typer.echo(f"voice up: {exc}", err=True)
+        raise typer.Exit(1) from None
+
+
+@app.command()
+def worker(loglevel: str = typer.Option("warning", help="Faust log level.")) -> None:
+    """Run one worker (sequencer, turn worker, workflow steps); run N for N-way parallelism."""
+    from consumers.app import run_worker
+
+    sys.argv = [sys.argv[0]]  # Faust parses argv itself
+    run_worker(_settings(), loglevel=loglevel)
+
+
+@app.command()
+def edge(host: str = typer.Option(None), port: int = typer.Option(None)) -> None:
+    """Run one edge (HTTP API); N edges can serve the same cluster."""
+    import uvicorn
+
+    from api.app import create_app
+
+    settings = _settings()
+    uvicorn.run(create_app(settings), host=host or settings.edge_host,
+                port=port or settings.edge_port, log_level="warning",
+                timeout_graceful_shutdown=5)
+
+
+@app.command()
+def simulator(port: int = typer.Option(None, help="Default VOICE_SIMULATOR_PORT or 8100.")) -> None:
+    """Run the local model simulator that speaks the Anthropic Messages API."""
+    from deploy.simulator import run_simulator
+
+    run_simulator(os.environ.get("VOICE_SIMULATOR_HOST", "127.0.0.1"),
+                  port or int(os.environ.get("VOICE_SIMULATOR_PORT", "8100")))
+
+
+@topics_app.command("create")
+def topics_create() -> None:
+    """Create every registered topic that is missing (idempotent)."""
+    from streams.topics import create_topics
+
+    for name, outcome in create_topics(_settings()).items():
+        typer.echo(f"{outcome:8} {name}")
+
+
+@topics_app.command("list")
+def topics_list() -> None:
+    """The registered topics as the cluster has them."""
+    from streams.topics import describe_topics
+
+    for row in describe_topics(_settings()):
+        parts = row["partitions"] if row["partitions"] is not None else "MISSING"
+        typer.echo(f"{row['topic']:32} partitions={parts!s:8} {row['doc']}")
+
+
+@app.command()
+def tail(
+    topic: str = typer.Argument(..., help="Topic name, e.g. voice.conversations (prefix added)."),
+    from_beginning: bool = typer.Option(False, "--from-beginning", help="Start at the oldest."),
+    max_records: int = typer.Option(0, "--max", help="Stop after N records (0: run forever)."),
+    idle_exit: float = typer.Option(0.0, "--idle-exit", help="Stop after N idle seconds."),
+) -> None:
+    """Decode records live: time, key, ce_type, seq, payload (sealed content shown as sealed)."""
+    from deploy.tailing import tail_topic
+
+    settings = _settings()
+    name = topic if topic.startswith(settings.topic_prefix) else settings.topic_prefix + topic
+    signal.signal(signal.SIGINT, signal.default_int_handler)
+    try:
+        for line in tail_topic(settings, name, from_beginning, max_records, idle_exit):
+            typer.echo(line)
+    except KeyboardInterrupt:
+        pass
+
+
+@app.command()
+def token(
+    sub: str = typer.Option(..., "--sub", help="Subject (user id)."),
+    role: str = typer.Option("participant", "--role",
+                             help="participant|staff|reviewer|representative|operator"),
+    tenant: str = typer.Option("default", "--tenant"),
+    ttl: int = typer.Option(86400, "--ttl", help="Seconds until it expires."),
+) -> None:
+    """Mint a dev JWT for local use (signed with VOICE_JWT_SECRET)."""
+    from api.auth import mint_token
+
+    try:
+        typer.echo(mint_token(_settings(need_broker=False), sub, role, tenant, ttl))
+    except ValueError as exc:
+        raise typer.BadParameter(str(exc)) from None
+
+
+@schemas_app.command("export")
+def schemas_export(folder: Path = typer.Argument(..., help="Folder to write into.")) -> None:
+    """Write the JSON Schema of every record type (one file per ce_type)."""
+    from schemas import export_json_schemas
+
+    for path in export_json_schemas(folder):
+        typer.echo(str(path))
+
+
+@kafka_app.command("fetch")
+def kafka_fetch() -> None:
+    """Fetch the Kafka jars from Maven Central into the cache (once)."""
+    from deploy.kafka_local import LocalKafkaError, ensure_jars
+
+    try:
+        typer.echo(f"Kafka jars in {ensure_jars()}")
+    except LocalKafkaError as exc:
+        typer.echo(str(exc), err=True)
+        raise typer.Exit(1) from None
+
+
+def main() -> None:
+    app()
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,97 @@
+"""``voice up``: start what is not configured from outside, run it in the foreground, and stop
+every process it started on Ctrl-C (SIGINT) or SIGTERM.
+
+Order: local broker (unless ``VOICE_KAFKA_BOOTSTRAP``) → topics → model simulator (unless
+``ANTHROPIC_API_KEY``) → worker → edge. If any child dies, the rest are stopped too, so a
+broken stack never looks half alive.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+from deploy.kafka_local import LocalKafka
+from streams.settings import VoiceSettings
+from streams.topics import create_topics
+
+
+def bootstrap_file(settings: VoiceSettings) -> Path:
+    """Where ``voice up`` writes the local broker's address for other ``voice`` commands."""
+    return settings.state_dir / "kafka" / "bootstrap"
+
+
+def _spawn(name: str, args: list[str], env: dict[str, str]) -> subprocess.Popen[bytes]:
+    print(f"voice up: starting {name}: voice {' '.join(args)}", flush=True)
+    return subprocess.Popen([sys.executable, "-m", "deploy.cli", *args], env=env)
+
+
+def up(settings: VoiceSettings, with_simulator: bool | None = None) -> int:
+    """Run the whole stack in the foreground; returns the exit code."""
+    stopping = False
+
+    def on_signal(signum: int, _frame: object) -> None:
+        nonlocal stopping
+        stopping = True
+
+    signal.signal(signal.SIGINT, on_signal)
+    signal.signal(signal.SIGTERM, on_signal)
+
+    broker: LocalKafka | None = None
+    children: dict[str, subprocess.Popen[bytes]] = {}
+    env = dict(os.environ)
+    try:
+        if settings.kafka_bootstrap:
+            print(f"voice up: using the Kafka cluster at {settings.kafka_bootstrap}", flush=True)
+        else:
+            port = int(os.environ.get("VOICE_LOCAL_KAFKA_PORT", "9092"))
+            broker = LocalKafka(data_dir=settings.state_dir / "kafka", port=port)
+            print(f"voice up: starting the local Kafka broker (KRaft) on 127.0.0.1:{port}; "
+                  f"data in {broker.data_dir}", flush=True)
+            settings = settings.model_copy(update={"kafka_bootstrap": broker.start()})
+            bootstrap_file(settings).write_text(settings.bootstrap + "\n")
+        env["VOICE_KAFKA_BOOTSTRAP"] = settings.bootstrap
+        created = create_topics(settings)
+        print(f"voice up: topics ready ({sum(v == 'created' for v in created.values())} created, "
+              f"{sum(v == 'exists' for v in created.values())} existed)", flush=True)
+        if with_simulator is None:
+            with_simulator = not os.environ.get("ANTHROPIC_API_KEY")
+        if with_simulator:
+            sim_port = os.environ.get("VOICE_SIMULATOR_PORT", "8100")
+            env["ANTHROPIC_BASE_URL"] = f"http://127.0.0.1:{sim_port}"
+            env.setdefault("ANTHROPIC_API_KEY", "simulator")
+            children["simulator"] = _spawn("the model simulator (replies come from it, "
+                                           "not from a real model)", ["simulator"], env)
+        children["worker"] = _spawn("the worker", ["worker"], env)
+        children["edge"] = _spawn("the edge", ["edge"], env)
+        print(f"voice up: edge on http://{settings.edge_host}:{settings.edge_port} "
+              f"(OpenAPI at /docs); Ctrl-C stops everything", flush=True)
+        while not stopping:
+            for name, proc in children.items():
+                if proc.poll() is not None:
+                    print(f"voice up: {name} exited with {proc.returncode}; stopping", flush=True)
+                    return proc.returncode or 1
+            time.sleep(0.2)
+        return 0
+    finally:
+        signal.signal(signal.SIGINT, signal.SIG_IGN)
+        for proc in children.values():
+            if proc.poll() is None:
+                proc.send_signal(signal.SIGTERM)
+        deadline = time.monotonic() + 15
+        for name, proc in children.items():
+            try:
+                proc.wait(max(0.1, deadline - time.monotonic()))
+            except subprocess.TimeoutExpired:
+                print(f"voice up: {name} did not stop in time; killing it", flush=True)
+                proc.kill()
+                proc.wait()
+        if broker is not None:
+            print("voice up: stopping the local Kafka broker", flush=True)
+            broker.stop()
+            bootstrap_file(settings).unlink(missing_ok=True)
+        print("voice up: stopped", flush=True)

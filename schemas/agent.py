@@ -1,0 +1,93 @@
+"""Records of agent turns (topic voice.agent, key = workflow id): every model call, tool call
+and display event. Content a participant wrote or a model produced is ``Sealed`` with the
+conversation's key when the turn belongs to a conversation, so replay can serve it back and
+erasure still has one place to act.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Literal
+
+from pydantic import Field
+
+from schemas.base import Record, Sealed, record_type
+
+EnvelopeKind = Literal["ok", "hint", "err"]
+
+
+@record_type("voice.agent.model_call.v1")
+class ModelCallRecorded(Record):
+    """One model call, its usage and its full response (for replay), in OTel GenAI terms."""
+
+    workflow: str
+    call_id: str
+    agent_name: str
+    iteration: int = Field(ge=1)
+    operation_name: str = "chat"
+    provider_name: str = "anthropic"
+    request_model: str
+    response_model: str | None = None
+    input_tokens: int = 0
+    """Including cache reads and writes, as the OTel GenAI conventions count them."""
+    output_tokens: int = 0
+    cache_read_input_tokens: int = 0
+    cache_creation_input_tokens: int = 0
+    finish_reasons: list[str] = []
+    latency_ms: float = 0.0
+    cost_usd: float = 0.0
+    fallback_used: bool = False
+    error_type: str | None = None
+    conversation_id: str | None = None
+    trace_id: str | None = None
+    span_id: str | None = None
+    response: Sealed | dict[str, Any] | None = None
+    """The response content blocks (sealed for conversations) that replay serves back."""
+
+
+@record_type("voice.agent.tool_call.v1")
+class ToolCallRecorded(Record):
+    """One tool call and its envelope; the result is what replay serves back."""
+
+    workflow: str
+    tool_call_id: str
+    tool_name: str
+    agent_name: str
+    envelope: EnvelopeKind
+    hint_kind: str | None = None
+    err_kind: str | None = None
+    duration_ms: float = 0.0
+    conversation_id: str | None = None
+    trace_id: str | None = None
+    span_id: str | None = None
+    arguments: Sealed | dict[str, Any] = {}
+    result: Sealed | dict[str, Any] = {}
+
+
+@record_type("voice.agent.display_event.v1")
+class DisplayEventRecorded(Record):
+    """A display event an SSE client sees (``text_delta``, ``tool_call``, ``done``, …)."""
+
+    workflow: str
+    event_id: str
+    type: str
+    channel: str = "main"
+    scope: str = "turn"
+    message_id: str | None = None
+    verb: str | None = None
+    priority: int = 0
+    persistent: bool = True
+    data: Sealed | dict[str, Any] = {}
+    group_id: str | None = None
+    parent_id: str | None = None
+    display_id: str | None = None
+    metadata: dict[str, Any] = {}
+
+
+@record_type("voice.telemetry.event.v1")
+class TelemetryEvent(Record):
+    """A telemetry fact (labels, envelopes, costs) with no conversation content in it."""
+
+    name: str
+    conversation_id: str | None = None
+    workflow: str | None = None
+    attributes: dict[str, Any] = {}

@@ -1,0 +1,100 @@
+"""Records of the participant's conversations: the commands the edge sends and the log the
+conversation's sequencer appends. Content (messages, replies, proposals) is always ``Sealed``.
+"""
+
+from __future__ import annotations
+
+from typing import Literal
+
+from pydantic import Field
+
+from schemas.base import Record, Sealed, record_type
+
+TurnState = Literal["Thinking", "Replied", "CouldNotInterpret"]
+
+
+# --- commands (topic voice.commands, key = conversation id) ---------------------------------
+
+
+@record_type("voice.conversation.start.v1")
+class StartConversation(Record):
+    """Open a new conversation owned by ``owner``."""
+
+    conversation: str = Field(pattern=r"^cnv-[0-9a-f]{8,32}$")
+    owner: str = Field(min_length=1)
+    """The participant's subject (JWT ``sub``)."""
+
+
+@record_type("voice.conversation.send_message.v1")
+class SendMessage(Record):
+    """A participant's message, sealed at the edge before it is produced."""
+
+    conversation: str
+    message_id: str
+    """Stable id of this content; the seal's AAD names it (the seq is not known yet)."""
+    text: Sealed
+    idempotency_key: str | None = None
+
+
+@record_type("voice.conversation.erase.v1")
+class EraseConversation(Record):
+    """The owner asked to erase the conversation; its key is already deleted."""
+
+    conversation: str
+
+
+# --- the conversation log (topic voice.conversations, key = conversation id) -----------------
+
+
+@record_type("voice.conversation.started.v1")
+class ConversationStarted(Record):
+    conversation: str
+    owner: str
+
+
+@record_type("voice.conversation.message_recorded.v1")
+class MessageRecorded(Record):
+    conversation: str
+    message_id: str
+    text: Sealed
+    at: str
+    """ISO-8601 time the sequencer recorded it."""
+
+
+@record_type("voice.conversation.turn_requested.v1")
+class TurnRequested(Record):
+    """Starts the conversation-turn workflow ``{conversation}:turn-{message_seq}``."""
+
+    conversation: str
+    turn: str
+    message_seq: int = Field(ge=1)
+
+
+@record_type("voice.conversation.reply_recorded.v1")
+class ReplyRecorded(Record):
+    conversation: str
+    turn: str
+    reply_id: str
+    text: Sealed
+
+
+@record_type("voice.conversation.proposal_recorded.v1")
+class ProposalRecorded(Record):
+    conversation: str
+    turn: str
+    proposal_id: str
+    proposal: Sealed
+    """The sealed JSON of a ``Proposal``: concerns and the issue they relate to or raise."""
+
+
+@record_type("voice.conversation.turn_state_changed.v1")
+class TurnStateChanged(Record):
+    conversation: str
+    turn: str
+    state: TurnState
+    reason: str | None = None
+
+
+@record_type("voice.conversation.erased.v1")
+class ConversationErased(Record):
+    conversation: str

@@ -1,0 +1,86 @@
+"""Records of the workflow engine's lifecycle (topic voice.workflows, key = workflow id).
+
+Each workflow's records carry a dense per-workflow ``voice_seq``; the workflow's state is the
+fold of these records, so a Faust table of it can always be rebuilt from the log.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from pydantic import Field
+
+from schemas.base import Record, record_type
+
+
+@record_type("voice.workflow.started.v1")
+class WorkflowStarted(Record):
+    workflow: str
+    kind: str
+    """conversation-turn | research | disclosure-review | update-delivery"""
+    input: dict[str, Any] = {}
+
+
+@record_type("voice.workflow.step_started.v1")
+class StepStarted(Record):
+    workflow: str
+    step: str
+    attempt: int = Field(ge=1)
+    lease_until: str | None = None
+    """ISO time after which another worker may take the step over (its worker is presumed dead)."""
+    worker: str | None = None
+
+
+@record_type("voice.workflow.step_succeeded.v1")
+class StepSucceeded(Record):
+    workflow: str
+    step: str
+    attempt: int = Field(ge=1)
+    output: dict[str, Any] = {}
+
+
+@record_type("voice.workflow.step_failed.v1")
+class StepFailed(Record):
+    workflow: str
+    step: str
+    attempt: int = Field(ge=1)
+    error: str
+    error_type: str
+    retryable: bool = True
+
+
+@record_type("voice.workflow.paused.v1")
+class WorkflowPaused(Record):
+    workflow: str
+    step: str
+    waiting_for: str
+    """What resumes it, e.g. ``review`` or ``second_review``."""
+
+
+@record_type("voice.workflow.command_received.v1")
+class WorkflowCommandReceived(Record):
+    workflow: str
+    command: str
+    command_id: str
+    by: str
+    payload: dict[str, Any] = {}
+
+
+@record_type("voice.workflow.resumed.v1")
+class WorkflowResumed(Record):
+    workflow: str
+    step: str
+
+
+@record_type("voice.workflow.completed.v1")
+class WorkflowCompleted(Record):
+    workflow: str
+    output: dict[str, Any] = {}
+
+
+@record_type("voice.workflow.failed.v1")
+class WorkflowFailed(Record):
+    workflow: str
+    step: str
+    error: str
+    attempts: int = Field(ge=1)

@@ -1,0 +1,150 @@
+"""CloudEvents 1.0 Kafka binary-mode codec for Voice records.
+
+Headers: ``ce_specversion``, ``ce_id``, ``ce_type``, ``ce_source``, ``ce_time``, ``ce_subject``
+(written by the ``cloudevents`` library's Kafka binding) and ``content-type``; plus Voice's own
+``voice_seq``, ``voice_tenant``, ``voice_correlation``, ``voice_causation``, which are plain Kafka
+headers (CloudEvents extension names may not contain ``_``). Key = the aggregate id.
+Value = the JSON of the record's pydantic model.
+
+``decode`` raises ``DecodeError`` with a reason for anything it cannot turn back into a record;
+it never lets another exception out, so a consumer can dead-letter the record and go on.
+"""
+
+from __future__ import annotations
+
+import uuid
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from datetime import UTC, datetime
+
+from cloudevents.core.bindings.kafka import KafkaMessage, from_binary, to_binary
+from cloudevents.core.formats.json import JSONFormat
+from cloudevents.core.v1.event import CloudEvent
+from pydantic import ValidationError
+
+from schemas.base import Record, model_for
+
+SPECVERSION = "1.0"
+CONTENT_TYPE = "application/json"
+VOICE_HEADERS = ("voice_seq", "voice_tenant", "voice_correlation", "voice_causation")
+_FORMAT = JSONFormat()
+
+Headers = list[tuple[str, bytes]]
+
+
+class DecodeError(Exception):
+    """A Kafka record that is not a valid Voice record; ``reason`` says why."""
+
+    def __init__(self, reason: str) -> None:
+        super().__init__(reason)
+        self.reason = reason
+
+
+@dataclass(frozen=True)
+class Envelope:
+    """One Voice record with its CloudEvents and Voice attributes."""
+
+    record: Record
+    key: str
+    """The aggregate id (conversation, workflow, issue, …); the Kafka message key."""
+    source: str
+    """Who produced it, e.g. ``/voice/edge`` or ``/voice/sequencer``."""
+    subject: str | None = None
+    seq: int | None = None
+    tenant: str | None = None
+    correlation: str | None = None
+    causation: str | None = None
+    id: str = field(default_factory=lambda: uuid.uuid4().hex)
+    time: datetime = field(default_factory=lambda: datetime.now(UTC))
+
+    @property
+    def type(self) -> str:
+        return self.record.ce_type
+
+
+def new_id() -> str:
+    """A fresh record id."""
+    return uuid.uuid4().hex
+
+
+def encode(env: Envelope) -> tuple[bytes, bytes, Headers]:
+    """(key, value, headers) of an envelope, in CloudEvents Kafka binary mode."""
+    attributes: dict[str, object] = {
+        "specversion": SPECVERSION,
+        "id": env.id,
+        "type": env.type,
+        "source": env.source,
+        "time": env.time,
+        "datacontenttype": CONTENT_TYPE,
+    }
+    if env.subject is not None:
+        attributes["subject"] = env.subject
+    event = CloudEvent(attributes=attributes, data=env.record.model_dump_json().encode())
+    msg = to_binary(event, _FORMAT, key_mapper=lambda _e: env.key)
+    headers: Headers = list(msg.headers.items())
+    for name, value in (
+        ("voice_seq", env.seq),
+        ("voice_tenant", env.tenant),
+        ("voice_correlation", env.correlation),
+        ("voice_causation", env.causation),
+    ):
+        if value is not None:
+            headers.append((name, str(value).encode()))
+    return env.key.encode(), msg.value, headers
+
+
+def _header_map(headers: Sequence[tuple[str, bytes | None]] | None) -> dict[str, bytes]:
+    out: dict[str, bytes] = {}
+    for name, value in headers or ():
+        if value is not None:
+            out[name] = value
+    return out
+
+
+def decode(
+    key: bytes | None, value: bytes | None, headers: Sequence[tuple[str, bytes | None]] | None
+) -> Envelope:
+    """The envelope of a raw Kafka record, or ``DecodeError`` saying why not."""
+    hmap = _header_map(headers)
+    if hmap.get("ce_specversion") != SPECVERSION.encode():
+        raise DecodeError(f"ce_specversion is {hmap.get('ce_specversion')!r}, expected '1.0'")
+    if key is None:
+        raise DecodeError("record has no key (the aggregate id)")
+    ce_headers = {k: v for k, v in hmap.items() if k.startswith("ce_") or k == "content-type"}
+    try:
+        event = from_binary(KafkaMessage(headers=ce_headers, key=key, value=value or b""), _FORMAT)
+    except Exception as exc:  # the library raises several types for bad attributes
+        raise DecodeError(f"invalid CloudEvents attributes: {exc}") from None
+    ce_type = event.get_type()
+    try:
+        model = model_for(ce_type)
+    except KeyError as exc:
+        raise DecodeError(str(exc.args[0])) from None
+    data = event.get_data()
+    try:
+        if isinstance(data, dict):
+            record = model.model_validate(data)
+        elif isinstance(data, (bytes, str)):
+            record = model.model_validate_json(data)
+        else:
+            raise DecodeError(f"{ce_type!r} record has no JSON payload")
+    except ValidationError as exc:
+        raise DecodeError(f"payload does not match {ce_type!r}: {exc.errors()[:3]}") from None
+    try:
+        seq_raw = hmap.get("voice_seq")
+        seq = int(seq_raw) if seq_raw is not None else None
+        str_or_none = lambda n: hmap[n].decode() if n in hmap else None  # noqa: E731
+        return Envelope(
+            record=record,
+            key=key.decode(),
+            source=event.get_source(),
+            subject=event.get_subject(),
+            seq=seq,
+            tenant=str_or_none("voice_tenant"),
+            correlation=str_or_none("voice_correlation"),
+            causation=str_or_none("voice_causation"),
+            id=event.get_id(),
+            time=event.get_time() or datetime.now(UTC),
+        )
+    except (ValueError, UnicodeDecodeError) as exc:
+        raise DecodeError(f"bad Voice header: {exc}") from None

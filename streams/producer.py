@@ -1,0 +1,132 @@
+"""The one Kafka producer setup every Voice process uses (edge, workers, CLI, benchmarks).
+
+``PRODUCER_CONFIG`` is what the stack produces with; the benchmark baseline uses it too, so a
+ratio against it measures Voice, not a differently tuned client.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import threading
+from collections.abc import Sequence
+
+from confluent_kafka import KafkaError, Message, Producer
+
+from streams.envelope import Envelope, Headers, encode
+from streams.settings import VoiceSettings
+
+log = logging.getLogger(__name__)
+
+PRODUCER_CONFIG: dict[str, object] = {
+    # Durable and ordered per partition; retries never duplicate or reorder.
+    "acks": "all",
+    "enable.idempotence": True,
+    "max.in.flight.requests.per.connection": 5,
+    # A request path waits on the ack, so batch only briefly.
+    "linger.ms": 1,
+    "compression.type": "lz4",
+}
+
+
+class ProduceError(Exception):
+    """The broker did not take a record; ``retryable`` says whether trying again may help."""
+
+    def __init__(self, message: str, retryable: bool) -> None:
+        super().__init__(message)
+        self.retryable = retryable
+
+
+def producer_config(settings: VoiceSettings, **extra: object) -> dict[str, object]:
+    return {"bootstrap.servers": settings.bootstrap, **PRODUCER_CONFIG, **extra}
+
+
+class RecordProducer:
+    """A confluent-kafka producer with an asyncio face: ``await send(...)`` returns on the ack.
+
+    A daemon thread serves delivery callbacks so the event loop never blocks on ``poll``.
+    """
+
+    def __init__(self, settings: VoiceSettings, **extra: object) -> None:
+        self._producer = Producer(producer_config(settings, **extra))
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._serve, name="voice-producer", daemon=True)
+        self._thread.start()
+
+    def _serve(self) -> None:
+        while not self._stop.is_set():
+            self._producer.poll(0.05)
+
+    def produce_raw(
+        self,
+        topic: str,
+        key: bytes | None,
+        value: bytes | None,
+        headers: Sequence[tuple[str, bytes]] | None = None,
+        partition: int | None = None,
+    ) -> asyncio.Future[Message]:
+        """Produce bytes; the future resolves with the delivered message (or ProduceError)."""
+        loop = asyncio.get_running_loop()
+        fut: asyncio.Future[Message] = loop.create_future()
+
+        def on_delivery(err: KafkaError | None, msg: Message) -> None:
+            if err is not None:
+                exc = ProduceError(f"produce to {topic!r} failed: {err.str()}", err.retriable())
+                loop.call_soon_threadsafe(_set_exception, fut, exc)
+            else:
+                loop.call_soon_threadsafe(_set_result, fut, msg)
+
+        kwargs: dict[str, object] = {"key": key, "value": value, "on_delivery": on_delivery}
+        if headers:
+            kwargs["headers"] = list(headers)
+        if partition is not None:
+            kwargs["partition"] = partition
+        while True:
+            try:
+                self._producer.produce(topic, **kwargs)
+                break
+            except BufferError:  # local queue full: let deliveries drain, then retry
+                self._producer.poll(0.01)
+        return fut
+
+    async def send(self, topic: str, env: Envelope) -> Message:
+        """Produce one record and wait for the broker's ack."""
+        key, value, headers = encode(env)
+        return await self.produce_raw(topic, key, value, headers)
+
+    def flush(self, timeout: float = 10.0) -> int:
+        return self._producer.flush(timeout)
+
+    def close(self, timeout: float = 10.0) -> None:
+        """Deliver what is queued, then stop the callback thread."""
+        self._producer.flush(timeout)
+        self._stop.set()
+        self._thread.join(timeout=1.0)
+
+
+def _set_result(fut: asyncio.Future[Message], msg: Message) -> None:
+    if not fut.done():
+        fut.set_result(msg)
+
+
+def _set_exception(fut: asyncio.Future[Message], exc: BaseException) -> None:
+    if not fut.done():
+        fut.set_exception(exc)
+
+
+def dlq_headers(
+    headers: Sequence[tuple[str, bytes | None]] | None,
+    reason: str,
+    topic: str,
+    partition: int | None,
+    offset: int | None,
+) -> Headers:
+    """The original headers plus why and where the record failed."""
+    out: Headers = [(k, v) for k, v in (headers or ()) if v is not None]
+    out += [
+        ("voice_dlq_reason", reason.encode()[:4000]),
+        ("voice_dlq_topic", topic.encode()),
+        ("voice_dlq_partition", str(partition).encode()),
+        ("voice_dlq_offset", str(offset).encode()),
+    ]
+    return out

@@ -1,0 +1,71 @@
+"""Settings for every Voice process, read from ``VOICE_*`` environment variables.
+
+Built in a factory (``load_settings``), never at import, so tests can set the environment first.
+A default secret is refused outside ``VOICE_ENV=dev``.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Literal
+
+from pydantic import Field, SecretStr, model_validator
+from pydantic_settings import BaseSettings, SettingsConfigDict
+
+DEV_JWT_SECRET = "voice-dev-secret-not-for-production-use!"
+
+
+class VoiceSettings(BaseSettings):
+    """What every process kind (edge, worker, telemetry sink, CLI) reads from its environment."""
+
+    model_config = SettingsConfigDict(env_prefix="VOICE_", extra="ignore")
+
+    env: Literal["dev", "test", "prod"] = "dev"
+    """``dev`` allows built-in default secrets; ``prod`` refuses them."""
+
+    kafka_bootstrap: str | None = None
+    """``host:port[,host:port]`` of an existing cluster; unset means the local broker."""
+
+    topic_prefix: str = ""
+    """Prepended to every topic name; tests use it to give each test its own topics."""
+
+    topic_partitions: int = Field(default=6, ge=1)
+    """Partitions of each topic when ``voice topics create`` makes it."""
+
+    replication_factor: int = Field(default=1, ge=1)
+
+    group_prefix: str = "voice"
+    """Prefix of consumer group ids (and of the Faust application id)."""
+
+    state_dir: Path = Path(".state")
+    """Folder the local broker, the embedded ClickHouse and the local key store own."""
+
+    gateway_bound_s: float = Field(default=15.0, gt=0)
+    """Every response, streams included, ends before this bound."""
+
+    jwt_secret: SecretStr = SecretStr(DEV_JWT_SECRET)
+    jwt_algorithm: str = "HS256"
+
+    edge_host: str = "127.0.0.1"
+    edge_port: int = 8000
+
+    @model_validator(mode="after")
+    def _refuse_default_secrets(self) -> VoiceSettings:
+        if self.env == "prod" and self.jwt_secret.get_secret_value() == DEV_JWT_SECRET:
+            raise ValueError("VOICE_JWT_SECRET must be set when VOICE_ENV='prod'")
+        return self
+
+    @property
+    def bootstrap(self) -> str:
+        """The bootstrap servers to use; the local broker's address must be set by then."""
+        if not self.kafka_bootstrap:
+            raise RuntimeError(
+                "VOICE_KAFKA_BOOTSTRAP is not set: start the local broker with `voice up` "
+                "or point it at a cluster (host:port)"
+            )
+        return self.kafka_bootstrap
+
+
+def load_settings(**overrides: object) -> VoiceSettings:
+    """Read the settings from the environment, with explicit overrides winning."""
+    return VoiceSettings(**overrides)  # type: ignore[arg-type]

@@ -1,0 +1,159 @@
+"""The one registry of Voice's topics, and the idempotent admin call that creates them.
+
+Every topic a process touches is named here; code asks ``topic_name(settings, spec)`` for the
+physical name so a test prefix or a deployment prefix applies everywhere at once.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from confluent_kafka.admin import AdminClient, NewTopic
+
+from streams.settings import VoiceSettings
+
+DAY_MS = 24 * 3600 * 1000
+
+
+@dataclass(frozen=True)
+class TopicSpec:
+    """One topic: its base name, how it is cleaned up, and what it carries."""
+
+    name: str
+    doc: str
+    compacted: bool = False
+    retention_ms: int = -1
+    """``-1`` keeps records forever (the log is the source of truth)."""
+    partitions: int | None = None
+    """``None`` takes ``VOICE_TOPIC_PARTITIONS``."""
+    read_by_workers: bool = False
+    """True when a worker consumes it, so undecodable records must reach its DLQ."""
+
+    @property
+    def dlq(self) -> TopicSpec:
+        return TopicSpec(
+            name=f"{self.name}.dlq",
+            doc=f"Records of {self.name} that could not be decoded, with the reason in headers.",
+            retention_ms=30 * DAY_MS,
+        )
+
+    def config(self) -> dict[str, str]:
+        cfg = {
+            "cleanup.policy": "compact" if self.compacted else "delete",
+            "retention.ms": str(self.retention_ms),
+        }
+        return cfg
+
+
+COMMANDS = TopicSpec(
+    "voice.commands",
+    "Commands from the edge (send a message, erase, cancel, review, retry); key = aggregate id.",
+    retention_ms=7 * DAY_MS,
+    read_by_workers=True,
+)
+CONVERSATIONS = TopicSpec(
+    "voice.conversations",
+    "Each conversation's log, appended by its sequencer only; key = conversation id.",
+    read_by_workers=True,
+)
+ACKS = TopicSpec(
+    "voice.acks",
+    "Acknowledgements of commands for the edge that waits on them; key = command id.",
+    retention_ms=1 * DAY_MS,
+)
+WORKFLOWS = TopicSpec(
+    "voice.workflows",
+    "Workflow lifecycle records (started, step_started, …, completed); key = workflow id.",
+    read_by_workers=True,
+)
+AGENT = TopicSpec(
+    "voice.agent",
+    "Model calls, tool calls, tool results and display events of agent turns; key = workflow id.",
+)
+TELEMETRY = TopicSpec(
+    "voice.telemetry",
+    "Telemetry events (labels, envelopes, costs) for ClickHouse; key = correlation id.",
+    retention_ms=14 * DAY_MS,
+)
+
+TOPICS: tuple[TopicSpec, ...] = (COMMANDS, CONVERSATIONS, ACKS, WORKFLOWS, AGENT, TELEMETRY)
+
+
+def all_specs() -> list[TopicSpec]:
+    """Every topic, each followed by its dead-letter topic."""
+    out: list[TopicSpec] = []
+    for spec in TOPICS:
+        out.extend((spec, spec.dlq))
+    return out
+
+
+def topic_name(settings: VoiceSettings, spec: TopicSpec | str) -> str:
+    """The physical topic name, with the configured prefix."""
+    base = spec.name if isinstance(spec, TopicSpec) else spec
+    return f"{settings.topic_prefix}{base}"
+
+
+def dlq_name(topic: str) -> str:
+    """The dead-letter topic of a physical topic name."""
+    return f"{topic}.dlq"
+
+
+def admin_client(settings: VoiceSettings) -> AdminClient:
+    return AdminClient({"bootstrap.servers": settings.bootstrap})
+
+
+def create_topics(settings: VoiceSettings, timeout: float = 30.0) -> dict[str, str]:
+    """Create every registered topic that does not exist yet; returns name → 'created'|'exists'.
+
+    Idempotent: running it again changes nothing and reports every topic as 'exists'.
+    """
+    admin = admin_client(settings)
+    existing = set(admin.list_topics(timeout=timeout).topics)
+    wanted = {topic_name(settings, s): s for s in all_specs()}
+    result = {name: "exists" for name in wanted if name in existing}
+    new = [
+        NewTopic(
+            name,
+            num_partitions=spec.partitions or settings.topic_partitions,
+            replication_factor=settings.replication_factor,
+            config=spec.config(),
+        )
+        for name, spec in wanted.items()
+        if name not in existing
+    ]
+    if new:
+        for name, fut in admin.create_topics(new, operation_timeout=timeout).items():
+            try:
+                fut.result()
+                result[name] = "created"
+            except Exception as exc:  # a concurrent creator won the race
+                if "TOPIC_ALREADY_EXISTS" in str(exc) or "already exists" in str(exc):
+                    result[name] = "exists"
+                else:
+                    raise
+    return dict(sorted(result.items()))
+
+
+def describe_topics(settings: VoiceSettings, timeout: float = 10.0) -> list[dict[str, object]]:
+    """The registered topics as the cluster sees them (partitions, or missing)."""
+    md = admin_client(settings).list_topics(timeout=timeout)
+    rows: list[dict[str, object]] = []
+    for spec in all_specs():
+        name = topic_name(settings, spec)
+        t = md.topics.get(name)
+        rows.append(
+            {
+                "topic": name,
+                "partitions": len(t.partitions) if t and not t.error else None,
+                "compacted": spec.compacted,
+                "retention_ms": spec.retention_ms,
+                "doc": spec.doc,
+            }
+        )
+    return rows
+
+
+def missing_topics(settings: VoiceSettings, timeout: float = 5.0) -> list[str]:
+    """Registered topics absent from the cluster (empty when ready)."""
+    md = admin_client(settings).list_topics(timeout=timeout)
+    return [topic_name(settings, s) for s in all_specs() if topic_name(settings, s) not in md.topics]

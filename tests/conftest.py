@@ -1,0 +1,95 @@
+"""Fixtures: one Kafka broker per test session, and per test its own topics and groups.
+
+The broker is, in order: ``VOICE_KAFKA_BOOTSTRAP`` if set; else a testcontainers Kafka (KRaft)
+when a Docker engine answers; else the local broker from the Maven cache (what CI uses here).
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Callable, Iterator
+from pathlib import Path
+
+import pytest
+
+from streams.settings import VoiceSettings
+from streams.topics import create_topics
+from tests.support import (
+    docker_answers,
+    spawn_voice,
+    stop,
+    testcontainers_kafka,
+    unique_settings,
+    wait_group_stable,
+    wait_http_ready,
+)
+
+
+@pytest.fixture(scope="session")
+def kafka_bootstrap(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
+    """Bootstrap servers of the session's broker."""
+    if os.environ.get("VOICE_KAFKA_BOOTSTRAP"):
+        yield os.environ["VOICE_KAFKA_BOOTSTRAP"]
+        return
+    if os.environ.get("VOICE_TEST_DOCKER", "auto") != "never" and docker_answers():
+        with testcontainers_kafka() as bootstrap:
+            yield bootstrap
+        return
+    from deploy.kafka_local import LocalKafka, free_port
+
+    broker = LocalKafka(data_dir=tmp_path_factory.mktemp("kafka"), port=free_port())
+    broker.start()
+    try:
+        yield broker.bootstrap
+    finally:
+        broker.stop()
+
+
+@pytest.fixture
+def settings(kafka_bootstrap: str, tmp_path: Path) -> VoiceSettings:
+    """This test's settings: its own topic prefix and group prefix, topics created."""
+    s = unique_settings(kafka_bootstrap, tmp_path)
+    create_topics(s)
+    return s
+
+
+def worker_group(settings: VoiceSettings) -> str:
+    return f"{settings.group_prefix}-{settings.topic_prefix}worker".replace(".", "-")
+
+
+@pytest.fixture
+def start_worker(settings: VoiceSettings, tmp_path: Path) -> Iterator[Callable[..., object]]:
+    """Start ``voice worker`` processes for this test; all stopped at the end."""
+    procs = []
+
+    def start(wait: bool = True, **env: str):  # noqa: ANN202
+        proc = spawn_voice(settings, "worker", log=tmp_path / f"worker{len(procs)}.log", **env)
+        procs.append(proc)
+        if wait:
+            wait_group_stable(settings, worker_group(settings))
+        return proc
+
+    yield start
+    for p in procs:
+        stop(p)
+
+
+@pytest.fixture
+def start_edge(settings: VoiceSettings, tmp_path: Path) -> Iterator[Callable[..., str]]:
+    """Start ``voice edge`` processes on free ports; returns each one's base URL."""
+    from deploy.kafka_local import free_port
+
+    procs = []
+
+    def start(**env: str) -> str:
+        port = free_port()
+        proc = spawn_voice(settings, "edge", "--port", str(port),
+                           log=tmp_path / f"edge{len(procs)}.log", **env)
+        procs.append(proc)
+        url = f"http://127.0.0.1:{port}"
+        wait_http_ready(f"{url}/readyz", proc=proc)
+        return url
+
+    yield start
+    for p in procs:
+        stop(p)

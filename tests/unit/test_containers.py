@@ -1,0 +1,257 @@
+"""Structural checks of docker-compose.yml and deploy/Dockerfile.
+
+No Docker engine runs where the suite runs, so the stack is never started here; these tests
+catch the mistakes that would only show at ``docker compose up`` (a service dropped, a wrong
+image, a dependency that starts too early, a subcommand the CLI does not have).
+"""
+
+from __future__ import annotations
+
+import json
+import re
+import shlex
+import tomllib
+from pathlib import Path
+
+import pytest
+import yaml
+
+ROOT = Path(__file__).resolve().parents[2]
+COMPOSE = ROOT / "docker-compose.yml"
+DOCKERFILE = ROOT / "deploy" / "Dockerfile"
+
+VOICE_SERVICES = {"topics", "simulator", "worker", "edge", "telemetry"}
+ALL_SERVICES = VOICE_SERVICES | {"kafka", "clickhouse"}
+
+# Used only while deploy/cli.py cannot be imported yet; the CLI itself is the truth otherwise.
+FALLBACK_COMMANDS = {
+    "edge": None,
+    "worker": None,
+    "topics": {"create": None},
+    "telemetry": None,
+    "simulator": None,
+}
+
+
+@pytest.fixture(scope="module")
+def compose() -> dict:
+    return yaml.safe_load(COMPOSE.read_text())
+
+
+@pytest.fixture(scope="module")
+def services(compose: dict) -> dict:
+    return compose["services"]
+
+
+def env_of(service: dict) -> dict[str, str | None]:
+    """The environment as a mapping, whichever of compose's two spellings is used."""
+    env = service.get("environment") or {}
+    if isinstance(env, list):
+        pairs = (item.split("=", 1) if "=" in item else (item, None) for item in env)
+        env = dict(pairs)
+    return {k: (None if v is None else str(v)) for k, v in env.items()}
+
+
+def interpolated_default(value: str) -> str:
+    """``${VAR:-default}`` as compose resolves it when VAR is unset on the host."""
+    return re.sub(r"\$\{[A-Za-z_][A-Za-z0-9_]*:?-([^}]*)\}", r"\1", value)
+
+
+def argv_of(service: dict) -> list[str]:
+    command = service.get("command")
+    if command is None:
+        return []
+    return shlex.split(command) if isinstance(command, str) else [str(c) for c in command]
+
+
+def cli_tree() -> tuple[dict, str]:
+    """The CLI's command tree as nested dicts (leaf commands map to None), and its source."""
+    try:
+        import typer
+
+        from deploy import cli
+    except Exception:  # the CLI is written concurrently; until it imports, use the known list
+        return FALLBACK_COMMANDS, "fallback list"
+    app = getattr(cli, "app", None)
+    if not isinstance(app, typer.Typer):
+        return FALLBACK_COMMANDS, "fallback list"
+
+    def walk(command) -> dict | None:
+        subcommands = getattr(command, "commands", None)
+        if subcommands is None:
+            return None
+        return {name: walk(sub) for name, sub in subcommands.items()}
+
+    tree = walk(typer.main.get_command(app))
+    assert isinstance(tree, dict), "deploy.cli.app must be a command group (voice <command>)"
+    return tree, "deploy.cli.app"
+
+
+def resolves(tree: dict, argv: list[str]) -> bool:
+    """Whether argv names a runnable command: every group on the way, ending at a leaf."""
+    node: dict | None = tree
+    for token in argv:
+        if token.startswith("-"):
+            break
+        if node is None:
+            return True  # a leaf command's positional arguments
+        if token not in node:
+            return False
+        node = node[token]
+    return node is None
+
+
+# docker-compose.yml
+
+
+def test_every_service_is_defined(services: dict) -> None:
+    assert set(services) == ALL_SERVICES
+
+
+def test_kafka_is_single_node_kraft(services: dict) -> None:
+    kafka = services["kafka"]
+    assert re.fullmatch(r"apache/kafka:4(\.\d+)*", kafka["image"]), kafka["image"]
+    assert "build" not in kafka
+    env = env_of(kafka)
+    assert set(env["KAFKA_PROCESS_ROLES"].split(",")) == {"broker", "controller"}
+    node_id = env["KAFKA_NODE_ID"]
+    assert env["KAFKA_CONTROLLER_QUORUM_VOTERS"] == f"{node_id}@kafka:9093"
+    assert set(env["KAFKA_LISTENERS"].split(",")) == {"PLAINTEXT://:9092", "CONTROLLER://:9093"}
+    assert env["KAFKA_ADVERTISED_LISTENERS"] == "PLAINTEXT://kafka:9092"
+    assert env["KAFKA_CONTROLLER_LISTENER_NAMES"] == "CONTROLLER"
+    for key in (
+        "KAFKA_OFFSETS_TOPIC_REPLICATION_FACTOR",
+        "KAFKA_TRANSACTION_STATE_LOG_REPLICATION_FACTOR",
+        "KAFKA_TRANSACTION_STATE_LOG_MIN_ISR",
+    ):
+        assert env[key] == "1", key
+    assert "kafka-broker-api-versions.sh" in " ".join(kafka["healthcheck"]["test"])
+
+
+def test_data_lives_in_named_volumes(compose: dict, services: dict) -> None:
+    named = set(compose.get("volumes") or {})
+    kafka_env = env_of(services["kafka"])
+    for name, data_dir in (
+        ("kafka", kafka_env["KAFKA_LOG_DIRS"]),
+        ("clickhouse", "/var/lib/clickhouse"),
+    ):
+        mounts = dict(v.split(":", 1) for v in services[name]["volumes"])
+        assert data_dir in mounts.values(), f"{name} data dir {data_dir} is not a volume"
+        source = next(s for s, target in mounts.items() if target == data_dir)
+        assert source in named, f"{name} mounts {source!r}, not a named volume"
+
+
+def test_clickhouse_is_the_official_server_image(services: dict) -> None:
+    clickhouse = services["clickhouse"]
+    assert re.fullmatch(r"clickhouse/clickhouse-server(:[\w.-]+)?", clickhouse["image"])
+    assert clickhouse["healthcheck"]["test"]
+
+
+@pytest.mark.parametrize("name", sorted(VOICE_SERVICES))
+def test_voice_service_builds_the_image_and_reaches_the_stack(services: dict, name: str) -> None:
+    service = services[name]
+    assert service["build"] == {"context": ".", "dockerfile": "deploy/Dockerfile"}
+    assert (ROOT / service["build"]["context"] / service["build"]["dockerfile"]).is_file()
+    env = env_of(service)
+    advertised = env_of(services["kafka"])["KAFKA_ADVERTISED_LISTENERS"]
+    assert env["VOICE_KAFKA_BOOTSTRAP"] == advertised.removeprefix("PLAINTEXT://")
+    assert env["VOICE_ENV"] == "dev"
+    assert env["VOICE_CLICKHOUSE_URL"] == "http://clickhouse:8123"
+    sim_port = env_of(services["simulator"])["VOICE_SIMULATOR_PORT"]
+    base_url = interpolated_default(env["ANTHROPIC_BASE_URL"])
+    assert base_url == f"http://simulator:{sim_port}"
+    assert "ANTHROPIC_API_KEY" in env
+
+
+@pytest.mark.parametrize("name", sorted(VOICE_SERVICES))
+def test_voice_service_command_is_a_real_subcommand(services: dict, name: str) -> None:
+    tree, source = cli_tree()
+    argv = argv_of(services[name])
+    assert argv, f"{name} has no command; the image's default only prints help"
+    assert resolves(tree, argv), f"`voice {' '.join(argv)}` is not a command of the {source}"
+
+
+def test_topics_runs_once_after_kafka_is_healthy(services: dict) -> None:
+    topics = services["topics"]
+    assert argv_of(topics)[:2] == ["topics", "create"]
+    assert topics["depends_on"]["kafka"]["condition"] == "service_healthy"
+    assert str(topics.get("restart", "no")) == "no"
+
+
+@pytest.mark.parametrize("name", ["worker", "edge", "telemetry"])
+def test_consumers_wait_for_topics_to_exist(services: dict, name: str) -> None:
+    depends = services[name]["depends_on"]
+    assert depends["topics"]["condition"] == "service_completed_successfully"
+
+
+def test_telemetry_waits_for_clickhouse(services: dict) -> None:
+    assert services["telemetry"]["depends_on"]["clickhouse"]["condition"] == "service_healthy"
+
+
+def test_edge_publishes_8000_on_all_interfaces(services: dict) -> None:
+    edge = services["edge"]
+    assert "8000:8000" in [str(p) for p in edge["ports"]]
+    env = env_of(edge)
+    assert env["VOICE_EDGE_HOST"] == "0.0.0.0"
+    assert env["VOICE_EDGE_PORT"] == "8000"
+
+
+# deploy/Dockerfile
+
+
+@pytest.fixture(scope="module")
+def instructions() -> list[tuple[str, str]]:
+    """(INSTRUCTION, arguments) pairs, continuation lines joined and comments dropped."""
+    lines: list[str] = []
+    pending = ""
+    for raw in DOCKERFILE.read_text().splitlines():
+        line = raw.strip()
+        if not line or line.startswith("#"):
+            continue
+        if line.endswith("\\"):
+            pending += line[:-1] + " "
+            continue
+        lines.append(pending + line)
+        pending = ""
+    assert not pending, "the Dockerfile ends inside a continued line"
+    result = []
+    for line in lines:
+        instruction, _, args = line.partition(" ")
+        result.append((instruction.upper(), args.strip()))
+    return result
+
+
+def args_of(instructions: list[tuple[str, str]], name: str) -> list[str]:
+    return [args for instruction, args in instructions if instruction == name]
+
+
+def test_dockerfile_is_based_on_python_311_or_newer(instructions) -> None:
+    froms = args_of(instructions, "FROM")
+    assert froms, "no FROM line"
+    final = froms[-1].split()[0]
+    match = re.fullmatch(r"(?:docker\.io/(?:library/)?)?python:3\.(\d+)(?:[.-][\w.-]*)?", final)
+    assert match and int(match.group(1)) >= 11, final
+
+
+def test_dockerfile_copies_what_pyproject_packages(instructions) -> None:
+    pyproject = tomllib.loads((ROOT / "pyproject.toml").read_text())
+    includes = pyproject["tool"]["setuptools"]["packages"]["find"]["include"]
+    packages = {pattern.rstrip("*") for pattern in includes}
+    copied = set()
+    for args in args_of(instructions, "COPY"):
+        parts = [p for p in args.split() if not p.startswith("--")]
+        copied.update(p.rstrip("/").removeprefix("./") for p in parts[:-1])
+    assert {"pyproject.toml", pyproject["project"]["readme"]} <= copied
+    assert packages <= copied, f"not copied into the image: {sorted(packages - copied)}"
+
+
+def test_dockerfile_installs_the_project(instructions) -> None:
+    runs = " && ".join(args_of(instructions, "RUN"))
+    assert re.search(r"pip install(?: -\S+)* \.(?:\s|$)", runs), runs
+
+
+def test_dockerfile_runs_voice_as_non_root(instructions) -> None:
+    entrypoints = args_of(instructions, "ENTRYPOINT")
+    assert entrypoints and json.loads(entrypoints[-1]) == ["voice"]
+    users = args_of(instructions, "USER")
+    assert users and users[-1].split(":")[0] not in {"root", "0"}

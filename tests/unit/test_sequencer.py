@@ -1,0 +1,90 @@
+"""The conversation sequencer's pure logic: dense seqs, idempotency, single writer rules."""
+
+from __future__ import annotations
+
+from schemas.base import Sealed
+from schemas.conversation import (
+    ConversationStarted,
+    EraseConversation,
+    MessageRecorded,
+    SendMessage,
+    StartConversation,
+    TurnRequested,
+    TurnStateChanged,
+)
+from schemas.system import CommandAcknowledged
+from consumers.sequencer import ConversationState, sequence
+from streams.envelope import Envelope
+from streams.topics import ACKS, CONVERSATIONS
+
+CNV = "cnv-00112233aabbccdd"
+SEALED = Sealed(key_version=1, nonce="bm9uY2U=", ciphertext="Y2lwaGVy")
+
+
+def cmd(record, id_: str | None = None) -> Envelope:  # noqa: ANN001
+    kw = {"id": id_} if id_ else {}
+    return Envelope(record=record, key=CNV, source="/test", **kw)
+
+
+def send(key: str | None = None, id_: str | None = None) -> Envelope:
+    return cmd(SendMessage(conversation=CNV, message_id="m1", text=SEALED, idempotency_key=key),
+               id_)
+
+
+def test_start_then_messages_get_dense_seqs() -> None:
+    state, out = sequence(None, cmd(StartConversation(conversation=CNV, owner="alice")))
+    assert [(s, e.seq, type(e.record)) for s, e in out] == [
+        (CONVERSATIONS, 1, ConversationStarted), (ACKS, None, CommandAcknowledged)]
+    state, out = sequence(state, send())
+    log = [(e.seq, type(e.record)) for s, e in out if s is CONVERSATIONS]
+    assert log == [(2, MessageRecorded), (3, TurnRequested), (4, TurnStateChanged)]
+    ack = out[-1][1].record
+    assert ack.outcome == "accepted" and ack.seq == 2
+    assert ack.detail["turn"] == f"{CNV}:turn-2"
+    state, out = sequence(state, send())
+    assert [e.seq for s, e in out if s is CONVERSATIONS] == [5, 6, 7]
+    assert state is not None and state.seq == 7
+
+
+def test_idempotency_key_answers_the_original_and_records_nothing() -> None:
+    state, _ = sequence(None, cmd(StartConversation(conversation=CNV, owner="alice")))
+    state, first = sequence(state, send("k1"))
+    state, again = sequence(state, send("k1"))
+    assert [s for s, _ in again] == [ACKS]
+    ack = again[0][1].record
+    assert ack.outcome == "duplicate" and ack.seq == first[-1][1].record.seq
+    assert ack.detail["turn"] == first[-1][1].record.detail["turn"]
+
+
+def test_redelivered_command_is_not_applied_twice() -> None:
+    state, _ = sequence(None, cmd(StartConversation(conversation=CNV, owner="alice")))
+    state, _ = sequence(state, send(id_="c1"))
+    seq = state.seq
+    state, out = sequence(state, send(id_="c1"))
+    assert state.seq == seq and [s for s, _ in out] == [ACKS]
+
+
+def test_replay_from_older_state_gives_identical_seqs() -> None:
+    """A crash before the table write replays the command: same records, same seqs."""
+    state, _ = sequence(None, cmd(StartConversation(conversation=CNV, owner="alice")))
+    saved = ConversationState.from_dict(state.to_dict())
+    c = send(id_="c9")
+    _, out1 = sequence(state, c)
+    _, out2 = sequence(saved, c)
+    assert [(e.seq, e.record, e.id) for _, e in out1] == [(e.seq, e.record, e.id) for _, e in out2]
+
+
+def test_unknown_or_erased_conversation_is_rejected() -> None:
+    _, out = sequence(None, send())
+    assert out[0][1].record.outcome == "rejected"
+    state, _ = sequence(None, cmd(StartConversation(conversation=CNV, owner="alice")))
+    state, _ = sequence(state, cmd(EraseConversation(conversation=CNV)))
+    assert state.erased
+    _, out = sequence(state, send())
+    assert out[0][1].record.outcome == "rejected"
+
+
+def test_start_twice_is_rejected() -> None:
+    state, _ = sequence(None, cmd(StartConversation(conversation=CNV, owner="alice")))
+    _, out = sequence(state, cmd(StartConversation(conversation=CNV, owner="bob")))
+    assert out[0][1].record.outcome == "rejected" and state.owner == "alice"
