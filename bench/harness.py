@@ -214,7 +214,7 @@ def run(ctx: Context, benchmarks: Sequence[Benchmark]) -> tuple[Result, Result, 
     baselines: Result = {}
     figures: Result = {}
     errors: list[str] = []
-    ordered = [b for b in benchmarks if b.is_baseline] + [b for b in benchmarks if not b.is_baseline]
+    ordered = sorted(benchmarks, key=lambda b: not b.is_baseline)  # stable: baselines first
     for b in ordered:
         if b.baseline is not None and "error" in baselines.get(b.baseline, {"error": "not run"}):
             msg = f"{b.name}: skipped, its baseline {b.baseline} did not produce figures"

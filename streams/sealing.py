@@ -29,6 +29,7 @@ from cryptography.hazmat.primitives.ciphers.aead import AESGCM
 from cryptography.hazmat.primitives.kdf.scrypt import Scrypt
 
 from schemas.base import Sealed
+from streams.settings import VoiceSettings
 
 DEV_MASTER_KEY = b"voice-dev-master-key-NOT-SECRET!"
 """The master key of ``VOICE_ENV=dev``/``test`` when none is set; public, so never for prod."""
@@ -390,3 +391,10 @@ class Sealer:
             self._store.destroy(conversation)
             self._cache.pop(conversation, None)
             self._current.pop(conversation, None)
+
+
+def sealer_for(settings: VoiceSettings) -> Sealer:
+    """The process's sealer over the local key store under ``<state_dir>/keys``."""
+    secret = settings.master_key.get_secret_value() if settings.master_key else None
+    store = LocalKeyStore(settings.state_dir, master_key_from_env(settings.env, secret))
+    return Sealer(store)

@@ -49,6 +49,21 @@ class VoiceSettings(BaseSettings):
     edge_host: str = "127.0.0.1"
     edge_port: int = 8000
 
+    master_key: SecretStr | None = None
+    """Wraps the per-conversation data keys of the local key store; required outside dev/test."""
+
+    max_message_bytes: int = Field(default=16 * 1024, ge=1)
+    """Largest participant message accepted (UTF-8 bytes); larger answers 422."""
+
+    edge_events_kept: int = Field(default=10_000, ge=10)
+    """Events an edge keeps per conversation for SSE resume; older cursors answer 409."""
+
+    step_attempts: int = Field(default=3, ge=1)
+    """Immediate attempts of a failing workflow step before the workflow fails."""
+
+    worker_concurrency: int = Field(default=64, ge=1)
+    """Workflow steps (turns) one worker runs at once."""
+
     @model_validator(mode="after")
     def _refuse_default_secrets(self) -> VoiceSettings:
         if self.env == "prod" and self.jwt_secret.get_secret_value() == DEV_JWT_SECRET:

@@ -1,0 +1,174 @@
+"""Where telemetry rows go: a small ``TelemetryStore`` port and its two ClickHouse adapters.
+
+* embedded (default): ClickHouse in-process through clickhouse-connect's chDB backend, data in
+  ``<state_dir>/clickhouse``. chDB locks that folder, so exactly one process — the telemetry
+  sink — may open it; other processes query through the sink's loopback endpoint
+  (``telemetry.query``).
+* server: ``VOICE_CLICKHOUSE_URL=http://host:8123`` (user, password and database may ride in the
+  URL). Any number of sinks and readers may connect.
+
+Both are the same clickhouse-connect client class family, so the SQL is the same everywhere;
+``ClickHouseStore`` wraps either and is what the sink and ``voice sql`` talk to.
+"""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Protocol
+
+import clickhouse_connect
+from pydantic import Field
+
+from streams.settings import VoiceSettings
+
+
+class TelemetrySettings(VoiceSettings):
+    """``VoiceSettings`` plus what the telemetry sink and ``voice sql`` read."""
+
+    clickhouse_url: str | None = None
+    """``http://[user:password@]host:8123[/database]`` of a ClickHouse server; unset = embedded."""
+    telemetry_batch_rows: int = Field(default=10_000, ge=1)
+    """Flush a batch when it holds this many Kafka records …"""
+    telemetry_flush_ms: int = Field(default=1_000, ge=1)
+    """… or when its oldest record has waited this long, whichever comes first."""
+    telemetry_query_port: int = Field(default=8124, ge=0, le=65535)
+    """Loopback port of the sink's read-only SQL endpoint (embedded store only; 0 = off)."""
+    telemetry_retry_max_s: float = Field(default=10.0, gt=0)
+    """Longest wait between two attempts of an insert while ClickHouse is unavailable."""
+
+
+def telemetry_settings(settings: VoiceSettings | None = None) -> TelemetrySettings:
+    """``TelemetrySettings`` from the environment, keeping every value of ``settings``.
+
+    The CLI hands over plain ``VoiceSettings`` (with the bootstrap of a running ``voice up``
+    filled in); the telemetry fields are then read from ``VOICE_*`` here.
+    """
+    if isinstance(settings, TelemetrySettings):
+        return settings
+    if settings is None:
+        return TelemetrySettings()
+    return TelemetrySettings(**settings.model_dump())
+
+
+class StoreUnavailable(Exception):
+    """The store cannot be opened or did not take a call; retrying later may help."""
+
+
+@dataclass
+class QueryResult:
+    """Rows of a query, with column names and ClickHouse type names."""
+
+    columns: list[str]
+    types: list[str]
+    rows: list[tuple[Any, ...]] = field(default_factory=list)
+
+
+class TelemetryStore(Protocol):
+    """The port the sink and ``voice sql`` use; the adapters differ only in how they connect."""
+
+    location: str
+    """``chdb://<path>`` or the server URL without its password, for messages."""
+
+    def command(self, sql: str) -> None:
+        """Run DDL or any statement without a result."""
+
+    def insert(
+        self,
+        table: str,
+        columns: Sequence[str],
+        rows: Sequence[Sequence[Any]],
+        token: str | None = None,
+    ) -> None:
+        """Insert rows; the same ``token`` twice inserts once (deduplication window)."""
+
+    def query(self, sql: str) -> QueryResult:
+        """Rows of a query."""
+
+    def close(self) -> None:
+        """Release the connection (for chDB: let another path be opened in this process)."""
+
+
+def embedded_path(settings: VoiceSettings) -> Path:
+    """The folder the embedded ClickHouse owns."""
+    return Path(settings.state_dir).resolve() / "clickhouse"
+
+
+def _redacted(url: str) -> str:
+    from urllib.parse import urlsplit, urlunsplit
+
+    parts = urlsplit(url)
+    if parts.password:
+        netloc = f"{parts.username}:***@{parts.hostname}" + (f":{parts.port}" if parts.port else "")
+        parts = parts._replace(netloc=netloc)
+    return urlunsplit(parts)
+
+
+class ClickHouseStore:
+    """A ``TelemetryStore`` over a clickhouse-connect client (chDB-backed or HTTP).
+
+    A lock serialises calls: the sink thread and the query endpoint's threads may share one
+    process, and a clickhouse-connect client is not meant for concurrent calls.
+    """
+
+    def __init__(self, client: Any, location: str) -> None:
+        self._client = client
+        self._lock = threading.Lock()
+        self.location = location
+
+    def command(self, sql: str) -> None:
+        with self._lock:
+            self._client.command(sql)
+
+    def insert(
+        self,
+        table: str,
+        columns: Sequence[str],
+        rows: Sequence[Sequence[Any]],
+        token: str | None = None,
+    ) -> None:
+        if not rows:
+            return
+        # The token makes a retried insert of the same batch a no-op on MergeTree tables with
+        # non_replicated_deduplication_window > 0 (set in telemetry.schema).
+        settings = {"insert_deduplication_token": token} if token else None
+        with self._lock:
+            self._client.insert(table, list(rows), column_names=list(columns), settings=settings)
+
+    def query(self, sql: str) -> QueryResult:
+        with self._lock:
+            res = self._client.query(sql)
+            types = [t.name for t in res.column_types]
+            return QueryResult(list(res.column_names), types, list(res.result_rows))
+
+    def close(self) -> None:
+        with self._lock:
+            self._client.close()
+
+
+def open_store(settings: VoiceSettings, readonly: bool = False) -> ClickHouseStore:
+    """The store the settings name: the server of ``clickhouse_url``, else embedded chDB.
+
+    ``readonly`` opens a client that can only read: ``readonly=1`` for chDB (set once on its
+    own handle; it then refuses writes, DDL, table functions and any change of settings), and
+    ``readonly=2`` for HTTP, where clickhouse-connect sends its own settings with each request
+    and ``readonly=1`` would refuse those too.
+    """
+    ts = telemetry_settings(settings)
+    try:
+        if ts.clickhouse_url:
+            client = clickhouse_connect.get_client(
+                dsn=ts.clickhouse_url, settings={"readonly": 2} if readonly else None
+            )
+            return ClickHouseStore(client, _redacted(ts.clickhouse_url))
+        path = embedded_path(ts)
+        path.mkdir(parents=True, exist_ok=True)
+        client = clickhouse_connect.get_client(
+            dsn=f"chdb://{path}", settings={"readonly": 1} if readonly else None
+        )
+        return ClickHouseStore(client, f"chdb://{path}")
+    except Exception as exc:  # connection refused, folder locked by another process, …
+        where = ts.clickhouse_url and _redacted(ts.clickhouse_url) or f"chdb://{embedded_path(ts)}"
+        raise StoreUnavailable(f"cannot open the telemetry store {where}: {exc}") from exc
