@@ -26,8 +26,8 @@ test: $(STAMP)             ## the whole suite, integration tests on a real broke
 	$(BIN)/python -m pytest -q
 
 bench: $(STAMP)            ## print one JSON object of figures beside their baselines
-	$(BIN)/voice kafka fetch
-	$(BIN)/python -m bench
+	@$(BIN)/voice kafka fetch >&2
+	@$(BIN)/python -m bench
 
 lint: $(STAMP)
 	$(BIN)/ruff check .

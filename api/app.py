@@ -3,17 +3,21 @@
 from __future__ import annotations
 
 import asyncio
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
 from contextlib import asynccontextmanager
 
-from fastapi import FastAPI
+from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse
 from pydantic import BaseModel
 
-from api import conversations
+from api import conversations, stream
+from api.models import CursorTooOldOut
 from api.tail import EdgeTail
-from api.views import ConversationViews
+from api.views import ConversationViews, CursorTooOld
+from schemas.conversation import ConversationErased
+from streams.envelope import Envelope
 from streams.producer import RecordProducer
+from streams.sealing import Sealer, sealer_for
 from streams.settings import VoiceSettings, load_settings
 from streams.topics import missing_topics
 
@@ -22,17 +26,31 @@ class Health(BaseModel):
     status: str
 
 
+def on_record(views: ConversationViews, sealer: Sealer) -> Callable[[Envelope], None]:
+    """What the edge does with each conversation record: update its views and, when a
+    conversation was erased (by any edge), forget its cached data key."""
+
+    def handle(env: Envelope) -> None:
+        views.apply(env)
+        if isinstance(env.record, ConversationErased):
+            sealer.purge(env.key)
+
+    return handle
+
+
 def create_app(settings: VoiceSettings | None = None) -> FastAPI:
     """Build the edge app for ``settings`` (read from the environment when omitted)."""
     settings = settings or load_settings()
 
     @asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
-        views = ConversationViews()
+        views = ConversationViews(kept=settings.edge_events_kept)
+        sealer = sealer_for(settings)
         app.state.settings = settings
         app.state.views = views
+        app.state.sealer = sealer
         app.state.producer = RecordProducer(settings)
-        app.state.tail = EdgeTail(settings, on_conversation=views.apply)
+        app.state.tail = EdgeTail(settings, on_conversation=on_record(views, sealer))
         app.state.tail.start()
         try:
             yield
@@ -42,6 +60,12 @@ def create_app(settings: VoiceSettings | None = None) -> FastAPI:
 
     app = FastAPI(title="Voice edge", version="0.1.0", lifespan=lifespan)
     app.include_router(conversations.router)
+    app.include_router(stream.router)
+
+    @app.exception_handler(CursorTooOld)
+    async def cursor_too_old(_request: Request, exc: CursorTooOld) -> JSONResponse:
+        body = CursorTooOldOut(detail=str(exc), oldest_cursor=exc.oldest)
+        return JSONResponse(body.model_dump(), status_code=409)
 
     @app.get("/healthz", tags=["ops"])
     async def healthz() -> Health:

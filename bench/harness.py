@@ -49,6 +49,14 @@ class Benchmark:
 
 
 REGISTRY: dict[str, Benchmark] = {}
+WARMUPS: list[Callable[[Context], None]] = []
+"""Unmeasured steps run once before any benchmark (e.g. to warm the broker's JIT)."""
+
+
+def warmup(fn: Callable[[Context], None]) -> Callable[[Context], None]:
+    """Register an unmeasured step that runs before the benchmarks."""
+    WARMUPS.append(fn)
+    return fn
 
 
 def benchmark(
@@ -215,6 +223,10 @@ def run(ctx: Context, benchmarks: Sequence[Benchmark]) -> tuple[Result, Result, 
     figures: Result = {}
     errors: list[str] = []
     ordered = sorted(benchmarks, key=lambda b: not b.is_baseline)  # stable: baselines first
+    for step in WARMUPS:
+        t0 = time.perf_counter()
+        step(ctx)
+        ctx.log(f"warm-up {step.__name__}: {time.perf_counter() - t0:.1f} s (not measured)")
     for b in ordered:
         if b.baseline is not None and "error" in baselines.get(b.baseline, {"error": "not run"}):
             msg = f"{b.name}: skipped, its baseline {b.baseline} did not produce figures"

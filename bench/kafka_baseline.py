@@ -34,7 +34,7 @@ from functools import cache
 
 from confluent_kafka import Consumer, KafkaError, Producer, TopicPartition
 
-from bench.harness import Context, Result, benchmark, latency_summary, median_run
+from bench.harness import Context, Result, benchmark, latency_summary, median_run, warmup
 from schemas.base import Sealed
 from schemas.conversation import MessageRecorded
 from streams.envelope import Envelope, encode
@@ -180,6 +180,26 @@ def _produce(producer: Producer, topic: str, value: bytes, key: bytes, **kw: obj
             return
         except BufferError:  # local queue full: serve deliveries, then retry
             producer.poll(0.005)
+
+
+@warmup
+def warm_broker(ctx: Context) -> None:
+    """Bring a cold broker (JIT, page cache, coordinators) to steady state: not measured.
+
+    A throughput burst on a topic of its own, then sequential acks on the latency topic.
+    """
+    c = corpus()
+    topic = ctx.topic("warmup", THROUGHPUT_PARTITIONS)
+    producer = raw_producer(ctx)
+    for _ in range(2):
+        for i in range(ctx.throughput_records):
+            _produce(producer, topic, c.values[i % DISTINCT], c.keys[i % DISTINCT])
+        if producer.flush(60):
+            raise RuntimeError("warm-up records not delivered")
+    latency_topic = ctx.topic("latency", LATENCY_PARTITIONS)
+    for i in range(1000):
+        _produce(producer, latency_topic, c.values[i % DISTINCT], c.keys[i % DISTINCT])
+        producer.flush(POLL_TIMEOUT_S)
 
 
 # --- baselines -------------------------------------------------------------------------------

@@ -1,9 +1,10 @@
 """The worker process: a Faust app whose agents run Voice's consumers.
 
 Agents read raw bytes and decode through ``consumers.intake`` (bad records → DLQ). Records are
-produced with the shared confluent-kafka producer and acknowledged *before* the agent moves on,
-so Faust commits an offset only after its outputs are on the log (at-least-once; readers dedupe
-by record id or per-conversation seq).
+produced with the shared confluent-kafka producer and acknowledged by the broker *before* the
+agent moves on, so Faust commits an offset only after its outputs are on the log
+(at-least-once; readers dedupe by record id or per-aggregate seq). Workflow records are
+acknowledged only when their step is done (see ``consumers.workflows.runtime``).
 """
 
 from __future__ import annotations
@@ -14,22 +15,28 @@ from typing import Any
 
 import faust
 
+from consumers.agents.concern import SYSTEM_PROMPT, ConcernReply, parse_reply
 from consumers.intake import decode_or_dead_letter
+from consumers.model_client import model_client
 from consumers.sequencer import ConversationState, sequence
-from streams.envelope import Envelope
+from consumers.turns import Turns
+from consumers.workflows.runtime import WorkflowRuntime
+from schemas.workflow import WorkflowCommandReceived
+from streams.envelope import Envelope, encode
 from streams.producer import RecordProducer
+from streams.sealing import sealer_for
 from streams.settings import VoiceSettings
 from streams.topics import COMMANDS, CONVERSATIONS, WORKFLOWS, TopicSpec, topic_name
 
 log = logging.getLogger(__name__)
 
-Handler = Callable[[Envelope], Awaitable[None]]
+Dispatch = Callable[[Envelope, Any], Awaitable[None]]
 
 
 class Worker:
-    """Holds the Faust app, the producer and the handlers of each topic the worker reads."""
+    """The Faust app, the producer, the tables and the handlers of each topic it reads."""
 
-    def __init__(self, settings: VoiceSettings) -> None:
+    def __init__(self, settings: VoiceSettings, agent: Any = None) -> None:
         self.settings = settings
         self.app = faust.App(
             f"{settings.group_prefix}-{settings.topic_prefix}worker".replace(".", "-"),
@@ -40,15 +47,32 @@ class Worker:
             web_enabled=False,
             consumer_auto_offset_reset="earliest",
             producer_acks=-1,
+            broker_commit_every=100,
+            broker_commit_interval=0.5,
+            # A dead worker's partitions move on within ~10 s; a model call never needs the
+            # poll loop (steps run as tasks), so these can stay short.
+            broker_session_timeout=10,
+            broker_heartbeat_interval=2,
         )
         self._producer: RecordProducer | None = None
-        self.handlers: dict[str, dict[str, Handler]] = {}
-        self.conversations = self.app.Table(
-            "conversations", default=None, partitions=settings.topic_partitions
-        )
+        self.sealer = sealer_for(settings)
+        tables = {"partitions": settings.topic_partitions}
+        self.conversations = self.app.Table("conversations", default=None, **tables)
+        self.transcripts = self.app.Table("transcripts", default=None, **tables)
+        self.workflows = self.app.Table("workflows", default=None, **tables)
+        self.runtime = WorkflowRuntime(settings, self.workflows, lambda: self.producer)
+        self.turns = Turns(settings, self.transcripts, self.sealer, lambda: self.producer,
+                           agent or self._concern_agent)
+        self.runtime.register(self.turns.definition)
+        self._client: Any = None
+
         self._wire(COMMANDS, self._on_command)
         self._wire(CONVERSATIONS, self._on_conversation_record)
-        self._wire(WORKFLOWS, self._on_workflow_record)
+        self._wire(WORKFLOWS, self._on_workflow_record, manual_ack=True)
+
+        @self.app.on_partitions_assigned.connect
+        async def _assigned(app: Any, assigned: set[Any], **kw: Any) -> None:  # noqa: ARG001
+            self.runtime.keep_only(set(assigned))
 
         @self.app.on_before_shutdown.connect
         async def _close(app: Any, **kw: Any) -> None:  # noqa: ARG001
@@ -61,17 +85,14 @@ class Worker:
             self._producer = RecordProducer(self.settings)
         return self._producer
 
-    def on(self, spec: TopicSpec, ce_type: str, handler: Handler) -> None:
-        """Register a handler for one record type on a topic (other types are skipped)."""
-        self.handlers.setdefault(spec.name, {})[ce_type] = handler
-
-    def _wire(self, spec: TopicSpec, dispatch: Callable[[Envelope], Awaitable[None]]) -> None:
+    def _wire(self, spec: TopicSpec, dispatch: Dispatch, manual_ack: bool = False) -> None:
         name = topic_name(self.settings, spec)
         topic = self.app.topic(name, key_type=bytes, value_type=bytes, key_serializer="raw",
                                value_serializer="raw", partitions=self.settings.topic_partitions)
 
         async def agent(stream: Any) -> None:
-            async for event in stream.events():
+            source = stream.noack() if manual_ack else stream
+            async for event in source.events():
                 msg = event.message
                 try:
                     env = await decode_or_dead_letter(
@@ -80,56 +101,59 @@ class Worker:
                         else msg.headers,
                     )
                     if env is not None:
-                        await dispatch(env)
+                        await dispatch(env, event)
+                    elif manual_ack:
+                        event.ack()
                 except Exception:  # one record never stops the consumer
                     log.exception("record %s[%s]@%s failed", name, msg.partition, msg.offset)
+                    if manual_ack:
+                        event.ack()
 
         agent.__name__ = f"{spec.name.replace('.', '_')}_agent"
         self.app.agent(topic, name=agent.__name__)(agent)
 
-    async def _dispatch(self, spec: TopicSpec, env: Envelope) -> None:
-        handler = self.handlers.get(spec.name, {}).get(env.type)
-        if handler is not None:
-            await handler(env)
+    def _produce(self, spec: TopicSpec, env: Envelope) -> Any:
+        key, value, headers = encode(env)
+        return self.producer.produce_raw(topic_name(self.settings, spec), key, value, headers)
 
-    async def _on_command(self, env: Envelope) -> None:
+    async def _on_command(self, env: Envelope, event: Any) -> None:  # noqa: ARG002
         if env.type.startswith("voice.conversation."):
             await self._sequence(env)
-        else:
-            await self._dispatch(COMMANDS, env)
+        elif isinstance(env.record, WorkflowCommandReceived):
+            # Forward to the workflow's own log, where its single owner applies it.
+            await self._produce(WORKFLOWS, Envelope(
+                record=env.record, key=env.record.workflow, source="/voice/worker",
+                subject=env.record.workflow, tenant=env.tenant, correlation=env.correlation,
+                causation=env.id, id=env.id))
 
     async def _sequence(self, cmd: Envelope) -> None:
         state = ConversationState.from_dict(self.conversations.get(cmd.key))
         new_state, outputs = sequence(state, cmd)
         # Outputs first, table second: a crash in between replays the command to the same seqs.
-        futures = [
-            self.producer.produce_raw(*_encode_for(self.settings, spec, env))
-            for spec, env in outputs
-        ]
+        futures = [self._produce(spec, env) for spec, env in outputs]
         for fut in futures:
             await fut
         if new_state is not None:
             self.conversations[cmd.key] = new_state.to_dict()
 
-    async def _on_conversation_record(self, env: Envelope) -> None:
-        await self._dispatch(CONVERSATIONS, env)
+    async def _on_conversation_record(self, env: Envelope, event: Any) -> None:  # noqa: ARG002
+        await self.turns.on_conversation_record(env)
 
-    async def _on_workflow_record(self, env: Envelope) -> None:
-        await self._dispatch(WORKFLOWS, env)
+    async def _on_workflow_record(self, env: Envelope, event: Any) -> None:
+        await self.runtime.handle(env, event.ack, event.message.tp)
+
+    async def _concern_agent(self, conversation: str, turn: str,  # noqa: ARG002
+                             history: list[dict[str, Any]]) -> ConcernReply:
+        if self._client is None:
+            self._client = model_client(self.settings)
+        resp = await self._client.messages.create(
+            model=self.settings.model, max_tokens=1024, system=SYSTEM_PROMPT, messages=history)
+        return parse_reply("".join(b.text for b in resp.content if b.type == "text"))
 
 
-def _encode_for(
-    settings: VoiceSettings, spec: TopicSpec, env: Envelope
-) -> tuple[str, bytes, bytes, list[tuple[str, bytes]]]:
-    from streams.envelope import encode
-
-    key, value, headers = encode(env)
-    return topic_name(settings, spec), key, value, headers
-
-
-def create_worker(settings: VoiceSettings) -> Worker:
+def create_worker(settings: VoiceSettings, agent: Any = None) -> Worker:
     """Build a worker (Faust app + agents) for the given settings."""
-    return Worker(settings)
+    return Worker(settings, agent)
 
 
 def run_worker(settings: VoiceSettings, loglevel: str = "warning") -> None:

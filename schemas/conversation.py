@@ -6,11 +6,39 @@ from __future__ import annotations
 
 from typing import Literal
 
-from pydantic import Field
+from pydantic import BaseModel, ConfigDict, Field
 
 from schemas.base import Record, Sealed, record_type
 
 TurnState = Literal["Thinking", "Replied", "CouldNotInterpret"]
+
+
+class Concern(BaseModel):
+    """One concern the agent extracted, with the participant's words it came from."""
+
+    model_config = ConfigDict(frozen=True)
+
+    statement: str
+    quote: str
+
+
+class NewIssue(BaseModel):
+    model_config = ConfigDict(frozen=True)
+
+    title: str
+    summary: str = ""
+
+
+class Proposal(BaseModel):
+    """What the concern-extraction agent proposes (sealed inside ``ProposalRecorded``)."""
+
+    model_config = ConfigDict(frozen=True)
+
+    concerns: list[Concern]
+    relates_to_issue: str | None = None
+    """An existing issue the concerns relate to, when one fits."""
+    new_issue: NewIssue | None = None
+    """A new issue to raise, when none fits and the participant asks for something."""
 
 
 # --- commands (topic voice.commands, key = conversation id) ---------------------------------

@@ -6,7 +6,7 @@ fold of these records, so a Faust table of it can always be rebuilt from the log
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, Literal
 
 from pydantic import Field
 
@@ -84,3 +84,22 @@ class WorkflowFailed(Record):
     step: str
     error: str
     attempts: int = Field(ge=1)
+
+
+@record_type("voice.workflow.step_outcome.v1")
+class StepOutcome(Record):
+    """What a step's task reports; the engine turns it into the lifecycle records above.
+
+    The task itself never touches workflow state: the workflow's owner applies this record.
+    """
+
+    workflow: str
+    step: str
+    step_index: int = Field(ge=0)
+    attempt: int = Field(ge=1)
+    status: Literal["succeeded", "failed", "paused"]
+    output: dict[str, Any] = {}
+    error: str | None = None
+    error_type: str | None = None
+    retryable: bool = True
+    waiting_for: str | None = None

@@ -61,6 +61,17 @@ class VoiceSettings(BaseSettings):
     step_attempts: int = Field(default=3, ge=1)
     """Immediate attempts of a failing workflow step before the workflow fails."""
 
+    model: str = "claude-sonnet-4-5"
+    """The model agents call (through the simulator unless ANTHROPIC_API_KEY is set)."""
+
+    fallback_models: list[str] = ["claude-haiku-4-5"]
+    """Tried in order when the model is rate limited or overloaded."""
+
+    compaction_model: str = "claude-haiku-4-5"
+
+    simulator_url: str = "http://127.0.0.1:8100"
+    """Where the model simulator listens when ANTHROPIC_API_KEY is unset."""
+
     worker_concurrency: int = Field(default=64, ge=1)
     """Workflow steps (turns) one worker runs at once."""
 

@@ -146,7 +146,7 @@ def create_table_sql(table: str) -> str:
 # Workflow kinds as far as the sink has seen them start; step rows whose kind the sink did not
 # know (it started before a restart) still get it through this lookup.
 _KINDS = (
-    f"(SELECT workflow, any(kind) AS kind FROM {DATABASE}.workflow_steps FINAL "
+    f"(SELECT workflow, any(kind) AS wf_kind FROM {DATABASE}.workflow_steps FINAL "
     "WHERE kind != '' GROUP BY workflow)"
 )
 
@@ -166,7 +166,7 @@ FROM (
                dateDiff('microsecond', started, succeeded) / 1000.0 AS ms
         FROM {DATABASE}.workflow_steps AS s FINAL
         LEFT JOIN {_KINDS} AS k ON k.workflow = s.workflow
-        WHERE s.scope = 'step' AND if(s.kind != '', s.kind, k.kind) = 'conversation-turn'
+        WHERE s.scope = 'step' AND if(s.kind != '', s.kind, k.wf_kind) = 'conversation-turn'
         GROUP BY s.workflow, s.step, s.attempt
         HAVING countIf(s.status = 'started') > 0 AND countIf(s.status = 'succeeded') > 0
     )
@@ -206,7 +206,7 @@ FROM (
 )
 ORDER BY tool_name, envelope, kind""",
     "workflow_failures": f"""
-SELECT s.time AS time, s.workflow AS workflow, if(s.kind != '', s.kind, k.kind) AS kind,
+SELECT s.time AS time, s.workflow AS workflow, if(s.kind != '', s.kind, k.wf_kind) AS kind,
        s.scope AS scope, s.step AS step, s.attempt AS attempt, s.error_type AS error_type,
        s.error AS error, s.retryable AS retryable
 FROM {DATABASE}.workflow_steps AS s FINAL

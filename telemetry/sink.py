@@ -55,6 +55,9 @@ def consumer_config(settings: VoiceSettings) -> dict[str, object]:
         "client.id": "voice-telemetry",
         "enable.auto.commit": False,  # offsets are committed after the insert, by flush()
         "auto.offset.reset": "earliest",  # a new sink starts from the beginning of the log
+        # A killed sink's partitions wait this long for a successor (the default is 45 s).
+        # librdkafka heartbeats from its own thread, so a slow insert cannot trip it.
+        "session.timeout.ms": 10_000,
     }
 
 
@@ -99,7 +102,12 @@ class Sink:
     ) -> None:
         self.settings: TelemetrySettings = telemetry_settings(settings)
         self.store = store if store is not None else open_store(self.settings)
-        ensure_schema(self.store)
+        try:
+            ensure_schema(self.store)
+        except BaseException:
+            if store is None:  # ours: release it (chDB allows one open folder per process)
+                self.store.close()
+            raise
         self._clock = clock
         self._retry_initial_s = retry_initial_s
         self._kinds = KindCache()
@@ -253,7 +261,7 @@ class Sink:
                 log.warning("dropping an uncommitted batch on revoke: %s", exc)
                 self._batch = _Batch()
         self._held.clear()  # they belong to the revoked assignment and will be read again
-        self._paused = False
+        self._resume()  # librdkafka may keep a partition's pause across a rebalance
 
     # -- lifecycle ---------------------------------------------------------------------------
 
@@ -277,6 +285,9 @@ class Sink:
                 finally:
                     self._stopping = was
         finally:
+            # What is left is uncommitted and will be re-read; the revoke that closing the
+            # consumer triggers must not try to flush it again.
+            self._batch = _Batch()
             self._stopping = True
             try:
                 self.consumer.close()

@@ -141,7 +141,16 @@ class ClickHouseStore:
         with self._lock:
             res = self._client.query(sql)
             types = [t.name for t in res.column_types]
-            return QueryResult(list(res.column_names), types, list(res.result_rows))
+            out = QueryResult(list(res.column_names), types, list(res.result_rows))
+            if not out.columns:
+                # An empty result in Native format has no block, hence no header; ask for the
+                # header alone so an empty table still prints its columns.
+                try:
+                    desc = self._client.query(f"DESCRIBE ({sql})").result_rows
+                    out.columns, out.types = [d[0] for d in desc], [d[1] for d in desc]
+                except Exception:  # SHOW … and the like cannot be described; no header then
+                    pass
+            return out
 
     def close(self) -> None:
         with self._lock:

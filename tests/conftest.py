@@ -57,12 +57,32 @@ def worker_group(settings: VoiceSettings) -> str:
     return f"{settings.group_prefix}-{settings.topic_prefix}worker".replace(".", "-")
 
 
+@pytest.fixture(scope="session")
+def simulator_url(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
+    """The model simulator (``voice simulator``) for the session's workers."""
+    import subprocess
+    import sys
+
+    from deploy.kafka_local import free_port
+
+    port = free_port()
+    log = open(tmp_path_factory.mktemp("simulator") / "simulator.log", "ab")
+    proc = subprocess.Popen([sys.executable, "-m", "deploy.cli", "simulator", "--port", str(port)],
+                            stdout=log, stderr=subprocess.STDOUT)
+    url = f"http://127.0.0.1:{port}"
+    wait_http_ready(f"{url}/health", proc=proc)
+    yield url
+    stop(proc)
+
+
 @pytest.fixture
-def start_worker(settings: VoiceSettings, tmp_path: Path) -> Iterator[Callable[..., object]]:
+def start_worker(settings: VoiceSettings, tmp_path: Path, simulator_url: str
+                 ) -> Iterator[Callable[..., object]]:
     """Start ``voice worker`` processes for this test; all stopped at the end."""
     procs = []
 
     def start(wait: bool = True, **env: str):  # noqa: ANN202
+        env = {"ANTHROPIC_API_KEY": "simulator", "ANTHROPIC_BASE_URL": simulator_url, **env}
         proc = spawn_voice(settings, "worker", log=tmp_path / f"worker{len(procs)}.log", **env)
         procs.append(proc)
         if wait:

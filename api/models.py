@@ -1,0 +1,142 @@
+"""Request and response bodies of the participant's conversation routes (and SSE event data)."""
+
+from __future__ import annotations
+
+from typing import Literal
+
+from pydantic import BaseModel, ConfigDict, Field, JsonValue, field_validator
+
+from schemas.conversation import TurnState
+
+# --- requests ---------------------------------------------------------------------------------
+
+
+class MessageIn(BaseModel):
+    """``POST …/messages``. The byte limit (``VOICE_MAX_MESSAGE_BYTES``) is checked by the route,
+    which knows the settings; it answers the same 422 shape, located at ``body.text``."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    text: str = Field(description="The participant's message: non-blank, at most "
+                                  "VOICE_MAX_MESSAGE_BYTES UTF-8 bytes (16 KiB by default).")
+
+    @field_validator("text")
+    @classmethod
+    def _not_blank(cls, v: str) -> str:
+        if not v.strip():
+            raise ValueError("text must not be empty or whitespace only")
+        return v
+
+
+# --- responses --------------------------------------------------------------------------------
+
+
+class ConversationCreated(BaseModel):
+    conversation: str
+
+
+class ConversationSummary(BaseModel):
+    conversation: str
+    last_seq: int
+
+
+class MessageOut(BaseModel):
+    seq: int
+    text: str
+    at: str
+
+
+class MessageAccepted(BaseModel):
+    """``202``: the message is on the log; its turn is read at ``…/turns/{turn}``."""
+
+    turn: str
+    message: MessageOut
+
+
+class ReplyOut(BaseModel):
+    seq: int
+    text: str
+
+
+class TurnOut(BaseModel):
+    turn: str
+    state: TurnState
+    reply: ReplyOut | None = None
+    proposal: dict[str, JsonValue] | None = None
+    reason: str | None = None
+
+
+class TranscriptMessage(BaseModel):
+    """A participant's message (``at`` set) or the agent's reply (``turn`` set)."""
+
+    seq: int
+    role: Literal["participant", "agent"]
+    text: str
+    at: str | None = None
+    turn: str | None = None
+
+
+class ProposalOut(BaseModel):
+    seq: int
+    turn: str
+    proposal: dict[str, JsonValue]
+
+
+class TurnSummary(BaseModel):
+    turn: str
+    state: TurnState
+    reason: str | None = None
+
+
+class ConversationOut(BaseModel):
+    conversation: str
+    messages: list[TranscriptMessage]
+    proposals: list[ProposalOut]
+    turns: list[TurnSummary]
+
+
+class CursorTooOldOut(BaseModel):
+    """``409`` of ``…/stream``: reconnect with ``after=oldest_cursor`` (events before it are
+    gone from this edge) or read the conversation instead."""
+
+    detail: str
+    oldest_cursor: int
+
+
+# --- SSE event data ---------------------------------------------------------------------------
+
+
+class ParticipantMessageEvent(BaseModel):
+    """``event: message`` for a participant's message."""
+
+    seq: int
+    role: Literal["participant"] = "participant"
+    message_id: str
+    text: str
+    at: str
+
+
+class AgentMessageEvent(BaseModel):
+    """``event: message`` for the agent's reply."""
+
+    seq: int
+    role: Literal["agent"] = "agent"
+    turn: str
+    text: str
+
+
+class ProposalEvent(BaseModel):
+    """``event: proposal``."""
+
+    seq: int
+    turn: str
+    proposal: dict[str, JsonValue]
+
+
+class TurnEvent(BaseModel):
+    """``event: turn``: a turn's state changed (Thinking → Replied or CouldNotInterpret)."""
+
+    seq: int
+    turn: str
+    state: TurnState
+    reason: str | None = None

@@ -1,0 +1,106 @@
+"""Views → JSON for their owner: the only place the edge opens sealed content.
+
+Every function here may raise ``streams.sealing.KeyErased`` (the conversation was erased,
+perhaps by another edge whose record this edge has not read yet); routes turn it into 404.
+"""
+
+from __future__ import annotations
+
+from fastapi.sse import ServerSentEvent
+from pydantic import JsonValue
+
+from api.models import (
+    AgentMessageEvent,
+    ConversationOut,
+    ParticipantMessageEvent,
+    ProposalEvent,
+    ProposalOut,
+    ReplyOut,
+    TranscriptMessage,
+    TurnEvent,
+    TurnOut,
+    TurnSummary,
+)
+from api.views import ConversationView, TurnView
+from schemas.conversation import (
+    MessageRecorded,
+    ProposalRecorded,
+    ReplyRecorded,
+    TurnStateChanged,
+)
+from streams.envelope import Envelope
+from streams.sealing import Sealer
+
+
+def message_text(sealer: Sealer, env: Envelope) -> str:
+    rec = env.record
+    assert isinstance(rec, MessageRecorded)
+    return sealer.open_text(rec.conversation, rec.message_id, rec.text)
+
+
+def reply_text(sealer: Sealer, env: Envelope) -> str:
+    rec = env.record
+    assert isinstance(rec, ReplyRecorded)
+    return sealer.open_text(rec.conversation, rec.reply_id, rec.text)
+
+
+def proposal_json(sealer: Sealer, env: Envelope) -> dict[str, JsonValue]:
+    rec = env.record
+    assert isinstance(rec, ProposalRecorded)
+    return sealer.open_json(rec.conversation, rec.proposal_id, rec.proposal)
+
+
+def turn_out(sealer: Sealer, tv: TurnView) -> TurnOut:
+    assert tv.state is not None
+    reply = None
+    if tv.reply is not None:
+        assert tv.reply.seq is not None
+        reply = ReplyOut(seq=tv.reply.seq, text=reply_text(sealer, tv.reply))
+    proposal = proposal_json(sealer, tv.proposal) if tv.proposal is not None else None
+    return TurnOut(turn=tv.turn, state=tv.state, reply=reply, proposal=proposal, reason=tv.reason)
+
+
+def conversation_out(sealer: Sealer, view: ConversationView) -> ConversationOut:
+    messages: list[TranscriptMessage] = []
+    proposals: list[ProposalOut] = []
+    for seq, env in sorted(view.content.items()):
+        rec = env.record
+        if isinstance(rec, MessageRecorded):
+            messages.append(TranscriptMessage(seq=seq, role="participant",
+                                              text=message_text(sealer, env), at=rec.at))
+        elif isinstance(rec, ReplyRecorded):
+            messages.append(TranscriptMessage(seq=seq, role="agent",
+                                              text=reply_text(sealer, env), turn=rec.turn))
+        elif isinstance(rec, ProposalRecorded):
+            proposals.append(ProposalOut(seq=seq, turn=rec.turn,
+                                         proposal=proposal_json(sealer, env)))
+    turns = [TurnSummary(turn=tv.turn, state=tv.state, reason=tv.reason)
+             for tv in sorted(view.turns.values(), key=lambda t: t.message_seq)
+             if tv.state is not None]
+    return ConversationOut(conversation=view.conversation, messages=messages,
+                           proposals=proposals, turns=turns)
+
+
+def sse_event(sealer: Sealer, env: Envelope) -> ServerSentEvent | None:
+    """The SSE event of one log record, or None for records clients do not see
+    (``ConversationStarted``, ``TurnRequested``): their seq is simply skipped."""
+    rec = env.record
+    seq = env.seq
+    assert seq is not None
+    data: ParticipantMessageEvent | AgentMessageEvent | ProposalEvent | TurnEvent
+    if isinstance(rec, MessageRecorded):
+        event = "message"
+        data = ParticipantMessageEvent(seq=seq, message_id=rec.message_id,
+                                       text=message_text(sealer, env), at=rec.at)
+    elif isinstance(rec, ReplyRecorded):
+        event = "message"
+        data = AgentMessageEvent(seq=seq, turn=rec.turn, text=reply_text(sealer, env))
+    elif isinstance(rec, ProposalRecorded):
+        event = "proposal"
+        data = ProposalEvent(seq=seq, turn=rec.turn, proposal=proposal_json(sealer, env))
+    elif isinstance(rec, TurnStateChanged):
+        event = "turn"
+        data = TurnEvent(seq=seq, turn=rec.turn, state=rec.state, reason=rec.reason)
+    else:
+        return None
+    return ServerSentEvent(event=event, id=str(seq), data=data)

@@ -1,0 +1,1 @@
+"""The agents Voice runs on its one engine: concern extraction (and, later, the others)."""

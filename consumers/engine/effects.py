@@ -1,0 +1,197 @@
+"""The one port side effects pass through, and its adapters.
+
+``EffectSink.emit`` is the only way a turn touches the outside world (besides the model call).
+``RecordingSink`` keeps effects in memory (tests, replay). ``KafkaEffectSink`` turns each effect
+into its record from ``schemas.agent`` and produces it: key = workflow id, record id = the
+effect's idempotency key (so a redelivered effect is deduplicated downstream), correlation =
+workflow id. When the turn belongs to a conversation, every piece of content (model responses,
+tool arguments and results, display data, the persisted reply) is sealed with the
+conversation's key first: nothing of a conversation travels in plaintext. The sink never
+swallows a produce failure: the step fails and is retried with the same keys.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+from typing import Any, Protocol, TypeVar
+
+from consumers.engine.types import (
+    DisplayChunk,
+    DisplayEvent,
+    Effect,
+    ModelCallEffect,
+    PersistMessage,
+    TelemetryEffect,
+    ToolCallEffect,
+)
+from schemas.agent import DisplayEventRecorded, ModelCallRecorded, TelemetryEvent, ToolCallRecorded
+from schemas.base import Record, Sealed
+from streams.envelope import Envelope
+from streams.settings import VoiceSettings
+from streams.topics import AGENT, TELEMETRY, topic_name
+
+SOURCE = "/voice/engine"
+PERSIST_EVENT = "message_persisted"
+"""``DisplayEventRecorded.type`` a ``PersistMessage`` becomes (no dedicated record type yet)."""
+
+E = TypeVar("E")
+
+
+class EffectSink(Protocol):
+    """Where a turn's effects go; ``emit`` returns once the effect is durable."""
+
+    async def emit(self, effect: Effect) -> None: ...
+
+
+class RecordingSink:
+    """Keeps every effect in order; for tests and replay."""
+
+    def __init__(self) -> None:
+        self.effects: list[Effect] = []
+
+    async def emit(self, effect: Effect) -> None:
+        self.effects.append(effect)
+
+    def of(self, cls: type[E]) -> list[E]:
+        """The effects of one type, in order."""
+        return [e for e in self.effects if isinstance(e, cls)]
+
+    def display(self, *types: str) -> list[DisplayEvent]:
+        """Display events (optionally of the given types), in order."""
+        return [e.event for e in self.of(DisplayChunk) if not types or e.event.type in types]
+
+
+class RecordSender(Protocol):
+    async def send(self, topic: str, env: Envelope) -> Any: ...
+
+
+class ContentSealer(Protocol):
+    def seal_json(self, conversation: str, content_id: str, payload: dict[str, Any]) -> Sealed: ...
+
+    def open_json(self, conversation: str, content_id: str, sealed: Sealed) -> dict[str, Any]: ...
+
+
+class SealingRequired(Exception):
+    """A conversation's content would have been produced without a sealer."""
+
+
+class KafkaEffectSink:
+    """Produces each effect as its ``schemas.agent`` record (``RecordProducer.send``)."""
+
+    def __init__(self, producer: RecordSender, settings: VoiceSettings, workflow_id: str,
+                 sealer: ContentSealer | None = None, *, tenant: str | None = None,
+                 causation: str | None = None, source: str = SOURCE) -> None:
+        self._producer = producer
+        self._workflow = workflow_id
+        self._sealer = sealer
+        self._tenant, self._causation, self._source = tenant, causation, source
+        self._agent_topic = topic_name(settings, AGENT)
+        self._telemetry_topic = topic_name(settings, TELEMETRY)
+
+    async def emit(self, effect: Effect) -> None:
+        record = to_record(effect, self._workflow, self._sealer)
+        topic = self._telemetry_topic if isinstance(effect, TelemetryEffect) else self._agent_topic
+        env = Envelope(record=record, key=self._workflow, source=self._source,
+                       subject=effect.turn_id, tenant=self._tenant,
+                       correlation=self._workflow, causation=self._causation, id=effect.key)
+        await self._producer.send(topic, env)
+
+
+def _content(sealer: ContentSealer | None, conversation: str | None, content_id: str,
+             payload: dict[str, Any]) -> Sealed | dict[str, Any]:
+    if conversation is None:
+        return payload
+    if sealer is None:
+        raise SealingRequired(f"content {content_id!r} of conversation {conversation!r} "
+                              "needs a sealer")
+    return sealer.seal_json(conversation, content_id, payload)
+
+
+def _open(sealer: ContentSealer | None, conversation: str | None, content_id: str,
+          value: Sealed | dict[str, Any] | None) -> dict[str, Any] | None:
+    if not isinstance(value, Sealed):
+        return value
+    if sealer is None or conversation is None:
+        raise SealingRequired(f"content {content_id!r} is sealed and no sealer was given")
+    return sealer.open_json(conversation, content_id, value)
+
+
+def to_record(effect: Effect, workflow: str, sealer: ContentSealer | None) -> Record:
+    """The record an effect becomes, content sealed when it belongs to a conversation."""
+    conv, key = effect.conversation_id, effect.key
+    if isinstance(effect, ModelCallEffect):
+        response = (None if effect.response is None
+                    else _content(sealer, conv, f"{key}/response", effect.response))
+        return ModelCallRecorded(
+            workflow=workflow, call_id=key, agent_name=effect.agent_name,
+            iteration=effect.iteration, request_model=effect.request_model,
+            response_model=effect.response_model, input_tokens=effect.input_tokens,
+            output_tokens=effect.output_tokens,
+            cache_read_input_tokens=effect.cache_read_input_tokens,
+            cache_creation_input_tokens=effect.cache_creation_input_tokens,
+            finish_reasons=effect.finish_reasons, latency_ms=effect.latency_ms,
+            cost_usd=effect.cost_usd, fallback_used=effect.fallback_used,
+            error_type=effect.error_type, conversation_id=conv, response=response)
+    if isinstance(effect, ToolCallEffect):
+        return ToolCallRecorded(
+            workflow=workflow, tool_call_id=effect.tool_call_id, tool_name=effect.tool_name,
+            agent_name=effect.agent_name, envelope=effect.envelope, hint_kind=effect.hint_kind,
+            err_kind=effect.err_kind, duration_ms=effect.duration_ms, conversation_id=conv,
+            arguments=_content(sealer, conv, f"{key}/arguments", effect.arguments),
+            result=_content(sealer, conv, f"{key}/result", effect.result))
+    if isinstance(effect, DisplayChunk):
+        ev = effect.event
+        metadata = {**ev.metadata, "ts": ev.ts}
+        return DisplayEventRecorded(
+            workflow=workflow, event_id=key, type=ev.type, channel=ev.channel, scope=ev.scope,
+            message_id=ev.message_id, verb=ev.verb, priority=ev.priority,
+            persistent=ev.persistent, data=_content(sealer, conv, f"{key}/data", ev.data),
+            group_id=ev.group_id, parent_id=ev.parent_id, display_id=ev.display_id,
+            metadata=metadata)
+    if isinstance(effect, PersistMessage):
+        payload = {"content": effect.content, "structured_content": effect.structured_content,
+                   "cards": effect.cards}
+        return DisplayEventRecorded(
+            workflow=workflow, event_id=key, type=PERSIST_EVENT, channel="response",
+            message_id=effect.turn_id, verb="persist", persistent=True,
+            data=_content(sealer, conv, f"{key}/data", payload),
+            metadata={"cost_usd": effect.cost_usd, "end_reason": effect.end_reason})
+    if isinstance(effect, TelemetryEffect):
+        return TelemetryEvent(name=effect.name, conversation_id=conv, workflow=workflow,
+                              attributes={**effect.attributes, "turn_id": effect.turn_id,
+                                          "effect_key": key})
+    raise TypeError(f"not an effect: {effect!r}")
+
+
+def from_envelope(env: Envelope, sealer: ContentSealer | None = None) -> Effect | None:
+    """The effect a record was made from (content opened), or None for other records.
+
+    The turn id travels as the envelope's subject; the effect key as its id.
+    """
+    rec, key, turn = env.record, env.id, env.subject or ""
+    if isinstance(rec, ModelCallRecorded):
+        conv = rec.conversation_id
+        return ModelCallEffect(
+            key=key, turn_id=turn, conversation_id=conv, agent_name=rec.agent_name,
+            iteration=rec.iteration, request_model=rec.request_model,
+            response_model=rec.response_model, input_tokens=rec.input_tokens,
+            output_tokens=rec.output_tokens, cache_read_input_tokens=rec.cache_read_input_tokens,
+            cache_creation_input_tokens=rec.cache_creation_input_tokens,
+            finish_reasons=rec.finish_reasons, latency_ms=rec.latency_ms,
+            cost_usd=rec.cost_usd, fallback_used=rec.fallback_used, error_type=rec.error_type,
+            response=_open(sealer, conv, f"{key}/response", rec.response))
+    if isinstance(rec, ToolCallRecorded):
+        conv = rec.conversation_id
+        return ToolCallEffect(
+            key=key, turn_id=turn, conversation_id=conv, agent_name=rec.agent_name,
+            tool_call_id=rec.tool_call_id, tool_name=rec.tool_name, envelope=rec.envelope,
+            hint_kind=rec.hint_kind, err_kind=rec.err_kind, duration_ms=rec.duration_ms,
+            arguments=_open(sealer, conv, f"{key}/arguments", rec.arguments) or {},
+            result=_open(sealer, conv, f"{key}/result", rec.result) or {})
+    return None
+
+
+def effects_from_envelopes(envs: Iterable[Envelope],
+                           sealer: ContentSealer | None = None) -> list[Effect]:
+    """Model and tool call effects of a recorded turn, in log order (for ``ReplayClient``)."""
+    return [e for e in (from_envelope(env, sealer) for env in envs) if e is not None]

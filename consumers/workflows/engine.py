@@ -1,0 +1,215 @@
+"""The workflow engine's pure part: definitions, state, and the transitions between them.
+
+Nothing here does I/O. Each transition takes the state and an event and returns the new state
+and the lifecycle records to produce, with dense per-workflow seqs and ids derived from them
+(``{workflow}:{seq}``), so a replayed transition produces identical records.
+
+Retries are immediate and bounded (``attempts``); a step that waits for someone outside Voice
+returns ``Pause`` and a command resumes it; a worker that died mid-step shows up as a running
+step no task holds, recorded as a failed attempt (``WorkerLost``) and retried elsewhere.
+"""
+
+from __future__ import annotations
+
+import copy
+from collections.abc import Awaitable, Callable
+from dataclasses import asdict, dataclass, field
+from typing import Any, Literal
+
+from schemas.base import Record
+from schemas.workflow import (
+    StepFailed,
+    StepStarted,
+    StepSucceeded,
+    WorkflowCommandReceived,
+    WorkflowCompleted,
+    WorkflowFailed,
+    WorkflowPaused,
+    WorkflowResumed,
+    WorkflowStarted,
+)
+
+Status = Literal["running", "paused", "completed", "failed"]
+
+
+@dataclass(frozen=True)
+class Pause:
+    """A step's answer when it must wait for a command (``waiting_for`` names which)."""
+
+    waiting_for: str
+
+
+@dataclass(frozen=True)
+class StepContext:
+    """What a step sees: the workflow's input, earlier outputs, commands received, attempt."""
+
+    workflow: str
+    kind: str
+    step: str
+    attempt: int
+    input: dict[str, Any]
+    outputs: dict[str, dict[str, Any]]
+    commands: dict[str, dict[str, Any]]
+
+
+StepFn = Callable[[StepContext], Awaitable[dict[str, Any] | Pause]]
+
+
+@dataclass(frozen=True)
+class StepDef:
+    name: str
+    run: StepFn
+
+
+@dataclass(frozen=True)
+class WorkflowDef:
+    """A kind of workflow: its ordered steps and what happens when it ends."""
+
+    kind: str
+    steps: tuple[StepDef, ...]
+    on_end: Callable[[WorkflowState], Awaitable[None]] | None = None
+    """Called once the workflow completed or failed (e.g. record the turn's outcome)."""
+
+    def step(self, index: int) -> StepDef:
+        return self.steps[index]
+
+
+@dataclass
+class WorkflowState:
+    """The fold of a workflow's records (a Faust table value, as a dict)."""
+
+    workflow: str
+    kind: str
+    input: dict[str, Any]
+    status: Status = "running"
+    step_index: int = 0
+    attempt: int = 1
+    failures: int = 0
+    seq: int = 1
+    outputs: dict[str, dict[str, Any]] = field(default_factory=dict)
+    commands: dict[str, dict[str, Any]] = field(default_factory=dict)
+    seen_commands: list[str] = field(default_factory=list)
+    waiting_for: str | None = None
+    last_error: str | None = None
+
+    def to_dict(self) -> dict[str, Any]:
+        return copy.deepcopy(asdict(self))
+
+    @classmethod
+    def from_dict(cls, d: dict[str, Any] | None) -> WorkflowState | None:
+        return None if d is None else cls(**copy.deepcopy(d))
+
+
+@dataclass(frozen=True)
+class Emit:
+    """A lifecycle record with its per-workflow seq and deterministic id."""
+
+    record: Record
+    seq: int
+
+    def id(self, workflow: str) -> str:
+        return f"{workflow}:{self.seq}"
+
+
+@dataclass
+class Transition:
+    state: WorkflowState
+    emits: list[Emit] = field(default_factory=list)
+    run_step: bool = False
+    """True when the current step must be (re)started by a task."""
+    ended: bool = False
+
+
+def _emit(t: Transition, record: Record) -> None:
+    t.state.seq += 1
+    t.emits.append(Emit(record, t.state.seq))
+
+
+def _start_step(t: Transition, wf: WorkflowDef) -> None:
+    s = t.state
+    _emit(t, StepStarted(workflow=s.workflow, step=wf.step(s.step_index).name, attempt=s.attempt))
+    t.run_step = True
+
+
+def start(wf: WorkflowDef, started: WorkflowStarted) -> Transition:
+    """A new workflow (its ``started`` record has seq 1): start the first step."""
+    state = WorkflowState(workflow=started.workflow, kind=started.kind, input=dict(started.input))
+    t = Transition(state)
+    _start_step(t, wf)
+    return t
+
+
+def step_succeeded(wf: WorkflowDef, state: WorkflowState, output: dict[str, Any]) -> Transition:
+    t = Transition(copy.deepcopy(state))
+    s = t.state
+    name = wf.step(s.step_index).name
+    s.outputs[name] = output
+    _emit(t, StepSucceeded(workflow=s.workflow, step=name, attempt=s.attempt, output=output))
+    if s.step_index + 1 < len(wf.steps):
+        s.step_index += 1
+        s.attempt, s.failures = 1, 0
+        _start_step(t, wf)
+    else:
+        s.status = "completed"
+        _emit(t, WorkflowCompleted(workflow=s.workflow, output=output))
+        t.ended = True
+    return t
+
+
+def step_failed(wf: WorkflowDef, state: WorkflowState, error: str, error_type: str,
+                retryable: bool, max_attempts: int) -> Transition:
+    """Record the failure; retry at once while attempts remain, else fail the workflow."""
+    t = Transition(copy.deepcopy(state))
+    s = t.state
+    name = wf.step(s.step_index).name
+    s.failures += 1
+    s.last_error = f"{error_type}: {error}"
+    _emit(t, StepFailed(workflow=s.workflow, step=name, attempt=s.attempt, error=error,
+                        error_type=error_type, retryable=retryable))
+    if retryable and s.failures < max_attempts:
+        s.attempt += 1
+        _start_step(t, wf)
+    else:
+        s.status = "failed"
+        _emit(t, WorkflowFailed(workflow=s.workflow, step=name, error=s.last_error,
+                                attempts=s.attempt))
+        t.ended = True
+    return t
+
+
+def step_paused(wf: WorkflowDef, state: WorkflowState, pause: Pause) -> Transition:
+    t = Transition(copy.deepcopy(state))
+    s = t.state
+    s.status, s.waiting_for = "paused", pause.waiting_for
+    _emit(t, WorkflowPaused(workflow=s.workflow, step=wf.step(s.step_index).name,
+                            waiting_for=pause.waiting_for))
+    return t
+
+
+def worker_lost(wf: WorkflowDef, state: WorkflowState, max_attempts: int) -> Transition:
+    """A running step that no task holds: its worker died (or lost the partition)."""
+    return step_failed(wf, state, "the worker running this step stopped", "WorkerLost",
+                       True, max_attempts)
+
+
+def command(wf: WorkflowDef, state: WorkflowState, cmd: WorkflowCommandReceived) -> Transition:
+    """Apply a command: resume a paused workflow, or ``retry`` a failed one from its step.
+
+    A command id seen before changes nothing, so a duplicate command resumes once.
+    """
+    t = Transition(copy.deepcopy(state))
+    s = t.state
+    if cmd.command_id in s.seen_commands:
+        return t
+    s.seen_commands.append(cmd.command_id)
+    if s.status == "paused" and cmd.command == s.waiting_for:
+        s.commands[cmd.command] = {"by": cmd.by, **cmd.payload}
+        s.status, s.waiting_for = "running", None
+        s.attempt, s.failures = 1, 0
+        _emit(t, WorkflowResumed(workflow=s.workflow, step=wf.step(s.step_index).name))
+        _start_step(t, wf)
+    elif s.status == "failed" and cmd.command == "retry":
+        s.status, s.attempt, s.failures, s.last_error = "running", 1, 0, None
+        _emit(t, WorkflowResumed(workflow=s.workflow, step=wf.step(s.step_index).name))
+        _start_step(t, wf)
+    return t

@@ -1,0 +1,188 @@
+"""The workflow engine inside the worker: applies records to state, runs steps as tasks.
+
+A step never blocks the consumer's loop: it runs as an asyncio task and reports its outcome as
+a ``StepOutcome`` record, which this workflow's owner applies like any other (so only the
+agent, inside its stream, writes the table). The record that started the step is *held* (not
+acknowledged) until the workflow stops running. Faust commits an
+offset only up to the first unacknowledged record, so if this worker dies mid-step the
+partition's next owner re-reads from the held record, finds the step running with no task
+holding it, records the lost attempt and runs the step again. That is the lease.
+
+Order inside one transition, per workflow under a lock: produce the records (and wait for the
+broker's acks) → write the table → start the step task → acknowledge the input record.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from collections.abc import Callable
+from typing import Any
+
+from consumers.workflows import engine
+from consumers.workflows.engine import Pause, StepContext, Transition, WorkflowDef, WorkflowState
+from schemas.workflow import StepOutcome, WorkflowCommandReceived, WorkflowStarted
+from streams.envelope import Envelope, encode
+from streams.producer import RecordProducer
+from streams.settings import VoiceSettings
+from streams.topics import WORKFLOWS, topic_name
+
+log = logging.getLogger(__name__)
+
+SOURCE = "/voice/workflow-engine"
+
+
+class StepError(Exception):
+    """A step's failure; ``retryable=False`` fails the workflow without more attempts."""
+
+    def __init__(self, message: str, retryable: bool = True) -> None:
+        super().__init__(message)
+        self.retryable = retryable
+
+
+class WorkflowRuntime:
+    """Runs the registered workflow kinds for the partitions this worker owns."""
+
+    def __init__(self, settings: VoiceSettings, table: Any,
+                 producer: Callable[[], RecordProducer]) -> None:
+        self.settings = settings
+        self.table = table
+        self._producer = producer
+        self.defs: dict[str, WorkflowDef] = {}
+        self.tasks: dict[str, asyncio.Task[None]] = {}
+        self._locks: dict[str, asyncio.Lock] = {}
+        self._held: dict[str, tuple[Callable[[], Any], Any]] = {}
+        """workflow → (ack of the record holding its lease, that record's topic-partition)"""
+        self._slots = asyncio.Semaphore(settings.worker_concurrency)
+        self.topic = topic_name(settings, WORKFLOWS)
+
+    def register(self, wf: WorkflowDef) -> None:
+        self.defs[wf.kind] = wf
+
+    def _lock(self, workflow: str) -> asyncio.Lock:
+        return self._locks.setdefault(workflow, asyncio.Lock())
+
+    async def handle(self, env: Envelope, ack: Callable[[], Any], tp: Any = None) -> None:
+        """Apply one voice.workflows record; ``ack`` is called now or when the step ends."""
+        rec = env.record
+        workflow = getattr(rec, "workflow", env.key)
+        async with self._lock(workflow):
+            state = WorkflowState.from_dict(self.table.get(workflow))
+            t: Transition | None = None
+            if isinstance(rec, WorkflowStarted):
+                wf = self.defs.get(rec.kind)
+                if wf is None:
+                    log.error("no workflow kind %r (workflow %r)", rec.kind, workflow)
+                elif state is None:
+                    t = engine.start(wf, rec)
+            elif isinstance(rec, WorkflowCommandReceived) and state is not None:
+                t = engine.command(self.defs[state.kind], state, rec)
+            elif isinstance(rec, StepOutcome) and state is not None:
+                t = self._outcome(state, rec)
+                if t is not None:
+                    self.tasks.pop(workflow, None)
+            if t is None and workflow in self.tasks:
+                if workflow in self._held:
+                    # Redelivered after a rebalance that kept the partition here: the step
+                    # still runs, so this delivery now holds the lease.
+                    self._held[workflow][0]()
+                    self._held[workflow] = (ack, tp)
+                else:
+                    ack()
+                return
+            if t is None and state is not None and state.status == "running":
+                # Running, yet no task here holds it: its worker died mid-step.
+                t = engine.worker_lost(self.defs[state.kind], state, self.settings.step_attempts)
+            if t is None:
+                ack()
+                return
+            await self._apply(t, env.correlation or workflow)
+            if t.run_step:
+                previous = self._held.pop(workflow, None)
+                if previous is not None and previous[0] is not ack:
+                    previous[0]()
+                self._held[workflow] = (ack, tp)
+                self._spawn(t.state)
+                return
+            held = self._held.pop(workflow, None)
+            if held is not None:
+                held[0]()
+            ack()
+
+    def _outcome(self, state: WorkflowState, rec: StepOutcome) -> Transition | None:
+        if state.status != "running" or state.attempt != rec.attempt \
+                or state.step_index != rec.step_index:
+            return None  # superseded: a later attempt or another owner took over
+        wf = self.defs[state.kind]
+        if rec.status == "paused":
+            return engine.step_paused(wf, state, Pause(rec.waiting_for or "command"))
+        if rec.status == "failed":
+            return engine.step_failed(wf, state, rec.error or "", rec.error_type or "Error",
+                                      rec.retryable, self.settings.step_attempts)
+        return engine.step_succeeded(wf, state, rec.output)
+
+    async def _apply(self, t: Transition, correlation: str) -> None:
+        s = t.state
+        futs = []
+        for e in t.emits:
+            env = Envelope(record=e.record, key=s.workflow, source=SOURCE, subject=s.workflow,
+                           seq=e.seq, correlation=correlation, id=e.id(s.workflow))
+            futs.append(self._send(env))
+        for f in futs:
+            await f
+        self.table[s.workflow] = s.to_dict()
+        if t.ended:
+            wf = self.defs[s.kind]
+            if wf.on_end is not None:
+                await wf.on_end(s)
+
+    def _send(self, env: Envelope) -> Any:
+        key, value, headers = encode(env)
+        return self._producer().produce_raw(self.topic, key, value, headers)
+
+    def _spawn(self, state: WorkflowState) -> None:
+        task = asyncio.get_running_loop().create_task(self._run_step(state))
+        self.tasks[state.workflow] = task
+
+    async def _run_step(self, state: WorkflowState) -> None:
+        """Run the step and report its outcome as a record (the task never writes state)."""
+        wf = self.defs[state.kind]
+        step = wf.step(state.step_index)
+        ctx = StepContext(workflow=state.workflow, kind=state.kind, step=step.name,
+                          attempt=state.attempt, input=state.input, outputs=state.outputs,
+                          commands=state.commands)
+        report = dict(workflow=state.workflow, step=step.name, step_index=state.step_index,
+                      attempt=state.attempt)
+        try:
+            async with self._slots:
+                result = await step.run(ctx)
+            if isinstance(result, Pause):
+                outcome = StepOutcome(**report, status="paused", waiting_for=result.waiting_for)
+            else:
+                outcome = StepOutcome(**report, status="succeeded", output=result)
+        except asyncio.CancelledError:
+            raise  # keep_only() let go of it; the partition's new owner resumes it
+        except Exception as exc:  # a step's failure is a record, never a crash
+            log.warning("step %s of %s failed (attempt %s): %r", step.name, state.workflow,
+                        state.attempt, exc)
+            outcome = StepOutcome(**report, status="failed", error=str(exc) or repr(exc),
+                                  error_type=type(exc).__name__,
+                                  retryable=getattr(exc, "retryable", True))
+        env = Envelope(record=outcome, key=state.workflow, source=SOURCE,
+                       subject=state.workflow, correlation=state.workflow,
+                       id=f"{state.workflow}:outcome:{state.step_index}:{state.attempt}")
+        try:
+            await self._send(env)
+        except Exception:
+            log.exception("reporting the outcome of %s failed", state.workflow)
+
+    def keep_only(self, assigned: set[Any]) -> None:
+        """After a rebalance: stop steps whose partition went elsewhere (its owner resumes them)."""
+        for workflow, (_ack, tp) in list(self._held.items()):
+            if tp is not None and tp not in assigned:
+                task = self.tasks.pop(workflow, None)
+                if task is not None:
+                    task.cancel()
+                self._held.pop(workflow, None)
+
+

@@ -1,0 +1,23 @@
+"""Telemetry: the consumer group that reads every Voice topic into ClickHouse, and ``voice sql``.
+
+The sink (``voice telemetry``) batches every Kafka record into ``voice.events`` (payloads of
+32 KiB or more in ``voice.event_blobs``, nothing truncated) and the facts it records into
+``voice.model_calls``, ``voice.tool_calls`` and ``voice.workflow_steps`` (OpenTelemetry GenAI
+column names), in the order flush batch → insert → commit offsets, with retried inserts
+deduplicated. The store is ClickHouse embedded through chDB (``<state_dir>/clickhouse``) or a
+server at ``VOICE_CLICKHOUSE_URL``. Sealed conversation content stays sealed. See
+``docs/telemetry.md``.
+
+Public names:
+
+* ``telemetry.sink``: ``run_sink(settings) -> int``, ``Sink`` (``poll_once``, ``flush``,
+  ``close``), ``group_id``, ``InsertFailed``.
+* ``telemetry.query``: ``run_sql(settings, sql, fmt) -> str``, ``QueryServer``, ``render``,
+  ``check_read_only``, ``SqlRefused``, ``QueryFailed``.
+* ``telemetry.store``: ``TelemetrySettings``, ``telemetry_settings``, ``TelemetryStore``
+  (the port), ``ClickHouseStore``, ``open_store``, ``embedded_path``, ``StoreUnavailable``.
+* ``telemetry.schema``: ``ensure_schema``, ``COLUMNS``, ``VIEWS``, ``MIGRATIONS``.
+* ``telemetry.rows``: ``map_record``, ``RawRecord``, ``Rows``, ``BLOB_THRESHOLD``.
+
+Modules import confluent-kafka and clickhouse-connect, so this package imports nothing eagerly.
+"""

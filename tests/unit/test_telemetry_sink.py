@@ -1,0 +1,235 @@
+"""The sink's batching and flush order, with a scripted consumer and the embedded store.
+
+(The same guarantees against a real broker are in tests/integration/test_telemetry_sink.py.)
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from datetime import UTC, datetime
+from pathlib import Path
+
+import pytest
+from confluent_kafka import TopicPartition
+
+from schemas.agent import ModelCallRecorded
+from streams.envelope import Envelope, encode
+from telemetry.sink import InsertFailed, Sink
+from telemetry.store import ClickHouseStore, TelemetrySettings, open_store
+
+T0 = datetime(2025, 3, 1, 12, 0, tzinfo=UTC)
+
+
+class Msg:
+    def __init__(self, topic: str, partition: int, offset: int, key, value, headers) -> None:
+        self._t = (topic, partition, offset, key, value, headers)
+
+    def error(self):
+        return None
+
+    def topic(self):
+        return self._t[0]
+
+    def partition(self):
+        return self._t[1]
+
+    def offset(self):
+        return self._t[2]
+
+    def key(self):
+        return self._t[3]
+
+    def value(self):
+        return self._t[4]
+
+    def headers(self):
+        return self._t[5]
+
+    def timestamp(self):
+        return (1, 1_700_000_000_000)
+
+
+class FakeConsumer:
+    """Hands out queued messages; records pause/resume/commit in the shared ``log``."""
+
+    def __init__(self, log: list[str]) -> None:
+        self.queue: list[Msg] = []
+        self.log = log
+        self.committed: list[TopicPartition] = []
+        self.paused = False
+
+    def subscribe(self, topics, on_assign=None, on_revoke=None):
+        self.topics, self.on_revoke = topics, on_revoke
+
+    def consume(self, num_messages=1, timeout=-1):
+        if self.paused:
+            return []
+        out, self.queue = self.queue[:num_messages], self.queue[num_messages:]
+        return out
+
+    def assignment(self):
+        return [TopicPartition("voice.agent", 0)]
+
+    def pause(self, parts):
+        self.paused = True
+        self.log.append("pause")
+
+    def resume(self, parts):
+        self.paused = False
+        self.log.append("resume")
+
+    def commit(self, offsets=None, asynchronous=True):
+        assert asynchronous is False
+        self.committed = list(offsets)
+        self.log.append("commit " + ",".join(f"{o.topic}:{o.partition}:{o.offset}"
+                                             for o in offsets))
+
+    def close(self):
+        self.log.append("close")
+
+
+class FlakyStore:
+    """The real embedded store, whose inserts fail while ``failures`` > 0 (after the first
+    table went in, to show that a partial insert retried does not duplicate either)."""
+
+    def __init__(self, inner: ClickHouseStore, log: list[str]) -> None:
+        self.inner, self.log, self.failures = inner, log, 0
+        self.location = inner.location
+
+    def command(self, sql):
+        self.inner.command(sql)
+
+    def query(self, sql):
+        return self.inner.query(sql)
+
+    def insert(self, table, columns, rows, token=None):
+        if self.failures and table != "voice.events":
+            self.failures -= 1
+            self.log.append(f"insert {table} FAILED")
+            raise ConnectionError("ClickHouse is down")
+        self.inner.insert(table, columns, rows, token=token)
+        if table != "voice.schema_migrations":
+            self.log.append(f"insert {table}")
+
+    def close(self):
+        self.inner.close()
+
+
+def msg(i: int, partition: int = 0) -> Msg:
+    rec = ModelCallRecorded(workflow="wf", call_id=f"c{i}", agent_name="a", iteration=1,
+                            request_model="m", input_tokens=i)
+    k, v, h = encode(Envelope(record=rec, key="wf", source="/t", time=T0))
+    return Msg("voice.agent", partition, i, k, v, h)
+
+
+@pytest.fixture
+def parts(tmp_path: Path) -> Iterator[tuple[list[str], FakeConsumer, FlakyStore, Sink]]:
+    log: list[str] = []
+    settings = TelemetrySettings(state_dir=tmp_path, env="test", kafka_bootstrap="unused:1",
+                                 telemetry_batch_rows=5, telemetry_flush_ms=60_000)
+    consumer, store = FakeConsumer(log), FlakyStore(open_store(settings), log)
+    sink = Sink(settings, store=store, consumer=consumer, retry_initial_s=0.01)
+    yield log, consumer, store, sink
+    sink.close(flush=False)
+
+
+def count(store, table: str) -> int:
+    return store.query(f"SELECT count() FROM voice.{table}").rows[0][0]
+
+
+def test_subscribes_to_every_topic_and_its_dlq(parts):
+    _, consumer, _, _ = parts
+    assert "voice.agent" in consumer.topics and "voice.agent.dlq" in consumer.topics
+    assert len(consumer.topics) == 12
+
+
+def test_flush_on_row_count_then_insert_then_commit(parts):
+    log, consumer, store, sink = parts
+    consumer.queue = [msg(i) for i in range(7)]
+    sink.poll_once()  # takes at most the 5 the batch has room for, and flushes
+    assert log == ["insert voice.events", "insert voice.model_calls", "commit voice.agent:0:5"]
+    sink.poll_once()  # 2 more wait for the 5th or the age
+    assert len(log) == 3 and count(store, "events") == 5
+
+
+def test_flush_on_age(tmp_path, parts):
+    log, consumer, _, sink = parts
+    now = [100.0]
+    sink._clock = lambda: now[0]
+    consumer.queue = [msg(0)]
+    sink.poll_once()
+    assert log == []
+    now[0] += 59.0
+    sink.poll_once(timeout=0)
+    assert log == []
+    now[0] += 1.0
+    sink.poll_once(timeout=0)
+    assert log[-1] == "commit voice.agent:0:1"
+
+
+def test_failed_insert_commits_nothing_and_keeps_the_batch(parts):
+    log, consumer, store, sink = parts
+    consumer.queue = [msg(i) for i in range(3)]
+    sink.poll_once()
+    store.failures = 10**6
+    with pytest.raises(InsertFailed):
+        sink.flush(max_attempts=3)
+    assert not any(e.startswith("commit") for e in log) and consumer.committed == []
+    assert log.count("pause") == 1 and log[-1] == "resume"  # paused while retrying
+    store.failures = 0
+    assert sink.flush() == 3
+    assert log[-1] == "commit voice.agent:0:3"
+    assert count(store, "events") == 3 and count(store, "model_calls") == 3
+
+
+def test_retry_after_a_partial_insert_does_not_duplicate(parts):
+    log, consumer, store, sink = parts
+    consumer.queue = [msg(i) for i in range(4)]
+    sink.poll_once()
+    store.failures = 2  # events go in, model_calls fails twice, then the retry succeeds
+    assert sink.flush() == 4
+    assert log == ["insert voice.events", "insert voice.model_calls FAILED", "pause",
+                   "insert voice.events", "insert voice.model_calls FAILED",
+                   "insert voice.events", "insert voice.model_calls",
+                   "commit voice.agent:0:4", "resume"]
+    # events was inserted three times with one token: raw counts, no FINAL, no merge needed.
+    assert count(store, "events") == 4 and count(store, "model_calls") == 4
+
+
+def test_stop_during_an_outage_drops_the_uncommitted_batch(parts):
+    log, consumer, store, sink = parts
+    consumer.queue = [msg(i) for i in range(2)]
+    sink.poll_once()
+    store.failures = 10**6
+    real_wait = sink._wait
+
+    def wait_then_stop(seconds):
+        real_wait(seconds)
+        sink.request_stop()  # SIGTERM arrives while the sink waits for ClickHouse
+
+    sink._wait = wait_then_stop
+    assert sink.flush() == 0
+    assert consumer.committed == [] and not any(e.startswith("commit") for e in log)
+
+
+def test_revoke_while_retrying_abandons_the_batch(parts):
+    log, consumer, store, sink = parts
+    consumer.queue = [msg(i) for i in range(2)]
+    sink.poll_once()
+    store.failures = 10**6
+    sink._wait = lambda s: sink._on_revoke(consumer, consumer.assignment())
+    assert sink.flush() == 0 and consumer.committed == []
+    store.failures = 0
+    consumer.queue = [msg(0), msg(1)]  # the next owner (here: us again) re-reads them
+    sink.poll_once()
+    assert sink.flush() == 2 and count(store, "events") == 2
+
+
+def test_undecodable_records_are_rows_and_the_sink_goes_on(parts):
+    log, consumer, store, sink = parts
+    consumer.queue = [Msg("voice.commands", 1, 0, None, b"\x00\xff", None), msg(1)]
+    sink.poll_once()
+    sink.flush()
+    rows = store.query("SELECT ce_type, decode_error != '' FROM voice.events ORDER BY topic").rows
+    assert rows == [("voice.agent.model_call.v1", None), ("undecodable", True)]
+    assert sorted(log[-1].split(" ")[1].split(",")) == ["voice.agent:0:2", "voice.commands:1:1"]
