@@ -105,7 +105,10 @@ class EdgeTail:
                     log.warning("edge tail cannot assign yet: %s", exc)
                     self._stop.wait(1.0)
             while not self._stop.is_set():
-                msgs = consumer.consume(num_messages=500, timeout=0.05)
+                # poll() returns as soon as one record arrives (consume() would wait for a
+                # full batch or its timeout); then drain what else is already fetched.
+                first = consumer.poll(0.1)
+                msgs = [first, *consumer.consume(num_messages=500, timeout=0)] if first else []
                 for msg in msgs:
                     if msg.error():
                         continue
