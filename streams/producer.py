@@ -26,6 +26,9 @@ PRODUCER_CONFIG: dict[str, object] = {
     # A request path waits on the ack, so batch only briefly.
     "linger.ms": 1,
     "compression.type": "lz4",
+    # The Java client's partitioner, so a key lands where Kafka Streams, Faust (aiokafka) and
+    # any other Kafka client would put it: co-partitioning holds across producers.
+    "partitioner": "murmur2_random",
 }
 
 
