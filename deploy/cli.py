@@ -86,6 +86,31 @@ def simulator(port: int = typer.Option(None, help="Default VOICE_SIMULATOR_PORT 
                   port or int(os.environ.get("VOICE_SIMULATOR_PORT", "8100")))
 
 
+@app.command()
+def telemetry() -> None:
+    """Run one telemetry sink: every topic into ClickHouse, in batches (and `voice sql`)."""
+    from telemetry.sink import run_sink
+
+    raise typer.Exit(run_sink(_settings()))
+
+
+@app.command()
+def sql(
+    query: str = typer.Argument(..., help="A read-only statement: SELECT, WITH, SHOW, DESCRIBE."),
+    fmt: str = typer.Option("table", "--format", help="table|json|csv"),
+) -> None:
+    """Run a read-only query against the telemetry store and print the result."""
+    from telemetry.query import run_sql
+
+    if fmt not in ("table", "json", "csv"):
+        raise typer.BadParameter(f"--format {fmt!r} is not one of table, json, csv")
+    try:
+        typer.echo(run_sql(_settings(need_broker=False), query, fmt))  # type: ignore[arg-type]
+    except Exception as exc:  # refused, failed, or no store: say which, exit 1
+        typer.echo(f"voice sql: {exc}", err=True)
+        raise typer.Exit(1) from None
+
+
 @topics_app.command("create")
 def topics_create() -> None:
     """Create every registered topic that is missing (idempotent)."""

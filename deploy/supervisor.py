@@ -2,7 +2,7 @@
 every process it started on Ctrl-C (SIGINT) or SIGTERM.
 
 Order: local broker (unless ``VOICE_KAFKA_BOOTSTRAP``) → topics → model simulator (unless
-``ANTHROPIC_API_KEY``) → worker → edge. If any child dies, the rest are stopped too, so a
+``ANTHROPIC_API_KEY``) → worker → telemetry sink → edge. If any child dies, the rest are stopped too, so a
 broken stack never looks half alive.
 """
 
@@ -67,6 +67,9 @@ def up(settings: VoiceSettings, with_simulator: bool | None = None) -> int:
             children["simulator"] = _spawn("the model simulator (replies come from it, "
                                            "not from a real model)", ["simulator"], env)
         children["worker"] = _spawn("the worker", ["worker"], env)
+        children["telemetry"] = _spawn("the telemetry sink (ClickHouse: embedded unless "
+                                       "VOICE_CLICKHOUSE_URL; query it with `voice sql`)",
+                                       ["telemetry"], env)
         children["edge"] = _spawn("the edge", ["edge"], env)
         print(f"voice up: edge on http://{settings.edge_host}:{settings.edge_port} "
               f"(OpenAPI at /docs); Ctrl-C stops everything", flush=True)

@@ -249,3 +249,15 @@ def test_run_sql_through_the_endpoint_and_without_it(tsettings, store):
     out = run_sql(ts, "SELECT count() AS n FROM voice.events", "table")
     assert out.splitlines()[:3] == ["n", "-", "1"], out
     assert time.monotonic() - t0 < 30
+
+
+def test_server_adapter_unreachable_is_a_clear_error(tmp_path):
+    from deploy.kafka_local import free_port
+    from telemetry.store import StoreUnavailable
+
+    url = f"http://voice:s3cret@127.0.0.1:{free_port()}"
+    ts = TelemetrySettings(state_dir=tmp_path, env="test", clickhouse_url=url)
+    with pytest.raises(StoreUnavailable) as err:
+        run_sql(ts, "SELECT 1")
+    assert "127.0.0.1" in str(err.value) and "s3cret" not in str(err.value)
+    assert not embedded_path(ts).exists()  # the server URL wins: no embedded folder made
