@@ -22,6 +22,7 @@ from tests.support import (
     unique_settings,
     wait_group_stable,
     wait_http_ready,
+    worker_group,
 )
 
 
@@ -51,10 +52,6 @@ def settings(kafka_bootstrap: str, tmp_path: Path) -> VoiceSettings:
     s = unique_settings(kafka_bootstrap, tmp_path)
     create_topics(s)
     return s
-
-
-def worker_group(settings: VoiceSettings) -> str:
-    return f"{settings.group_prefix}-{settings.topic_prefix}worker".replace(".", "-")
 
 
 @pytest.fixture(scope="session")

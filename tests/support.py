@@ -2,20 +2,24 @@
 
 from __future__ import annotations
 
-import os
 import shutil
 import subprocess
-import sys
 import time
 import uuid
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
 
-import httpx
 from confluent_kafka import OFFSET_BEGINNING, Consumer, TopicPartition
-from confluent_kafka.admin import AdminClient
 
+from deploy.processes import (  # noqa: F401  (re-exported for the tests)
+    spawn_voice,
+    stop,
+    voice_env,
+    wait_group_stable,
+    wait_http_ready,
+    worker_group,
+)
 from streams.settings import VoiceSettings
 
 REPO = Path(__file__).resolve().parent.parent
@@ -51,71 +55,7 @@ def unique_settings(bootstrap: str, tmp: Path, **overrides: object) -> VoiceSett
     return VoiceSettings(**values)  # type: ignore[arg-type]
 
 
-def env_for(settings: VoiceSettings, **extra: str) -> dict[str, str]:
-    """The environment a child process needs to act as part of this test's stack."""
-    env = dict(os.environ)
-    env.update({
-        "VOICE_KAFKA_BOOTSTRAP": settings.bootstrap,
-        "VOICE_TOPIC_PREFIX": settings.topic_prefix,
-        "VOICE_GROUP_PREFIX": settings.group_prefix,
-        "VOICE_TOPIC_PARTITIONS": str(settings.topic_partitions),
-        "VOICE_STATE_DIR": str(settings.state_dir),
-        "VOICE_ENV": settings.env,
-        "VOICE_GATEWAY_BOUND_S": str(settings.gateway_bound_s),
-    })
-    env.update(extra)
-    return env
-
-
-def spawn_voice(settings: VoiceSettings, *args: str, log: Path, **extra: str
-                ) -> subprocess.Popen[bytes]:
-    """Start ``voice ARGS`` as a child process with the test's settings."""
-    out = open(log, "ab")
-    return subprocess.Popen([sys.executable, "-m", "deploy.cli", *args],
-                            env=env_for(settings, **extra), stdout=out, stderr=subprocess.STDOUT,
-                            cwd=settings.state_dir)
-
-
-def stop(proc: subprocess.Popen[bytes], timeout: float = 15) -> None:
-    if proc.poll() is None:
-        proc.terminate()
-        try:
-            proc.wait(timeout)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-            proc.wait()
-
-
-def wait_group_stable(settings: VoiceSettings, group: str, timeout: float = 60) -> None:
-    """Wait until a consumer group has members with partitions assigned."""
-    admin = AdminClient({"bootstrap.servers": settings.bootstrap})
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        try:
-            desc = admin.describe_consumer_groups([group])[group].result(timeout=5)
-            if str(desc.state).endswith("STABLE") and any(
-                m.assignment.topic_partitions for m in desc.members
-            ):
-                return
-        except Exception:
-            pass
-        time.sleep(0.3)
-    raise TimeoutError(f"consumer group {group!r} not stable in {timeout}s")
-
-
-def wait_http_ready(url: str, timeout: float = 60, proc: subprocess.Popen[bytes] | None = None
-                    ) -> None:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        if proc is not None and proc.poll() is not None:
-            raise RuntimeError(f"process exited with {proc.returncode} before {url} was ready")
-        try:
-            if httpx.get(url, timeout=2).status_code == 200:
-                return
-        except httpx.HTTPError:
-            pass
-        time.sleep(0.2)
-    raise TimeoutError(f"{url} not ready in {timeout}s")
+env_for = voice_env
 
 
 def read_all(settings: VoiceSettings, topic: str, timeout: float = 5.0
