@@ -28,6 +28,7 @@ from typing import Any
 import confluent_kafka
 
 import bench.kafka_baseline as kafka_baseline  # registers the benchmarks
+import bench.turns  # noqa: F401  (registers the turn figures)
 from bench.harness import REGISTRY, Context, run, select
 from streams.settings import load_settings
 

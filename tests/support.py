@@ -10,8 +10,6 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
 
-from confluent_kafka import OFFSET_BEGINNING, Consumer, TopicPartition
-
 from deploy.processes import (  # noqa: F401  (re-exported for the tests)
     spawn_voice,
     stop,
@@ -20,6 +18,7 @@ from deploy.processes import (  # noqa: F401  (re-exported for the tests)
     wait_http_ready,
     worker_group,
 )
+from streams.reading import read_topic
 from streams.settings import VoiceSettings
 
 REPO = Path(__file__).resolve().parent.parent
@@ -58,27 +57,9 @@ def unique_settings(bootstrap: str, tmp: Path, **overrides: object) -> VoiceSett
 env_for = voice_env
 
 
-def read_all(settings: VoiceSettings, topic: str, timeout: float = 5.0
-             ) -> list:  # list[confluent_kafka.Message]
+def read_all(settings: VoiceSettings, topic: str, timeout: float = 5.0) -> list:  # list[Message]
     """Every record currently on ``topic`` (all partitions), read with a plain consumer."""
-    c = Consumer({"bootstrap.servers": settings.bootstrap, "group.id": f"read-{uuid.uuid4().hex}",
-                  "enable.auto.commit": False})
-    try:
-        md = c.list_topics(topic, timeout=10)
-        parts = list(md.topics[topic].partitions)
-        ends = {p: c.get_watermark_offsets(TopicPartition(topic, p), 10)[1] for p in parts}
-        c.assign([TopicPartition(topic, p, OFFSET_BEGINNING) for p in parts])
-        out, deadline = [], time.monotonic() + timeout
-        pos = {p: 0 for p in parts}
-        while any(pos[p] < ends[p] for p in parts) and time.monotonic() < deadline:
-            msg = c.poll(0.2)
-            if msg is None or msg.error():
-                continue
-            out.append(msg)
-            pos[msg.partition()] = msg.offset() + 1
-        return out
-    finally:
-        c.close()
+    return read_topic(settings, topic, timeout=timeout)
 
 
 def wait_for(predicate, timeout: float = 20, interval: float = 0.1, what: str = "condition"):  # noqa: ANN001, ANN201

@@ -1,0 +1,45 @@
+"""Reading a topic back from its beginning up to its current end (replay, tests, benchmarks).
+
+Never used on a request path: it scans whole partitions.
+"""
+
+from __future__ import annotations
+
+import time
+import uuid
+from typing import Any
+
+from confluent_kafka import OFFSET_BEGINNING, Consumer, TopicPartition
+
+from streams.settings import VoiceSettings
+
+
+def read_topic(settings: VoiceSettings, topic: str, key: bytes | None = None,
+               timeout: float = 30.0) -> list[Any]:
+    """Every record now on ``topic`` (all partitions; only ``key``'s when given), in offset
+    order per partition. Returns confluent-kafka ``Message`` objects."""
+    c = Consumer({"bootstrap.servers": settings.bootstrap,
+                  "group.id": f"voice-read-{uuid.uuid4().hex}", "enable.auto.commit": False})
+    try:
+        md = c.list_topics(topic, timeout=10)
+        if topic not in md.topics or md.topics[topic].error is not None:
+            raise LookupError(f"topic {topic!r} does not exist")
+        parts = list(md.topics[topic].partitions)
+        ends = {p: c.get_watermark_offsets(TopicPartition(topic, p), 10)[1] for p in parts}
+        todo = {p for p in parts if ends[p] > 0}
+        c.assign([TopicPartition(topic, p, OFFSET_BEGINNING) for p in todo])
+        out: list[Any] = []
+        deadline = time.monotonic() + timeout
+        while todo and time.monotonic() < deadline:
+            for msg in c.consume(num_messages=1000, timeout=0.2):
+                if msg.error():
+                    continue
+                if key is None or msg.key() == key:
+                    out.append(msg)
+                if msg.offset() + 1 >= ends[msg.partition()]:
+                    todo.discard(msg.partition())
+        if todo:
+            raise TimeoutError(f"could not read {topic!r} to its end in {timeout}s")
+        return out
+    finally:
+        c.close()
