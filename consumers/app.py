@@ -15,7 +15,14 @@ from typing import Any
 
 import faust
 
-from consumers.agents.concern import SYSTEM_PROMPT, ConcernReply, parse_reply
+from consumers.agents.concern import (
+    ConcernReply,
+    IssueCatalog,
+    MemoryIssueCatalog,
+    concern_spec,
+    run_concern_extraction,
+)
+from consumers.engine import KafkaEffectSink
 from consumers.intake import decode_or_dead_letter
 from consumers.model_client import model_client
 from consumers.sequencer import ConversationState, sequence
@@ -65,6 +72,8 @@ class Worker:
                            agent or self._concern_agent)
         self.runtime.register(self.turns.definition)
         self._client: Any = None
+        self.issues: IssueCatalog = MemoryIssueCatalog()
+        self.concern_spec = concern_spec(settings, self.issues)
 
         self._wire(COMMANDS, self._on_command)
         self._wire(CONVERSATIONS, self._on_conversation_record)
@@ -142,13 +151,13 @@ class Worker:
     async def _on_workflow_record(self, env: Envelope, event: Any) -> None:
         await self.runtime.handle(env, event.ack, event.message.tp)
 
-    async def _concern_agent(self, conversation: str, turn: str,  # noqa: ARG002
+    async def _concern_agent(self, conversation: str, turn: str, attempt: int,
                              history: list[dict[str, Any]]) -> ConcernReply:
         if self._client is None:
             self._client = model_client(self.settings)
-        resp = await self._client.messages.create(
-            model=self.settings.model, max_tokens=1024, system=SYSTEM_PROMPT, messages=history)
-        return parse_reply("".join(b.text for b in resp.content if b.type == "text"))
+        sink = KafkaEffectSink(self.producer, self.settings, turn, self.sealer)
+        return await run_concern_extraction(self.concern_spec, self._client, sink,
+                                            conversation, turn, attempt, history)
 
 
 def create_worker(settings: VoiceSettings, agent: Any = None) -> Worker:

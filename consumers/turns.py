@@ -14,7 +14,7 @@ import logging
 from collections.abc import Awaitable, Callable
 from typing import Any
 
-from consumers.agents.concern import ConcernReply, parse_reply
+from consumers.agents.concern import ConcernReply
 from consumers.workflows.engine import StepContext, StepDef, WorkflowDef, WorkflowState
 from consumers.workflows.runtime import StepError
 from schemas.base import Record, Sealed
@@ -38,8 +38,8 @@ log = logging.getLogger(__name__)
 KIND = "conversation-turn"
 SOURCE = "/voice/turn-worker"
 
-AgentRunner = Callable[[str, str, list[dict[str, Any]]], Awaitable[ConcernReply]]
-"""(conversation, turn, Messages-API history ending with the new user message) → reply."""
+AgentRunner = Callable[[str, str, int, list[dict[str, Any]]], Awaitable[ConcernReply]]
+"""(conversation, turn, attempt, Messages-API history ending with the user message) → reply."""
 
 
 def transcript_entry(env: Envelope) -> dict[str, Any] | None:
@@ -114,7 +114,7 @@ class Turns:
             raise StepError(f"conversation {conversation!r} was erased", retryable=False) from None
         if not history or history[-1]["role"] != "user":
             raise StepError(f"turn {turn!r} has no participant message", retryable=False)
-        reply = await self.agent(conversation, turn, history)
+        reply = await self.agent(conversation, turn, ctx.attempt, history)
         tenant = ctx.input.get("tenant")
         if reply.could_not_interpret:
             await self._submit(conversation, turn, tenant, "state", TurnStateChanged(

@@ -21,7 +21,10 @@ kafka_app = typer.Typer(help="The local Kafka broker (from the Maven cache).",
                         no_args_is_help=True)
 app.add_typer(topics_app, name="topics")
 app.add_typer(schemas_app, name="schemas")
+replay_app = typer.Typer(help="Replay a conversation or workflow from the log.",
+                         no_args_is_help=True)
 app.add_typer(kafka_app, name="kafka")
+app.add_typer(replay_app, name="replay")
 
 
 def _settings(need_broker: bool = True) -> VoiceSettings:
@@ -174,6 +177,24 @@ def schemas_export(folder: Path = typer.Argument(..., help="Folder to write into
 
     for path in export_json_schemas(folder):
         typer.echo(str(path))
+
+
+@replay_app.command("conversation")
+def replay_conversation(conversation: str = typer.Argument(..., help="cnv-…")) -> None:
+    """Print, in order, every event the conversation's SSE clients saw."""
+    from deploy.replay import replay_conversation as replay
+
+    for block in replay(_settings(), conversation):
+        typer.echo(block)
+
+
+@replay_app.command("workflow")
+def replay_workflow(workflow: str = typer.Argument(..., help="e.g. cnv-…:turn-3")) -> None:
+    """Print a workflow's lifecycle and its agent's records, in order."""
+    from deploy.replay import replay_workflow as replay
+
+    for line in replay(_settings(), workflow):
+        typer.echo(line)
 
 
 @kafka_app.command("fetch")

@@ -10,10 +10,23 @@ from __future__ import annotations
 import json
 import re
 from dataclasses import dataclass
+from typing import Any, Protocol
 
-from pydantic import ValidationError
+from pydantic import BaseModel, Field, ValidationError
 
+from consumers.engine import (
+    AgentSpec,
+    EffectSink,
+    Hint,
+    Ok,
+    Tool,
+    ToolContext,
+    ToolRegistry,
+    TurnInput,
+    run_turn,
+)
 from schemas.conversation import Proposal
+from streams.settings import VoiceSettings
 
 AGENT_NAME = "concern-extraction"
 SYSTEM_PROMPT = (
@@ -59,3 +72,89 @@ def parse_reply(answer: str) -> ConcernReply:
     if not proposal or not proposal.concerns:
         proposal = None
     return ConcernReply(text=stripped, proposal=proposal)
+
+
+# --- tools and the engine run ---------------------------------------------------------------
+
+
+class IssueCatalog(Protocol):
+    """Read-only access to the issues the agent may relate concerns to."""
+
+    def search(self, query: str, limit: int = 5) -> list[dict[str, Any]]: ...
+
+    def get(self, issue: str) -> dict[str, Any] | None: ...
+
+
+class MemoryIssueCatalog:
+    """Issues held in memory (tests; a worker fed from the issues log)."""
+
+    def __init__(self, issues: list[dict[str, Any]] | None = None) -> None:
+        self.issues: dict[str, dict[str, Any]] = {i["id"]: i for i in issues or []}
+
+    def search(self, query: str, limit: int = 5) -> list[dict[str, Any]]:
+        words = {w for w in re.findall(r"[a-z]{3,}", query.lower())}
+        scored = []
+        for issue in self.issues.values():
+            text = f"{issue.get('title', '')} {issue.get('summary', '')}".lower()
+            score = sum(1 for w in words if w in text)
+            if score:
+                scored.append((score, issue))
+        scored.sort(key=lambda x: -x[0])
+        return [i for _, i in scored[:limit]]
+
+    def get(self, issue: str) -> dict[str, Any] | None:
+        return self.issues.get(issue)
+
+
+class SearchIssues(BaseModel):
+    query: str = Field(min_length=1, description="Keywords of the concern.")
+
+
+class GetIssue(BaseModel):
+    issue: str = Field(description="An issue id from search_issues.")
+
+
+def concern_tools(catalog: IssueCatalog) -> ToolRegistry:
+    """The agent's allow-listed, read-only tools."""
+
+    def search_issues(args: SearchIssues, ctx: ToolContext) -> Ok:  # noqa: ARG001
+        rows = [{"id": i["id"], "title": i.get("title", ""), "summary": i.get("summary", "")}
+                for i in catalog.search(args.query)]
+        return Ok(rows=tuple(rows))
+
+    def get_issue(args: GetIssue, ctx: ToolContext) -> Ok | Hint:  # noqa: ARG001
+        issue = catalog.get(args.issue)
+        if issue is None:
+            near = [i["id"] for i in catalog.search(args.issue)]
+            return Hint("unknown_issue", f"no issue {args.issue!r}; search first", tuple(near))
+        return Ok(rows=({"id": issue["id"], "title": issue.get("title", ""),
+                         "summary": issue.get("summary", "")},))
+
+    return ToolRegistry((
+        Tool("search_issues", "Find existing issues matching keywords.", SearchIssues,
+             search_issues),
+        Tool("get_issue", "Read one issue by id.", GetIssue, get_issue),
+    ))
+
+
+def concern_spec(settings: VoiceSettings, catalog: IssueCatalog) -> AgentSpec:
+    return AgentSpec(name=AGENT_NAME, identity=SYSTEM_PROMPT, tools=concern_tools(catalog),
+                     model=settings.model, fallback_models=tuple(settings.fallback_models),
+                     compaction_model=settings.compaction_model, max_output_tokens=1024)
+
+
+async def run_concern_extraction(spec: AgentSpec, client: Any, sink: EffectSink,
+                                 conversation: str, turn: str, attempt: int,
+                                 history: list[dict[str, Any]]) -> ConcernReply:
+    """One turn of the agent over the transcript (ending with the participant's message)."""
+    last = history[-1]["content"]
+    result = await run_turn(spec, TurnInput(turn_id=turn, user_message=last,
+                                            history=history[:-1], conversation_id=conversation,
+                                            attempt=attempt), client, sink)
+    if result.end_reason == "error":
+        raise ConcernAgentFailed("; ".join(f"{e.kind}: {e.message}" for e in result.errors))
+    return parse_reply(result.final_text)
+
+
+class ConcernAgentFailed(Exception):
+    """The engine ended the turn with an error (model unavailable, …); the step retries."""

@@ -121,6 +121,13 @@ class Ok:
             if not isinstance(effect, (Card, PlanUpdate)):
                 raise ContractViolation(f"unknown tool effect {effect!r}")
 
+    def with_recorded_schema(self, schema: tuple[Column, ...]) -> Ok:
+        """A copy carrying the schema measured when it was recorded (replay): rows that went
+        through JSON (dates became text) would otherwise measure differently."""
+        copy = Ok(self.rows, self.data, self.warnings, self.effects)
+        object.__setattr__(copy, "schema", tuple(schema))
+        return copy
+
 
 @dataclass(frozen=True)
 class Hint:
@@ -179,12 +186,16 @@ def envelope_to_dict(env: ToolEnvelope) -> dict[str, Any]:
 
 
 def envelope_from_dict(doc: dict[str, Any]) -> ToolEnvelope:
-    """Inverse of ``envelope_to_dict`` (the schema is measured again, not trusted)."""
+    """Inverse of ``envelope_to_dict``; the recorded (once measured) schema is kept."""
     kind = doc.get("kind")
     if kind == "ok":
         effects = tuple(_effect_from(e) for e in doc.get("effects") or ())
-        return Ok(rows=tuple(doc.get("rows") or ()), data=doc.get("data"),
-                  warnings=tuple(doc.get("warnings") or ()), effects=effects)
+        ok = Ok(rows=tuple(doc.get("rows") or ()), data=doc.get("data"),
+                warnings=tuple(doc.get("warnings") or ()), effects=effects)
+        if "schema" in doc:
+            ok = ok.with_recorded_schema(tuple(Column(c["name"], c["type"])
+                                               for c in doc["schema"]))
+        return ok
     if kind == "hint":
         return Hint(doc["hint_kind"], doc["message"], tuple(doc.get("alternatives") or ()))
     if kind == "err":
@@ -207,7 +218,7 @@ def _effect_from(doc: dict[str, Any]) -> ToolEffect:
 
 
 def render(env: ToolEnvelope) -> str:
-    """The text block the model sees: JSON, the same shape for every tool."""
+    """The text block the model sees: canonical JSON, the same shape for every tool."""
     if isinstance(env, Ok):
         doc: dict[str, Any] = {"ok": True}
         if env.rows:
@@ -226,4 +237,6 @@ def render(env: ToolEnvelope) -> str:
             doc["alternatives"] = list(env.alternatives)
     else:
         doc = {"error": env.err_kind, "message": env.message}
-    return json.dumps(sanitize_json(doc), ensure_ascii=False, allow_nan=False)
+    # Canonical (sorted keys): the same envelope always reads the same, also after a round
+    # trip through a sealed record, whose JSON is canonical too; replay depends on it.
+    return json.dumps(sanitize_json(doc), ensure_ascii=False, allow_nan=False, sort_keys=True)

@@ -133,8 +133,10 @@ class AnthropicModel:
     """``ModelPort`` over ``anthropic.AsyncAnthropic`` (``client.messages.stream``)."""
 
     def __init__(self, client: anthropic.AsyncAnthropic,
-                 extra_headers: dict[str, str] | None = None) -> None:
-        self._client = client
+                 extra_headers: dict[str, str] | None = None, max_retries: int = 0) -> None:
+        # The SDK's own retries would sit out a rate limit with backoff; the engine moves to
+        # the next model of the chain at once instead.
+        self._client = client.with_options(max_retries=max_retries)
         self._headers = extra_headers or {}
 
     async def stream(self, request: ModelRequest, callbacks: StreamCallbacks) -> ModelResponse:

@@ -35,7 +35,9 @@ from consumers.engine.types import (
     TurnResult,
 )
 
-VOLATILE = frozenset({"latency_ms", "duration_ms", "ts"})
+IGNORED = frozenset({"latency_ms", "duration_ms", "ts",
+                     # derived from other fields, and not carried by the records:
+                     "price_known", "error_kind", "executed"})
 
 
 class ReplayClient:
@@ -98,13 +100,14 @@ def recorded_tools(registry: ToolRegistry, effects: Iterable[Effect],
 
 
 def comparable(effect: Effect) -> dict[str, Any]:
-    """An effect as data without what legitimately differs between runs (timings)."""
+    """An effect as data without what legitimately differs between runs (timings) or is not
+    carried by its record."""
     return _strip(effect.model_dump(mode="json"))
 
 
 def _strip(value: Any) -> Any:
     if isinstance(value, dict):
-        return {k: _strip(v) for k, v in value.items() if k not in VOLATILE}
+        return {k: _strip(v) for k, v in value.items() if k not in IGNORED}
     if isinstance(value, list):
         return [_strip(v) for v in value]
     return value
@@ -117,8 +120,13 @@ def _kept(effects: Sequence[Effect]) -> list[Effect]:
 
 
 def compare_effects(recorded: Sequence[Effect], replayed: Sequence[Effect]) -> list[str]:
-    """Human-readable differences between two effect streams (empty when they match)."""
-    a, b = _kept(recorded), _kept(replayed)
+    """Human-readable differences between two effect streams (empty when they match).
+
+    Only the kinds of effect present in ``recorded`` are compared, so a turn read back from
+    Kafka (model and tool calls only) compares against the same kinds of a re-run.
+    """
+    kinds = {type(e) for e in recorded}
+    a, b = _kept(recorded), [e for e in _kept(replayed) if type(e) in kinds]
     out = []
     for i, (x, y) in enumerate(zip(a, b, strict=False)):
         cx, cy = comparable(x), comparable(y)

@@ -16,7 +16,7 @@ import asyncio
 import contextlib
 import inspect
 import time
-from collections.abc import Awaitable, Callable, Iterable
+from collections.abc import Awaitable, Callable, Iterable, Iterator
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -109,7 +109,7 @@ class ToolRegistry:
     def __len__(self) -> int:
         return len(self._tools)
 
-    def __iter__(self):  # type: ignore[no-untyped-def]
+    def __iter__(self) -> Iterator[Tool]:
         return iter(self._tools.values())
 
     def api_tools(self) -> list[dict[str, Any]]:

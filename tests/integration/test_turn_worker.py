@@ -14,11 +14,12 @@ from schemas.conversation import (
     StartConversation,
     TurnStateChanged,
 )
+from schemas.base import Sealed
 from streams.envelope import Envelope, decode
 from streams.producer import RecordProducer
 from streams.sealing import sealer_for
 from streams.settings import VoiceSettings
-from streams.topics import COMMANDS, CONVERSATIONS, WORKFLOWS, topic_name
+from streams.topics import AGENT, COMMANDS, CONVERSATIONS, TELEMETRY, WORKFLOWS, topic_name
 from tests.support import read_all, wait_for
 
 pytestmark = pytest.mark.integration
@@ -81,8 +82,17 @@ def test_a_message_gets_a_reply_and_a_proposal_exactly_once(settings: VoiceSetti
     wf = [type(e.record).__name__ for e in wf_log]
     assert wf[0] == "WorkflowStarted" and wf[-1] == "WorkflowCompleted"
     assert "StepStarted" in wf and "StepSucceeded" in wf
+    # The agent's model calls and tool calls are records of the turn, content sealed.
+    agent = [decode(m.key(), m.value(), m.headers())
+             for m in read_all(settings, topic_name(settings, AGENT)) if m.key() == turn.encode()]
+    calls = [e.record for e in agent if e.type == "voice.agent.model_call.v1"]
+    tools = [e.record for e in agent if e.type == "voice.agent.tool_call.v1"]
+    assert len(calls) >= 2 and calls[0].agent_name == "concern-extraction"
+    assert calls[0].input_tokens > 0 and "tool_use" in calls[0].finish_reasons
+    assert [t.tool_name for t in tools] == ["search_issues"] and tools[0].envelope == "ok"
+    assert isinstance(calls[-1].response, Sealed)
     # No plaintext anywhere on the log.
-    for spec in (COMMANDS, CONVERSATIONS, WORKFLOWS):
+    for spec in (COMMANDS, CONVERSATIONS, WORKFLOWS, AGENT, TELEMETRY):
         for m in read_all(settings, topic_name(settings, spec)):
             blob = (m.value() or b"") + b"".join(v or b"" for _, v in m.headers() or [])
             assert b"crossing" not in blob and b"unsafe" not in blob

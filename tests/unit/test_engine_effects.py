@@ -1,0 +1,175 @@
+"""KafkaEffectSink: each effect becomes its ``schemas.agent`` record on the right topic, keyed
+by workflow, with the effect's idempotency key as record id; conversation content sealed."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+from pydantic import BaseModel
+
+from consumers.engine import (
+    AgentSpec,
+    DisplayChunk,
+    DisplayEvent,
+    KafkaEffectSink,
+    ModelCallEffect,
+    Ok,
+    PersistMessage,
+    TelemetryEffect,
+    Tool,
+    ToolCallEffect,
+    ToolRegistry,
+    TurnInput,
+    effects_from_envelopes,
+    run_turn,
+)
+from consumers.engine.effects import PERSIST_EVENT, SealingRequired
+from consumers.engine.testing import ScriptedModel, text, tool_use
+from schemas.agent import DisplayEventRecorded, ModelCallRecorded, TelemetryEvent, ToolCallRecorded
+from schemas.base import Sealed
+from streams.envelope import Envelope, decode, encode
+from streams.sealing import MemoryKeyStore, Sealer
+from streams.settings import VoiceSettings
+
+SECRET = "my neighbour Jane Roe at 12 Elm Street"
+WF = "wf-conversation-turn:cnv-42:3"
+
+
+class FakeProducer:
+    """Collects what would be produced (the ``RecordProducer.send`` signature)."""
+
+    def __init__(self) -> None:
+        self.sent: list[tuple[str, Envelope]] = []
+
+    async def send(self, topic: str, env: Envelope) -> None:
+        self.sent.append((topic, env))
+
+
+@pytest.fixture
+def settings() -> VoiceSettings:  # shadows the Kafka-backed fixture: no broker needed here
+    return VoiceSettings(topic_prefix="t-eng.")
+
+
+def synthetic(conv: str | None) -> list:
+    base = {"turn_id": "cnv-42:turn-3", "conversation_id": conv}
+    event = DisplayEvent(id="k/d1", type="text_delta", channel="response", data={"text": SECRET},
+                         ts=1700000000.5, message_id="cnv-42:turn-3", verb="append")
+    return [
+        ModelCallEffect(key="k/m1", agent_name="assistant", iteration=1,
+                        request_model="claude-sonnet-4-5", response_model="claude-sonnet-4-5",
+                        input_tokens=120, output_tokens=30, cache_read_input_tokens=100,
+                        finish_reasons=["end_turn"], latency_ms=12.5, cost_usd=0.001,
+                        response={"content": [{"type": "text", "text": SECRET}],
+                                  "stop_reason": "end_turn"}, **base),
+        ModelCallEffect(key="k/m2", agent_name="assistant", iteration=2,
+                        request_model="sim-fail-429", error_type="RateLimitError", **base),
+        ToolCallEffect(key="k/t1", agent_name="assistant", tool_call_id="toolu_1",
+                       tool_name="search_issues", envelope="hint", hint_kind="unknown_id",
+                       duration_ms=3.5, arguments={"query": SECRET},
+                       result={"envelope": {"kind": "hint"}, "text": SECRET}, **base),
+        DisplayChunk(key="k/d1", event=event, **base),
+        PersistMessage(key="k/persist", content=SECRET,
+                       structured_content=[{"role": "assistant", "content": SECRET}],
+                       cost_usd=0.002, **base),
+        TelemetryEffect(key="k/x1", name="contract_envelope",
+                        attributes={"tool": "search_issues", "envelope": "hint"}, **base),
+    ]
+
+
+async def test_each_effect_becomes_its_record_on_its_topic(settings):
+    producer = FakeProducer()
+    sink = KafkaEffectSink(producer, settings, WF, tenant="acme", causation="rec-1")
+    effects = synthetic(None)
+    for e in effects:
+        await sink.emit(e)
+    topics = [t for t, _ in producer.sent]
+    assert topics == ["t-eng.voice.agent"] * 5 + ["t-eng.voice.telemetry"]
+    envs = [env for _, env in producer.sent]
+    assert [env.id for env in envs] == [e.key for e in effects]  # redelivery dedupes by id
+    assert {(env.key, env.correlation, env.causation, env.tenant, env.subject)
+            for env in envs} == {(WF, WF, "rec-1", "acme", "cnv-42:turn-3")}
+    m1, m2, tool, disp, persist, tel = (env.record for env in envs)
+    assert isinstance(m1, ModelCallRecorded) and m1.call_id == "k/m1" and m1.workflow == WF
+    assert (m1.input_tokens, m1.cache_read_input_tokens, m1.cost_usd) == (120, 100, 0.001)
+    assert m1.response == effects[0].response  # plaintext: no conversation
+    assert (m2.error_type, m2.response) == ("RateLimitError", None)
+    assert isinstance(tool, ToolCallRecorded) and tool.envelope == "hint"
+    assert (tool.hint_kind, tool.duration_ms, tool.arguments) == ("unknown_id", 3.5,
+                                                                  {"query": SECRET})
+    assert isinstance(disp, DisplayEventRecorded) and disp.event_id == "k/d1"
+    assert (disp.type, disp.channel, disp.verb, disp.metadata["ts"]) == (
+        "text_delta", "response", "append", 1700000000.5)
+    assert isinstance(persist, DisplayEventRecorded) and persist.type == PERSIST_EVENT
+    assert persist.metadata == {"cost_usd": 0.002, "end_reason": "end_turn"}
+    assert isinstance(tel, TelemetryEvent) and tel.name == "contract_envelope"
+    assert tel.attributes["envelope"] == "hint" and tel.workflow == WF
+    for env in envs:  # every envelope survives the wire format
+        assert decode(*encode(env)).record == env.record
+
+
+async def test_conversation_content_is_sealed_and_opens_back(settings):
+    sealer = Sealer(MemoryKeyStore())
+    producer = FakeProducer()
+    sink = KafkaEffectSink(producer, settings, WF, sealer)
+    effects = synthetic("cnv-42")
+    for e in effects:
+        await sink.emit(e)
+    for _, env in producer.sent:
+        key, value, headers = encode(env)
+        wire = value + b"".join(v for _, v in headers) + key
+        assert SECRET.encode() not in wire, env.record
+        assert b"Jane" not in wire
+    m1, _, tool, disp, persist, _ = (env.record for _, env in producer.sent)
+    assert isinstance(m1.response, Sealed) and isinstance(tool.arguments, Sealed)
+    assert isinstance(tool.result, Sealed) and isinstance(disp.data, Sealed)
+    assert isinstance(persist.data, Sealed)
+    assert sealer.open_json("cnv-42", "k/m1/response", m1.response) == effects[0].response
+    assert sealer.open_json("cnv-42", "k/t1/arguments", tool.arguments) == {"query": SECRET}
+    assert sealer.open_json("cnv-42", "k/d1/data", disp.data) == {"text": SECRET}
+    assert sealer.open_json("cnv-42", "k/persist/data", persist.data)["content"] == SECRET
+    # records decode back into the effects replay needs
+    decoded = [decode(*encode(env)) for _, env in producer.sent]
+    back = effects_from_envelopes(decoded, sealer)
+    assert [b.key for b in back] == ["k/m1", "k/m2", "k/t1"]
+    assert back[0].response == effects[0].response and back[0].turn_id == "cnv-42:turn-3"
+    assert back[2].arguments == {"query": SECRET} and back[2].result == effects[2].result
+
+
+async def test_conversation_content_without_a_sealer_is_refused(settings):
+    producer = FakeProducer()
+    sink = KafkaEffectSink(producer, settings, WF, sealer=None)
+    with pytest.raises(SealingRequired):
+        await sink.emit(synthetic("cnv-42")[0])
+    await sink.emit(synthetic("cnv-42")[-1])  # telemetry carries no content: fine
+    assert len(producer.sent) == 1
+
+
+async def test_a_whole_turn_through_the_kafka_sink_leaks_no_plaintext(settings):
+    class Q(BaseModel):
+        query: str
+
+    def search(args: Q, ctx):
+        return Ok(rows=[{"id": "iss-1", "title": f"About {args.query}"}])
+
+    spec = AgentSpec("concern-extraction", "You extract concerns.",
+                     ToolRegistry([Tool("search_issues", "Search", Q, search)]),
+                     "claude-sonnet-4-5")
+    model = ScriptedModel([[text("Let me search."), tool_use("search_issues", {"query": SECRET})],
+                           [text(f"I heard you about {SECRET}.")]])
+    sealer = Sealer(MemoryKeyStore())
+    producer = FakeProducer()
+    result = await run_turn(spec, TurnInput("cnv-42:turn-3", f"Worried about {SECRET}",
+                                            conversation_id="cnv-42"),
+                            model, KafkaEffectSink(producer, settings, WF, sealer))
+    assert result.end_reason == "end_turn"
+    assert len(producer.sent) > 10
+    assert len({env.id for _, env in producer.sent}) == len(producer.sent)
+    for _, env in producer.sent:
+        key, value, headers = encode(env)
+        assert b"Elm Street" not in value + b"".join(v for _, v in headers), env.record
+    kinds = {type(env.record).__name__ for _, env in producer.sent}
+    assert kinds == {"ModelCallRecorded", "ToolCallRecorded", "DisplayEventRecorded",
+                     "TelemetryEvent"}
+    json.dumps([env.record.model_dump(mode="json") for _, env in producer.sent],
+               allow_nan=False)
