@@ -46,10 +46,6 @@ from streams.sealing import KeyErased, Sealer
 router = APIRouter(prefix="/me/conversations", tags=["conversations"])
 
 NOT_FOUND = {404: {"description": "No such conversation of the caller's (or it was erased)."}}
-KEY_PROBE = "key-probe"
-"""Content id of the empty seal that creates a conversation's data key up front."""
-
-
 @contextmanager
 def opening(views: ConversationViews, conversation: str) -> Iterator[None]:
     """Turn ``KeyErased`` (erased by another edge, not yet on this edge's view) into 404."""
@@ -75,7 +71,7 @@ async def create_conversation(
     """Open a conversation owned by the caller."""
     conversation = f"cnv-{secrets.token_hex(8)}"
     # The data key exists before the conversation does, so its first message can be sealed.
-    await asyncio.to_thread(sealer.seal, conversation, KEY_PROBE, b"")
+    await asyncio.to_thread(sealer.create, conversation)
     ack = await submit(settings, producer, tail, principal, conversation,
                        StartConversation(conversation=conversation, owner=principal.sub))
     if ack.outcome != "accepted":

@@ -11,14 +11,14 @@ from __future__ import annotations
 import asyncio
 import logging
 import threading
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 
 from confluent_kafka import OFFSET_BEGINNING, OFFSET_END, Consumer, TopicPartition
 
 from schemas.system import CommandAcknowledged
 from streams.envelope import DecodeError, Envelope, decode
 from streams.settings import VoiceSettings
-from streams.topics import ACKS, CONVERSATIONS, topic_name
+from streams.topics import ACKS, CONVERSATIONS, TopicSpec, topic_name
 
 log = logging.getLogger(__name__)
 
@@ -32,11 +32,14 @@ class AckTimeout(Exception):
 class EdgeTail:
     """Consumes acks and conversation records for one edge process."""
 
-    def __init__(self, settings: VoiceSettings, on_conversation: RecordHandler) -> None:
+    def __init__(self, settings: VoiceSettings, on_conversation: RecordHandler,
+                 more: Mapping[TopicSpec, RecordHandler] | None = None) -> None:
         self.settings = settings
         self.on_conversation = on_conversation
         self.acks_topic = topic_name(settings, ACKS)
         self.conv_topic = topic_name(settings, CONVERSATIONS)
+        self.more = {topic_name(settings, spec): h for spec, h in (more or {}).items()}
+        """Further topics read from the beginning (staff views), each with its handler."""
         self._waiters: dict[str, asyncio.Future[Envelope]] = {}
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
@@ -75,17 +78,20 @@ class EdgeTail:
     def _assign(self, consumer: Consumer) -> None:
         md = consumer.list_topics(timeout=10)
         parts: list[TopicPartition] = []
-        for topic, start in ((self.acks_topic, OFFSET_END), (self.conv_topic, OFFSET_BEGINNING)):
+        starts = [(self.acks_topic, OFFSET_END), (self.conv_topic, OFFSET_BEGINNING),
+                  *((t, OFFSET_BEGINNING) for t in self.more)]
+        for topic, start in starts:
             t = md.topics.get(topic)
             if t is None or t.error is not None:
                 raise RuntimeError(f"topic {topic!r} is missing: run `voice topics create`")
             parts += [TopicPartition(topic, p, start) for p in t.partitions]
         consumer.assign(parts)
-        # Where the conversation log ends now: the edge is caught up once it reaches these.
+        # Where the logs end now: the edge is caught up once it reaches these.
         self._ends = {}
-        for p in md.topics[self.conv_topic].partitions:
-            _low, high = consumer.get_watermark_offsets(TopicPartition(self.conv_topic, p), 10)
-            self._ends[p] = high
+        for topic in (self.conv_topic, *self.more):
+            for p in md.topics[topic].partitions:
+                _low, high = consumer.get_watermark_offsets(TopicPartition(topic, p), 10)
+                self._ends[(topic, p)] = high
         self.assigned.set()
 
     def _run(self) -> None:
@@ -120,9 +126,9 @@ class EdgeTail:
             consumer.close()
 
     def _check_caught_up(self, consumer: Consumer) -> None:
-        tps = [TopicPartition(self.conv_topic, p) for p in self._ends]
-        positions = {tp.partition: tp.offset for tp in consumer.position(tps)}
-        if all(end == 0 or positions[p] >= end for p, end in self._ends.items()):
+        tps = [TopicPartition(t, p) for t, p in self._ends]
+        positions = {(tp.topic, tp.partition): tp.offset for tp in consumer.position(tps)}
+        if all(end == 0 or positions[tp] >= end for tp, end in self._ends.items()):
             self.caught_up.set()
 
     def _handle(self, topic: str, partition: int, offset: int, key: bytes | None,
@@ -135,6 +141,8 @@ class EdgeTail:
         assert self._loop is not None
         if topic == self.acks_topic:
             self._loop.call_soon_threadsafe(self._resolve, env)
+        elif topic in self.more:
+            self._loop.call_soon_threadsafe(self.more[topic], env)
         else:
             self._loop.call_soon_threadsafe(self.on_conversation, env)
 

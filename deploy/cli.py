@@ -2,11 +2,9 @@
 
 from __future__ import annotations
 
-import json
 import os
 import signal
 import sys
-from datetime import UTC, datetime
 from pathlib import Path
 
 import typer
@@ -179,22 +177,56 @@ def schemas_export(folder: Path = typer.Argument(..., help="Folder to write into
         typer.echo(str(path))
 
 
+RerunOpt = typer.Option(False, "--rerun", help="Re-run the turn(s) from the recorded model "
+                        "responses and tool results; exit 1 on any divergence.")
+
+
 @replay_app.command("conversation")
-def replay_conversation(conversation: str = typer.Argument(..., help="cnv-…")) -> None:
+def replay_conversation(conversation: str = typer.Argument(..., help="cnv-…"),
+                        rerun: bool = RerunOpt) -> None:
     """Print, in order, every event the conversation's SSE clients saw."""
     from deploy.replay import replay_conversation as replay
+    from deploy.replay import turns_of
 
-    for block in replay(_settings(), conversation):
+    settings = _settings()
+    for block in replay(settings, conversation):
         typer.echo(block)
+    if rerun:
+        _rerun(settings, turns_of(settings, conversation))
 
 
 @replay_app.command("workflow")
-def replay_workflow(workflow: str = typer.Argument(..., help="e.g. cnv-…:turn-3")) -> None:
+def replay_workflow(workflow: str = typer.Argument(..., help="e.g. cnv-…:turn-3"),
+                    rerun: bool = RerunOpt) -> None:
     """Print a workflow's lifecycle and its agent's records, in order."""
     from deploy.replay import replay_workflow as replay
 
-    for line in replay(_settings(), workflow):
+    settings = _settings()
+    for line in replay(settings, workflow):
         typer.echo(line)
+    if rerun:
+        _rerun(settings, [workflow])
+
+
+def _rerun(settings: VoiceSettings, workflows: list[str]) -> None:
+    import asyncio
+
+    from rich.progress import Progress
+
+    from deploy.replay import rerun_workflow
+
+    diverged = 0
+    with Progress(transient=True, console=__import__("rich.console").console.Console(
+            stderr=True)) as progress:
+        task = progress.add_task("re-running", total=len(workflows))
+        for wf in workflows:
+            found = asyncio.run(rerun_workflow(settings, wf))
+            for line in found:
+                typer.echo(f"DIVERGENCE {wf}: {line}")
+            diverged += bool(found)
+            progress.advance(task)
+    typer.echo(f"re-ran {len(workflows)} turn(s): {diverged} diverged")
+    raise typer.Exit(1 if diverged else 0)
 
 
 @kafka_app.command("fetch")

@@ -171,7 +171,7 @@ class LocalKafka:
                 raise LocalKafkaError(f"formatting KRaft storage failed:\n{fmt.stdout}{fmt.stderr}")
         log = open(self.log_path, "ab")
         self.process = subprocess.Popen(
-            [java, f"-Xms256m", f"-Xmx{self.heap}", "-XX:+UseG1GC",
+            [java, "-Xms256m", f"-Xmx{self.heap}", "-XX:+UseG1GC",
              f"-Dlog4j2.configurationFile={LOG4J}", "-cp", cp, "kafka.Kafka", str(props)],
             stdout=log, stderr=subprocess.STDOUT, start_new_session=True,
         )

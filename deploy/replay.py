@@ -88,3 +88,44 @@ def _open(sealer: Sealer, conversation: str, env: Envelope, field: str, sealed: 
         return "<erased>"
     except Exception:
         return f"<sealed v{sealed.get('key_version')}>"
+
+
+# --- re-running a turn from its records -------------------------------------------------------
+
+
+async def rerun_workflow(settings: VoiceSettings, workflow: str,
+                         sealer: Sealer | None = None) -> list[str]:
+    """Run a recorded turn again in a fresh engine with the model responses and tool results
+    served from the log; returns the divergences (empty when the re-run matches)."""
+    from consumers.agents.concern import MemoryIssueCatalog, concern_spec
+    from consumers.engine import TurnInput, effects_from_envelopes, rerun
+    from consumers.turns import KIND, open_transcript
+    from schemas.workflow import StepSucceeded, WorkflowStarted
+
+    sealer = sealer or sealer_for(settings)
+    lifecycle = records(settings, WORKFLOWS, workflow)
+    started = next((e.record for e in lifecycle if isinstance(e.record, WorkflowStarted)), None)
+    if started is None:
+        return [f"no workflow {workflow!r} on the log"]
+    if started.kind != KIND:
+        return [f"workflow {workflow!r} is a {started.kind!r}: only agent turns are re-run"]
+    done = [e.record for e in lifecycle if isinstance(e.record, StepSucceeded)]
+    if not done:
+        return [f"workflow {workflow!r} has no successful step to compare with"]
+    attempt = done[-1].attempt
+    prefix = f"{workflow}/a{attempt}/"
+    agent = [e for e in records(settings, AGENT, workflow) if e.id.startswith(prefix)]
+    recorded = effects_from_envelopes(agent, sealer)
+    conversation = started.input["conversation"]
+    history = open_transcript(sealer, conversation, started.input["transcript"])
+    spec = concern_spec(settings, MemoryIssueCatalog())
+    turn_input = TurnInput(turn_id=workflow, user_message=history[-1]["content"],
+                           history=history[:-1], conversation_id=conversation, attempt=attempt)
+    _result, _sink, divergences = await rerun(spec, turn_input, recorded)
+    return divergences
+
+
+def turns_of(settings: VoiceSettings, conversation: str) -> list[str]:
+    """The turn workflows a conversation started, in order."""
+    return [e.record.turn for e in records(settings, CONVERSATIONS, conversation)  # type: ignore[attr-defined]
+            if e.type == "voice.conversation.turn_requested.v1"]

@@ -340,6 +340,10 @@ class Sealer:
             self._cache.move_to_end(conversation)
             return version, self._cache[conversation][version]
 
+    def create(self, conversation: str) -> int:
+        """Make sure the conversation has a data key (before its first content); its version."""
+        return self._current_key(conversation)[0]
+
     def seal(self, conversation: str, content_id: str, plaintext: bytes | str) -> Sealed:
         """Seal content under the conversation's current data key (created if none yet)."""
         _check_id("conversation", conversation)

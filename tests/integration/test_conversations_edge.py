@@ -203,9 +203,15 @@ def held_model() -> Iterator[str]:
 
 
 @pytest.fixture
-def worker(start_worker, held_model: str) -> None:  # noqa: ANN001
-    """The real worker (sequencer and turn worker) whose model calls never return."""
-    start_worker(ANTHROPIC_BASE_URL=held_model)
+def worker(start_worker, held_model: str) -> Iterator[None]:  # noqa: ANN001
+    """The real worker (sequencer and turn worker) whose model calls never return.
+
+    Killed at the end: a graceful stop would wait for its held model calls.
+    """
+    proc = start_worker(ANTHROPIC_BASE_URL=held_model)
+    yield
+    proc.kill()
+    proc.wait()
 
 
 # --- tests ----------------------------------------------------------------------------------
@@ -464,7 +470,8 @@ def test_bounded_stream_keepalives_and_a_cursor_too_old(
         assert old.status == 409, kw
         assert old.body["oldest_cursor"] == 3 and "oldest" in old.body["detail"]
     ok = read_stream(url, settings, cnv, after=3)
-    assert ok.status == 200 and [f.id for f in ok.events] == ["5", "7", "8", "10", "11", "13"]
+    assert ok.status == 200
+    assert [f.id for f in ok.events] == ["4", "5", "7", "8", "10", "11", "13"]
     bad = read_stream(url, settings, cnv, last_event_id="abc")
     assert bad.status == 422 and bad.body["detail"][0]["loc"] == ["header", "Last-Event-ID"]
     # The transcript is not bounded by the event list.

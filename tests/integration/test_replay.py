@@ -1,0 +1,69 @@
+"""``voice replay`` on a real broker: what SSE clients saw, and re-running a turn from the log."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+
+import pytest
+
+from schemas.conversation import EraseConversation, TurnStateChanged
+from streams.envelope import Envelope
+from streams.sealing import sealer_for
+from streams.settings import VoiceSettings
+from streams.topics import CONVERSATIONS
+from tests.integration.test_turn_worker import (
+    log_of,
+    replied_log,
+    send_commands,
+    start_and_send,
+)
+from tests.support import env_for, wait_for
+
+pytestmark = pytest.mark.integration
+
+
+def voice(settings: VoiceSettings, *args: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run([sys.executable, "-m", "deploy.cli", *args], env=env_for(settings),
+                          capture_output=True, text=True, timeout=120, cwd=settings.state_dir)
+
+
+def test_replay_shows_what_clients_saw_and_a_rerun_matches(settings: VoiceSettings,
+                                                           start_worker) -> None:  # noqa: ANN001
+    start_worker()
+    cnv = "cnv-5e5e5e5e5e5e5e5e"
+    start_and_send(settings, cnv, "The library closes too early. Please open it on Sundays.")
+    wait_for(lambda: replied_log(settings, cnv), timeout=60, what="the reply")
+
+    shown = voice(settings, "replay", "conversation", cnv, "--rerun")
+    assert shown.returncode == 0, shown.stdout + shown.stderr
+    out = shown.stdout
+    assert "event: message" in out and "The library closes too early" in out
+    assert "event: proposal" in out and '"state": "Replied"' in out
+    ids = [int(line[4:]) for line in out.splitlines() if line.startswith("id: ")]
+    assert ids == sorted(ids) and len(ids) == len(set(ids))
+    assert "re-ran 1 turn(s): 0 diverged" in out
+
+    wf = voice(settings, "replay", "workflow", f"{cnv}:turn-2", "--rerun")
+    assert wf.returncode == 0, wf.stderr
+    assert "voice.workflow.started.v1" in wf.stdout and "voice.agent.model_call.v1" in wf.stdout
+    assert "0 diverged" in wf.stdout
+
+
+def test_replay_of_an_erased_conversation_shows_it_erased(settings: VoiceSettings,
+                                                          start_worker) -> None:  # noqa: ANN001
+    start_worker()
+    cnv = "cnv-6e6e6e6e6e6e6e6e"
+    start_and_send(settings, cnv, "Too many cars speed through our street at night.")
+    wait_for(lambda: replied_log(settings, cnv), timeout=60, what="the reply")
+    sealer_for(settings).erase(cnv)
+    send_commands(settings, Envelope(record=EraseConversation(conversation=cnv), key=cnv,
+                                     source="/test"))
+    wait_for(lambda: any(e.type == "voice.conversation.erased.v1"
+                         for e in log_of(settings, CONVERSATIONS, cnv)), what="the erasure")
+    shown = voice(settings, "replay", "conversation", cnv)
+    assert shown.returncode == 0, shown.stderr
+    assert "event: erased" in shown.stdout and "conversation erased" in shown.stdout
+    assert "speed" not in shown.stdout
+    assert not any(isinstance(e.record, TurnStateChanged) and e.record.state == "Thinking"
+                   and "speed" in str(e.record) for e in log_of(settings, CONVERSATIONS, cnv))
