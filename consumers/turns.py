@@ -54,6 +54,19 @@ def transcript_entry(env: Envelope) -> dict[str, Any] | None:
     return None
 
 
+def open_transcript(sealer: Sealer, conversation: str, transcript: list[dict[str, Any]]
+                    ) -> list[dict[str, Any]]:
+    """The sealed transcript as Messages-API history (opened only to hand it to the model)."""
+    history: list[dict[str, Any]] = []
+    for e in transcript:
+        text = sealer.open_text(conversation, e["content_id"], Sealed.model_validate(e["sealed"]))
+        if history and history[-1]["role"] == e["role"]:  # keep roles alternating
+            history[-1]["content"] += "\n\n" + text
+        else:
+            history.append({"role": e["role"], "content": text})
+    return history
+
+
 class Turns:
     """Feeds transcripts, starts turn workflows, and runs their one step."""
 
@@ -93,23 +106,11 @@ class Turns:
         key, value, headers = encode(env)
         await self._producer().produce_raw(topic_name(self.settings, spec), key, value, headers)
 
-    def _history(self, conversation: str, transcript: list[dict[str, Any]]
-                 ) -> list[dict[str, Any]]:
-        history: list[dict[str, Any]] = []
-        for e in transcript:
-            text = self.sealer.open_text(conversation, e["content_id"],
-                                         Sealed.model_validate(e["sealed"]))
-            if history and history[-1]["role"] == e["role"]:  # keep roles alternating
-                history[-1]["content"] += "\n\n" + text
-            else:
-                history.append({"role": e["role"], "content": text})
-        return history
-
     async def reply_step(self, ctx: StepContext) -> dict[str, Any]:
         """Open the sealed transcript, run the agent, submit reply + proposal + state."""
         conversation, turn = ctx.input["conversation"], ctx.input["turn"]
         try:
-            history = self._history(conversation, ctx.input["transcript"])
+            history = open_transcript(self.sealer, conversation, ctx.input["transcript"])
         except KeyErased:
             raise StepError(f"conversation {conversation!r} was erased", retryable=False) from None
         if not history or history[-1]["role"] != "user":

@@ -197,11 +197,18 @@ def replay_conversation(conversation: str = typer.Argument(..., help="cnv-…"),
 
 @replay_app.command("workflow")
 def replay_workflow(workflow: str = typer.Argument(..., help="e.g. cnv-…:turn-3"),
-                    rerun: bool = RerunOpt) -> None:
+                    rerun: bool = RerunOpt,
+                    export: Path = typer.Option(None, "--export", help="Also write the turn's "
+                                                "records and key to FILE (tests/histories/).")
+                    ) -> None:
     """Print a workflow's lifecycle and its agent's records, in order."""
     from deploy.replay import replay_workflow as replay
 
     settings = _settings()
+    if export is not None:
+        from deploy.histories import export_history
+
+        typer.echo(f"exported to {export_history(settings, workflow, export)}", err=True)
     for line in replay(settings, workflow):
         typer.echo(line)
     if rerun:

@@ -97,13 +97,18 @@ async def rerun_workflow(settings: VoiceSettings, workflow: str,
                          sealer: Sealer | None = None) -> list[str]:
     """Run a recorded turn again in a fresh engine with the model responses and tool results
     served from the log; returns the divergences (empty when the re-run matches)."""
+    return await rerun_turn(settings, workflow, records(settings, WORKFLOWS, workflow),
+                            records(settings, AGENT, workflow), sealer or sealer_for(settings))
+
+
+async def rerun_turn(settings: VoiceSettings, workflow: str, lifecycle: list[Envelope],
+                     agent: list[Envelope], sealer: Sealer) -> list[str]:
+    """Re-run one conversation turn from its lifecycle and agent records (log or history)."""
     from consumers.agents.concern import MemoryIssueCatalog, concern_spec
     from consumers.engine import TurnInput, effects_from_envelopes, rerun
     from consumers.turns import KIND, open_transcript
     from schemas.workflow import StepSucceeded, WorkflowStarted
 
-    sealer = sealer or sealer_for(settings)
-    lifecycle = records(settings, WORKFLOWS, workflow)
     started = next((e.record for e in lifecycle if isinstance(e.record, WorkflowStarted)), None)
     if started is None:
         return [f"no workflow {workflow!r} on the log"]
@@ -114,8 +119,7 @@ async def rerun_workflow(settings: VoiceSettings, workflow: str,
         return [f"workflow {workflow!r} has no successful step to compare with"]
     attempt = done[-1].attempt
     prefix = f"{workflow}/a{attempt}/"
-    agent = [e for e in records(settings, AGENT, workflow) if e.id.startswith(prefix)]
-    recorded = effects_from_envelopes(agent, sealer)
+    recorded = effects_from_envelopes([e for e in agent if e.id.startswith(prefix)], sealer)
     conversation = started.input["conversation"]
     history = open_transcript(sealer, conversation, started.input["transcript"])
     spec = concern_spec(settings, MemoryIssueCatalog())

@@ -110,8 +110,9 @@ def _unb64(text: str) -> bytes:
 class MemoryKeyStore:
     """A ``KeyStore`` in a dict, for unit tests; same contract as ``LocalKeyStore``."""
 
-    def __init__(self) -> None:
-        self._keys: dict[str, dict[int, bytes]] = {}
+    def __init__(self, keys: dict[str, dict[int, bytes]] | None = None) -> None:
+        self._keys: dict[str, dict[int, bytes]] = {c: dict(v) for c, v in (keys or {}).items()}
+        """Preloaded keys are for recorded test histories, whose keys travel with them."""
         self._erased: set[str] = set()
         self._lock = threading.Lock()
 

@@ -2,11 +2,14 @@
 
 from __future__ import annotations
 
+import asyncio
 import subprocess
 import sys
 
 import pytest
 
+from deploy.histories import load_history
+from deploy.replay import rerun_turn
 from schemas.conversation import EraseConversation, TurnStateChanged
 from streams.envelope import Envelope
 from streams.sealing import sealer_for
@@ -44,8 +47,14 @@ def test_replay_shows_what_clients_saw_and_a_rerun_matches(settings: VoiceSettin
     assert ids == sorted(ids) and len(ids) == len(set(ids))
     assert "re-ran 1 turn(s): 0 diverged" in out
 
-    wf = voice(settings, "replay", "workflow", f"{cnv}:turn-2", "--rerun")
+    exported = settings.state_dir / "history.json"
+    wf = voice(settings, "replay", "workflow", f"{cnv}:turn-2", "--rerun", "--export",
+               str(exported))
     assert wf.returncode == 0, wf.stderr
+    workflow, sealer, envs = load_history(exported)
+    assert workflow == f"{cnv}:turn-2"
+    assert asyncio.run(rerun_turn(settings, workflow, envs["voice.workflows"],
+                                  envs["voice.agent"], sealer)) == []
     assert "voice.workflow.started.v1" in wf.stdout and "voice.agent.model_call.v1" in wf.stdout
     assert "0 diverged" in wf.stdout
 
