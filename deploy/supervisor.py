@@ -38,8 +38,7 @@ def up(settings: VoiceSettings, with_simulator: bool | None = None) -> int:
         nonlocal stopping
         stopping = True
 
-    signal.signal(signal.SIGINT, on_signal)
-    signal.signal(signal.SIGTERM, on_signal)
+    previous = {sig: signal.signal(sig, on_signal) for sig in (signal.SIGINT, signal.SIGTERM)}
 
     broker: LocalKafka | None = None
     children: dict[str, subprocess.Popen[bytes]] = {}
@@ -98,3 +97,5 @@ def up(settings: VoiceSettings, with_simulator: bool | None = None) -> int:
             broker.stop()
             bootstrap_file(settings).unlink(missing_ok=True)
         print("voice up: stopped", flush=True)
+        for sig, handler in previous.items():
+            signal.signal(sig, handler)
