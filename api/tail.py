@@ -23,6 +23,8 @@ from streams.topics import ACKS, CONVERSATIONS, TopicSpec, topic_name
 log = logging.getLogger(__name__)
 
 RecordHandler = Callable[[Envelope], None]
+LocatedHandler = Callable[[Envelope, int, int], None]
+"""A handler that also gets the record's partition and offset."""
 
 
 class AckTimeout(Exception):
@@ -33,13 +35,16 @@ class EdgeTail:
     """Consumes acks and conversation records for one edge process."""
 
     def __init__(self, settings: VoiceSettings, on_conversation: RecordHandler,
-                 more: Mapping[TopicSpec, RecordHandler] | None = None) -> None:
+                 more: Mapping[TopicSpec, RecordHandler] | None = None,
+                 located: Mapping[TopicSpec, LocatedHandler] | None = None) -> None:
         self.settings = settings
         self.on_conversation = on_conversation
         self.acks_topic = topic_name(settings, ACKS)
         self.conv_topic = topic_name(settings, CONVERSATIONS)
         self.more = {topic_name(settings, spec): h for spec, h in (more or {}).items()}
         """Further topics read from the beginning (staff views), each with its handler."""
+        self.located = {topic_name(settings, spec): h for spec, h in (located or {}).items()}
+        """Like ``more``, for handlers that need each record's partition and offset."""
         self._waiters: dict[str, asyncio.Future[Envelope]] = {}
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
@@ -69,7 +74,8 @@ class EdgeTail:
         try:
             env = await asyncio.wait_for(fut, timeout)
         except TimeoutError:
-            raise AckTimeout(f"no acknowledgement of command {command_id!r} in {timeout}s") from None
+            raise AckTimeout(
+                f"no acknowledgement of command {command_id!r} in {timeout}s") from None
         finally:
             self._waiters.pop(command_id, None)
         assert isinstance(env.record, CommandAcknowledged)
@@ -79,7 +85,7 @@ class EdgeTail:
         md = consumer.list_topics(timeout=10)
         parts: list[TopicPartition] = []
         starts = [(self.acks_topic, OFFSET_END), (self.conv_topic, OFFSET_BEGINNING),
-                  *((t, OFFSET_BEGINNING) for t in self.more)]
+                  *((t, OFFSET_BEGINNING) for t in (*self.more, *self.located))]
         for topic, start in starts:
             t = md.topics.get(topic)
             if t is None or t.error is not None:
@@ -88,7 +94,7 @@ class EdgeTail:
         consumer.assign(parts)
         # Where the logs end now: the edge is caught up once it reaches these.
         self._ends = {}
-        for topic in (self.conv_topic, *self.more):
+        for topic in (self.conv_topic, *self.more, *self.located):
             for p in md.topics[topic].partitions:
                 _low, high = consumer.get_watermark_offsets(TopicPartition(topic, p), 10)
                 self._ends[(topic, p)] = high
@@ -143,6 +149,8 @@ class EdgeTail:
             self._loop.call_soon_threadsafe(self._resolve, env)
         elif topic in self.more:
             self._loop.call_soon_threadsafe(self.more[topic], env)
+        elif topic in self.located:
+            self._loop.call_soon_threadsafe(self.located[topic], env, partition, offset)
         else:
             self._loop.call_soon_threadsafe(self.on_conversation, env)
 

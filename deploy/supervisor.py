@@ -2,8 +2,8 @@
 every process it started on Ctrl-C (SIGINT) or SIGTERM.
 
 Order: local broker (unless ``VOICE_KAFKA_BOOTSTRAP``) → topics → model simulator (unless
-``ANTHROPIC_API_KEY``) → worker → telemetry sink → edge. If any child dies, the rest are stopped too, so a
-broken stack never looks half alive.
+``ANTHROPIC_API_KEY``) → worker → telemetry sink → edge. If any child dies, the rest are
+stopped too, so a broken stack never looks half alive.
 """
 
 from __future__ import annotations

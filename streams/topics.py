@@ -156,4 +156,5 @@ def describe_topics(settings: VoiceSettings, timeout: float = 10.0) -> list[dict
 def missing_topics(settings: VoiceSettings, timeout: float = 5.0) -> list[str]:
     """Registered topics absent from the cluster (empty when ready)."""
     md = admin_client(settings).list_topics(timeout=timeout)
-    return [topic_name(settings, s) for s in all_specs() if topic_name(settings, s) not in md.topics]
+    names = [topic_name(settings, s) for s in all_specs()]
+    return [name for name in names if name not in md.topics]

@@ -60,7 +60,8 @@ def test_edge_request_flows_as_cloudevents_records(settings: VoiceSettings, star
     assert cnv in [c["conversation"] for c in listed]
     assert httpx.get(f"{url}/me/conversations", headers=auth(settings, "bob")).json() == []
 
-    cmds = [m for m in read_all(settings, topic_name(settings, COMMANDS)) if m.key() == cnv.encode()]
+    cmds = [m for m in read_all(settings, topic_name(settings, COMMANDS))
+            if m.key() == cnv.encode()]
     log = [m for m in read_all(settings, topic_name(settings, CONVERSATIONS))
            if m.key() == cnv.encode()]
     assert len(cmds) == 1 and len(log) == 1
@@ -99,7 +100,7 @@ def test_garbage_on_every_worker_topic_goes_to_its_dlq_and_the_worker_goes_on(
     asyncio.run(produce())
     for spec in read:
         dlq = topic_name(settings, spec) + ".dlq"
-        msgs = wait_for(lambda: (m := read_all(settings, dlq)) and len(m) >= 3 and m,
+        msgs = wait_for(lambda dlq=dlq: (m := read_all(settings, dlq)) and len(m) >= 3 and m,
                         timeout=30, what=f"3 records on {dlq}")
         assert len(msgs) == 3
         for m in msgs:

@@ -7,6 +7,7 @@ import json
 
 import pytest
 
+from schemas.base import Sealed
 from schemas.conversation import (
     ProposalRecorded,
     ReplyRecorded,
@@ -14,7 +15,6 @@ from schemas.conversation import (
     StartConversation,
     TurnStateChanged,
 )
-from schemas.base import Sealed
 from streams.envelope import Envelope, decode
 from streams.producer import RecordProducer
 from streams.sealing import sealer_for

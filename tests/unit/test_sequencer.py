@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from consumers.sequencer import ConversationState, sequence
 from schemas.base import Sealed
 from schemas.conversation import (
     ConversationStarted,
@@ -13,7 +14,6 @@ from schemas.conversation import (
     TurnStateChanged,
 )
 from schemas.system import CommandAcknowledged
-from consumers.sequencer import ConversationState, sequence
 from streams.envelope import Envelope
 from streams.topics import ACKS, CONVERSATIONS
 
