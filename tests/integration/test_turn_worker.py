@@ -168,3 +168,17 @@ def test_the_agent_saying_it_cannot_interpret(settings: VoiceSettings, start_wor
     last = [e.record for e in log if isinstance(e.record, TurnStateChanged)][-1]
     assert last.state == "CouldNotInterpret" and "could not interpret" in last.reason
     assert not any(isinstance(e.record, ReplyRecorded) for e in log)
+
+
+def test_two_workers_share_the_turns_and_each_is_replied_once(settings: VoiceSettings,
+                                                              start_worker) -> None:  # noqa: ANN001
+    start_worker()
+    start_worker()
+    convs = [f"cnv-7{i:015x}" for i in range(6)]
+    for i, cnv in enumerate(convs):
+        start_and_send(settings, cnv, f"Street {i} has broken lights and it is unsafe at night.")
+    logs = {c: wait_for(lambda c=c: replied_log(settings, c), timeout=90, what=f"{c} replied")
+            for c in convs}
+    for cnv, log in logs.items():
+        assert [type(e.record).__name__ for e in log].count("ReplyRecorded") == 1, cnv
+        assert [e.seq for e in log] == list(range(1, len(log) + 1)), cnv
