@@ -10,8 +10,9 @@ from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse
 from pydantic import BaseModel
 
-from api import conversations, stream
+from api import conversations, inbox, issues, staff, stream
 from api.models import CursorTooOldOut
+from api.staff_views import StaffViews
 from api.tail import EdgeTail
 from api.views import ConversationViews, CursorTooOld
 from schemas.conversation import ConversationErased
@@ -50,7 +51,9 @@ def create_app(settings: VoiceSettings | None = None) -> FastAPI:
         app.state.views = views
         app.state.sealer = sealer
         app.state.producer = RecordProducer(settings)
-        app.state.tail = EdgeTail(settings, on_conversation=on_record(views, sealer))
+        app.state.staff = StaffViews(kept=settings.edge_events_kept)
+        app.state.tail = EdgeTail(settings, on_conversation=on_record(views, sealer),
+                                  more=app.state.staff.handlers())
         app.state.tail.start()
         try:
             yield
@@ -61,6 +64,10 @@ def create_app(settings: VoiceSettings | None = None) -> FastAPI:
     app = FastAPI(title="Voice edge", version="0.1.0", lifespan=lifespan)
     app.include_router(conversations.router)
     app.include_router(stream.router)
+    app.include_router(staff.router)
+    app.include_router(issues.public)
+    app.include_router(issues.mine)
+    app.include_router(inbox.router)
 
     @app.exception_handler(CursorTooOld)
     async def cursor_too_old(_request: Request, exc: CursorTooOld) -> JSONResponse:

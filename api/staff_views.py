@@ -65,8 +65,6 @@ class IssueView:
     developments: dict[str, DevelopmentRecorded] = field(default_factory=dict)
     ended: dict[str, DeliveryEnded] = field(default_factory=dict)
     investigations: dict[str, InvestigationView] = field(default_factory=dict)
-    runs: list[str] = field(default_factory=list)
-    """Research runs started on this issue, oldest first."""
 
 
 @dataclass
@@ -189,11 +187,6 @@ class StaffViews:
     def _fold(self, view: WorkflowView, rec: Any) -> None:
         if isinstance(rec, WorkflowStarted):
             view.kind, view.input = rec.kind, dict(rec.input)
-            issue = rec.input.get("issue")
-            if rec.kind == "research" and isinstance(issue, dict):
-                iv = self.issues.get(str(issue.get("issue")))
-                if iv is not None and view.workflow not in iv.runs:
-                    iv.runs.append(view.workflow)
         elif isinstance(rec, StepStarted):
             view.status, view.step, view.attempt = "running", rec.step, rec.attempt
         elif isinstance(rec, StepSucceeded):
@@ -203,7 +196,8 @@ class StaffViews:
         elif isinstance(rec, WorkflowPaused):
             view.status, view.step, view.waiting_for = "paused", rec.step, rec.waiting_for
         elif isinstance(rec, WorkflowCommandReceived):
-            view.commands.append(rec)
+            if all(c.command_id != rec.command_id for c in view.commands):
+                view.commands.append(rec)
         elif isinstance(rec, WorkflowResumed):
             view.status, view.waiting_for = "running", None
         elif isinstance(rec, WorkflowCompleted):
@@ -222,6 +216,11 @@ class StaffViews:
             return  # a late re-run of an earlier step; the outcome stands
         self.contributions[env.key] = rec
         self._notify(f"ctb:{env.key}")
+
+    def runs_of(self, issue: str) -> list[WorkflowView]:
+        """The research runs of an issue, in the order this edge saw them start."""
+        return [w for w in self.workflows.values() if w.kind == "research"
+                and (w.input.get("issue") or {}).get("issue") == issue]
 
     def contributions_of(self, issue: str) -> list[ContributionRecorded]:
         return [c for c in self.contributions.values() if c.issue == issue]

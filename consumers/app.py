@@ -26,6 +26,7 @@ from consumers.engine import KafkaEffectSink
 from consumers.intake import decode_or_dead_letter
 from consumers.model_client import model_client
 from consumers.sequencer import ConversationState, sequence
+from consumers.staff import Staff
 from consumers.turns import Turns
 from consumers.workflows.runtime import WorkflowRuntime
 from schemas.workflow import WorkflowCommandReceived
@@ -72,6 +73,8 @@ class Worker:
                            agent or self._concern_agent)
         self.runtime.register(self.turns.definition)
         self._client: Any = None
+        self.staff = Staff(self, settings)
+        self.staff.register()
         self.issues: IssueCatalog = MemoryIssueCatalog()
         self.concern_spec = concern_spec(settings, self.issues)
 
@@ -137,6 +140,7 @@ class Worker:
                 record=env.record, key=env.record.workflow, source="/voice/worker",
                 subject=env.record.workflow, tenant=env.tenant, correlation=env.correlation,
                 causation=env.id, id=env.id))
+        await self.staff.on_command(env)
 
     async def _sequence(self, cmd: Envelope) -> None:
         state = ConversationState.from_dict(self.conversations.get(cmd.key))

@@ -6,6 +6,12 @@ Public names: ``Record``, ``record_type``, ``registry``, ``model_for``, ``export
 """
 
 from schemas.base import Record, Sealed, export_json_schemas, model_for, record_type, registry
-from schemas import agent, conversation, system, workflow  # noqa: F401  (registers types)
+from schemas import (  # noqa: F401  (registers types)
+    agent,
+    conversation,
+    staff,
+    system,
+    workflow,
+)
 
 __all__ = ["Record", "Sealed", "export_json_schemas", "model_for", "record_type", "registry"]

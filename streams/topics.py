@@ -76,7 +76,25 @@ TELEMETRY = TopicSpec(
     retention_ms=14 * DAY_MS,
 )
 
-TOPICS: tuple[TopicSpec, ...] = (COMMANDS, CONVERSATIONS, ACKS, WORKFLOWS, AGENT, TELEMETRY)
+ISSUES = TopicSpec(
+    "voice.issues",
+    "Each issue's log (opened, evidence, followers, developments, investigations), appended by "
+    "its writer only; key = issue id.",
+    read_by_workers=True,
+)
+CONTRIBUTIONS = TopicSpec(
+    "voice.contributions",
+    "Each contribution's current state (sealed text, flags, reviews, publication); "
+    "key = contribution id.",
+    compacted=True,
+)
+INBOX = TopicSpec(
+    "voice.inbox",
+    "Each participant's inbox of notifications, appended by its writer only; key = recipient.",
+)
+
+TOPICS: tuple[TopicSpec, ...] = (COMMANDS, CONVERSATIONS, ACKS, WORKFLOWS, AGENT, TELEMETRY,
+                                 ISSUES, CONTRIBUTIONS, INBOX)
 
 
 def all_specs() -> list[TopicSpec]:

@@ -158,6 +158,8 @@ def _phone(text: str) -> Iterator[tuple[int, int]]:
             continue
         if re.fullmatch(r"\d{4}([ .-])\d{4}", s):  # two years, "2019-2020"
             continue
+        if re.fullmatch(r"\d{3}-\d{2}-\d{4}", s):  # SSN-shaped (valid ones flagged above)
+            continue
         yield m.span()
 
 

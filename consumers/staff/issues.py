@@ -86,7 +86,7 @@ def _append(state: IssueState, cmd: Envelope, record: Record) -> Output:
                             id=f"{cmd.id}-{state.seq}", time=cmd.time)
 
 
-def _done(state: IssueState, cmd: Envelope, records: list[Record], **detail: Any
+def _done(state: IssueState, cmd: Envelope, records: list[Record], /, **detail: Any
           ) -> tuple[IssueState, list[Output]]:
     out = [_append(state, cmd, r) for r in records]
     seq = state.seq if records else None
@@ -105,6 +105,10 @@ def apply_issue(state: IssueState | None, cmd: Envelope
     at = cmd.time.isoformat()
     if state is not None and cmd.id in state.commands:  # redelivered command
         return state, [ack(cmd, "duplicate", **state.commands[cmd.id])]
+    if getattr(rec, "issue", None) != cmd.key:  # the log of one issue holds only its records
+        return state, [ack(cmd, "rejected", None, reason=f"command for issue "
+                                                      f"{getattr(rec, 'issue', None)!r} "
+                                                      f"sent to {cmd.key!r}")]
     if isinstance(rec, OpenIssue):
         if state is not None:
             return state, [ack(cmd, "rejected", None, reason="issue exists")]

@@ -133,7 +133,7 @@ def read_issue(issue: dict[str, Any], evidence: list[dict[str, Any]]) -> Reading
         seen.add(cid)
         supports: list[str] = []
         contradicts: list[str] = []
-        for other, o_text, o_kw, o_neg in said:
+        for other, _o_text, o_kw, o_neg in said:
             if other == ev or not related(kw, o_kw):
                 continue
             target = contradicts if neg != o_neg else supports

@@ -15,7 +15,14 @@ import re
 from collections.abc import Callable
 from typing import Any
 
-from consumers.engine import AgentSpec, KafkaEffectSink, ToolRegistry, TurnInput, run_turn
+from consumers.engine import (
+    AgentSpec,
+    EffectSink,
+    KafkaEffectSink,
+    ToolRegistry,
+    TurnInput,
+    run_turn,
+)
 from consumers.engine.types import TurnResult
 from consumers.model_client import model_client
 from consumers.workflows.runtime import StepError
@@ -80,11 +87,12 @@ class Producing:
 class Agents:
     """Runs the staff agents (research assistant, privacy flagging) through the engine."""
 
-    def __init__(self, settings: VoiceSettings, out: Producing, sealer: Sealer) -> None:
+    def __init__(self, settings: VoiceSettings, out: Producing, sealer: Sealer,
+                 client: Any = None) -> None:
         self.settings = settings
         self.out = out
         self.sealer = sealer
-        self._client: Any = None
+        self._client: Any = client
 
     def spec(self, name: str, identity: str, tools: ToolRegistry | None = None,
              **budget: Any) -> AgentSpec:
@@ -103,8 +111,7 @@ class Agents:
         """
         if self._client is None:  # created in the worker's event loop, on first use
             self._client = model_client(self.settings)
-        sink = KafkaEffectSink(self.out.producer, self.settings, workflow,
-                               self.sealer if sealed_as else None, tenant=tenant)
+        sink = self.sink_for(workflow, sealed_as is not None, tenant)
         result = await run_turn(spec, TurnInput(turn_id=turn_id, user_message=message,
                                                 conversation_id=sealed_as, attempt=attempt),
                                 self._client, sink)
@@ -112,6 +119,12 @@ class Agents:
             kinds = ", ".join(f"{e.kind}: {e.message}" for e in result.errors)
             raise StepError(f"agent {spec.name!r} failed: {kinds}")
         return result
+
+
+    def sink_for(self, workflow: str, sealed: bool, tenant: str | None) -> EffectSink:
+        """Where a turn's effects go: records keyed by the workflow (tests swap this)."""
+        return KafkaEffectSink(self.out.producer, self.settings, workflow,
+                               self.sealer if sealed else None, tenant=tenant)
 
 
 def fenced_json(text: str) -> dict[str, Any] | None:

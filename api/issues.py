@@ -1,0 +1,156 @@
+"""Participants' issue routes: read an issue's published parts (``/issues``), follow it and
+contribute to it (``/me/issues``).
+
+Nothing staff-only is answered here: no evidence, no investigations, no contribution that is
+not published, no author. A contribution's text is sealed under its own key before it is
+produced; its disclosure review starts at once and answers 202 with the contribution's id.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import secrets
+from datetime import UTC, datetime
+from typing import Annotated
+
+from fastapi import APIRouter, Depends, HTTPException
+from fastapi.exceptions import RequestValidationError
+from pydantic import BaseModel, ConfigDict, field_validator
+
+from api.auth import Principal
+from api.commands import submit
+from api.deps import PrincipalDep, ProducerDep, SealerDep, SettingsDep, TailDep, require_role
+from api.staff import StaffViewsDep, known_issue, refused, start_workflow
+from schemas.staff import ContributionRecorded, FollowIssue, UnfollowIssue
+from schemas.workflow import WorkflowStarted
+from streams.envelope import Envelope
+from streams.producer import ProduceError
+from streams.topics import CONTRIBUTIONS, topic_name
+
+public = APIRouter(prefix="/issues", tags=["issues"])
+mine = APIRouter(prefix="/me/issues", tags=["issues"])
+ParticipantDep = Annotated[Principal, Depends(require_role("participant"))]
+NOT_FOUND = {404: {"description": "No such issue."}}
+
+
+class ContributionIn(BaseModel):
+    """``POST /me/issues/{issue}/contributions``; the byte limit is ``VOICE_MAX_MESSAGE_BYTES``.
+    Surrounding whitespace is dropped before the text is sealed."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    text: str
+
+    @field_validator("text")
+    @classmethod
+    def _not_blank(cls, v: str) -> str:
+        if not v.strip():
+            raise ValueError("text must not be empty or whitespace only")
+        return v.strip()
+
+
+class ContributionAccepted(BaseModel):
+    """``202``: the contribution is in review; it is published only if reviewers agree."""
+
+    contribution: str
+
+
+class FollowOut(BaseModel):
+    issue: str
+    following: bool
+
+
+class PublicIssueOut(BaseModel):
+    issue: str
+    title: str
+    summary: str
+    published_contributions: int
+    followers: int
+
+
+class PublishedContribution(BaseModel):
+    contribution: str
+    text: str
+    """As published: the spans reviewers chose are replaced by ``[redacted: kind]``."""
+    published_at: str
+
+
+@public.get("/{issue}", responses=NOT_FOUND)
+async def get_issue(issue: str, _p: PrincipalDep, views: StaffViewsDep) -> PublicIssueOut:
+    """An issue's public face."""
+    v = await known_issue(issue, views)
+    published = sum(1 for c in views.contributions_of(issue) if c.state == "published")
+    return PublicIssueOut(issue=v.issue, title=v.title, summary=v.summary,
+                          published_contributions=published, followers=len(v.followers))
+
+
+@public.get("/{issue}/contributions", responses=NOT_FOUND)
+async def published_contributions(issue: str, _p: PrincipalDep, views: StaffViewsDep,
+                                  sealer: SealerDep) -> list[PublishedContribution]:
+    """The issue's published contributions, oldest first (nothing in review or rejected)."""
+    await known_issue(issue, views)
+    out = []
+    for c in sorted(views.contributions_of(issue), key=lambda c: c.updated_at):
+        if c.state != "published" or c.published_text is None:
+            continue
+        text = sealer.open_text(c.contribution, "published", c.published_text)
+        out.append(PublishedContribution(contribution=c.contribution, text=text,
+                                         published_at=c.updated_at))
+    return out
+
+
+@mine.post("/{issue}/follow", responses=NOT_FOUND)
+async def follow(issue: str, principal: PrincipalDep, settings: SettingsDep,
+                 producer: ProducerDep, tail: TailDep, views: StaffViewsDep) -> FollowOut:
+    """Follow an issue: its updates come to the caller's inbox."""
+    await known_issue(issue, views)
+    ack = await submit(settings, producer, tail, principal, issue,
+                       FollowIssue(issue=issue, participant=principal.sub))
+    if ack.outcome == "rejected":
+        raise refused(ack, f"issue {issue!r}")
+    return FollowOut(issue=issue, following=True)
+
+
+@mine.delete("/{issue}/follow", responses=NOT_FOUND)
+async def unfollow(issue: str, principal: PrincipalDep, settings: SettingsDep,
+                   producer: ProducerDep, tail: TailDep, views: StaffViewsDep) -> FollowOut:
+    """Stop following an issue (no error if the caller did not follow it)."""
+    await known_issue(issue, views)
+    ack = await submit(settings, producer, tail, principal, issue,
+                       UnfollowIssue(issue=issue, participant=principal.sub))
+    if ack.outcome == "rejected":
+        raise refused(ack, f"issue {issue!r}")
+    return FollowOut(issue=issue, following=False)
+
+
+@mine.post("/{issue}/contributions", status_code=202, responses=NOT_FOUND)
+async def contribute(issue: str, body: ContributionIn, principal: ParticipantDep,
+                     settings: SettingsDep, producer: ProducerDep, sealer: SealerDep,
+                     views: StaffViewsDep) -> ContributionAccepted:
+    """Contribute to an issue; a disclosure review decides whether (and how) it is published."""
+    size = len(body.text.encode("utf-8"))
+    if size > settings.max_message_bytes:
+        raise RequestValidationError([{
+            "type": "string_too_long", "loc": ("body", "text"), "input": None,
+            "msg": f"text is {size} UTF-8 bytes; the limit is {settings.max_message_bytes}",
+            "ctx": {"max_bytes": settings.max_message_bytes}}])
+    await known_issue(issue, views)
+    contribution = f"ctb-{secrets.token_hex(8)}"
+    # Its own data key: erasing the contribution erases every copy of its words.
+    sealed = await asyncio.to_thread(sealer.seal, contribution, "text", body.text)
+    now = datetime.now(UTC).isoformat()
+    record = ContributionRecorded(contribution=contribution, issue=issue, author=principal.sub,
+                                  text=sealed, submitted_at=now, updated_at=now)
+    env = Envelope(record=record, key=contribution, source="/voice/edge", subject=contribution,
+                   tenant=principal.tenant, correlation=contribution,
+                   id=f"{contribution}:submitted")
+    try:  # the contribution's record first, so its workflow never runs ahead of it
+        await producer.send(topic_name(settings, CONTRIBUTIONS), env)
+    except ProduceError as exc:
+        raise HTTPException(503, f"could not record the contribution: {exc}") from None
+    await start_workflow(settings, producer, principal, contribution, WorkflowStarted(
+        workflow=contribution, kind="disclosure-review", input={
+            "contribution": contribution, "issue": issue, "author": principal.sub,
+            "text": sealed.model_dump(), "submitted_at": now, "tenant": principal.tenant}))
+    return ContributionAccepted(contribution=contribution)
+

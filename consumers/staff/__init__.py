@@ -1,0 +1,10 @@
+"""The staff domain on the worker: the issue and inbox writers, the developments consumer,
+and the research, disclosure-review and update-delivery workflows (on the workflow engine).
+
+Pure parts (no I/O): ``detectors``, ``reasoning``, ``render``, ``issues``, ``inbox``,
+``developments``. Public names: ``Staff`` (``Staff(worker, settings).register()``).
+"""
+
+from consumers.staff.worker import Staff
+
+__all__ = ["Staff"]
