@@ -10,11 +10,13 @@ from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse
 from pydantic import BaseModel
 
-from api import conversations, inbox, issues, staff, stream
+from api import assistant, conversations, inbox, issues, staff, stream
+from api.assistant_views import AssistantViews
 from api.models import CursorTooOldOut
 from api.staff_views import StaffViews
 from api.tail import EdgeTail
 from api.views import ConversationViews, CursorTooOld
+from consumers.assistant.settings import assistant_settings
 from schemas.conversation import ConversationErased
 from streams.envelope import Envelope
 from streams.producer import RecordProducer
@@ -52,8 +54,10 @@ def create_app(settings: VoiceSettings | None = None) -> FastAPI:
         app.state.sealer = sealer
         app.state.producer = RecordProducer(settings)
         app.state.staff = StaffViews(kept=settings.edge_events_kept)
+        app.state.assistant = AssistantViews(assistant_settings(settings))
         app.state.tail = EdgeTail(settings, on_conversation=on_record(views, sealer),
-                                  more=app.state.staff.handlers())
+                                  more=app.state.staff.handlers(),
+                                  located=app.state.assistant.tail_handlers())
         app.state.tail.start()
         try:
             yield
@@ -68,6 +72,7 @@ def create_app(settings: VoiceSettings | None = None) -> FastAPI:
     app.include_router(issues.public)
     app.include_router(issues.mine)
     app.include_router(inbox.router)
+    app.include_router(assistant.router)
 
     @app.exception_handler(CursorTooOld)
     async def cursor_too_old(_request: Request, exc: CursorTooOld) -> JSONResponse:

@@ -22,6 +22,7 @@ from consumers.agents.concern import (
     concern_spec,
     run_concern_extraction,
 )
+from consumers.assistant import Assistant
 from consumers.engine import KafkaEffectSink
 from consumers.intake import decode_or_dead_letter
 from consumers.model_client import model_client
@@ -75,6 +76,8 @@ class Worker:
         self._client: Any = None
         self.staff = Staff(self, settings)
         self.staff.register()
+        self.assistant = Assistant(self, settings)
+        self.assistant.register()
         self.issues: IssueCatalog = MemoryIssueCatalog()
         self.concern_spec = concern_spec(settings, self.issues)
 

@@ -8,6 +8,7 @@ Public names: ``Record``, ``record_type``, ``registry``, ``model_for``, ``export
 from schemas.base import Record, Sealed, export_json_schemas, model_for, record_type, registry
 from schemas import (  # noqa: F401  (registers types)
     agent,
+    assistant,
     conversation,
     staff,
     system,

@@ -93,8 +93,20 @@ INBOX = TopicSpec(
     "Each participant's inbox of notifications, appended by its writer only; key = recipient.",
 )
 
+ASSISTANT = TopicSpec(
+    "voice.assistant",
+    "Each assistant conversation's log (turns, display events, replies, patterns), appended by "
+    "its sequencer only; key = conversation id.",
+    read_by_workers=True,
+)
+DATASETS = TopicSpec(
+    "voice.datasets",
+    "Uploaded CSV datasets, sealed with each dataset's data key; key = dataset id.",
+    compacted=True,
+)
+
 TOPICS: tuple[TopicSpec, ...] = (COMMANDS, CONVERSATIONS, ACKS, WORKFLOWS, AGENT, TELEMETRY,
-                                 ISSUES, CONTRIBUTIONS, INBOX)
+                                 ISSUES, CONTRIBUTIONS, INBOX, ASSISTANT, DATASETS)
 
 
 def all_specs() -> list[TopicSpec]:

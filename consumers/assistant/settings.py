@@ -1,0 +1,51 @@
+"""Settings of the assistant chat (``VOICE_*``), read by the edge and the worker alike.
+
+``AssistantSettings`` extends ``VoiceSettings`` so one object carries both; build it with
+``assistant_settings(settings)`` in a factory or lifespan, never at import.
+"""
+
+from __future__ import annotations
+
+from pydantic import Field
+
+from streams.settings import VoiceSettings
+
+MIB = 1024 * 1024
+
+
+class AssistantSettings(VoiceSettings):
+    """``VoiceSettings`` plus what the assistant chat reads."""
+
+    max_upload_bytes: int = Field(default=512 * 1024, ge=16, le=640 * 1024)
+    """Largest CSV accepted by ``POST /api/v1/assistant/files`` (bytes); larger answers 413.
+    At most 640 KiB: sealed and base64-encoded it must fit one Kafka record (1 MB)."""
+
+    assistant_model: str | None = None
+    """Model of the assistant agent; unset uses ``VOICE_MODEL``."""
+
+    assistant_query_rows: int = Field(default=1000, ge=1, le=100_000)
+    """Rows ``query_dataset`` returns at most (the model sees the first 50 of them)."""
+
+    assistant_map_features: int = Field(default=1000, ge=1, le=10_000)
+    """Features one ``display_map`` call puts on the map at most."""
+
+    assistant_sql_timeout_s: float = Field(default=10.0, gt=0)
+    """A query in the SQL sandbox that runs longer is stopped (its process is killed)."""
+
+    assistant_history_bytes: int = Field(default=256 * 1024, ge=1024)
+    """Sealed transcript a turn carries at most (the most recent entries are kept)."""
+
+    assistant_dataset_cache_bytes: int = Field(default=64 * MIB, ge=MIB)
+    """Opened datasets a worker keeps in memory (least recently used go first)."""
+
+    assistant_patterns_kept: int = Field(default=50, ge=1)
+    """Patterns a conversation keeps for its suggested context (the most recent)."""
+
+
+def assistant_settings(settings: VoiceSettings | None = None) -> AssistantSettings:
+    """``AssistantSettings`` from the environment, keeping every value of ``settings``."""
+    if isinstance(settings, AssistantSettings):
+        return settings
+    if settings is None:
+        return AssistantSettings()
+    return AssistantSettings(**settings.model_dump())

@@ -1,0 +1,113 @@
+"""Running one assistant turn on the engine, and where its effects go.
+
+``ConversationSink`` is the turn's ``EffectSink``: every effect becomes its ``voice.agent`` /
+``voice.telemetry`` record as for any agent (``KafkaEffectSink``), and, because an assistant
+conversation's display events need one dense per-conversation sequence, each display event
+(and the persisted reply) is also sent to the conversation's sequencer as a command whose id is
+the effect's idempotency key. The sequencer, the log's single writer, gives it its
+``display_seq``. Both sends finish before ``emit`` returns, so order holds and nothing is lost.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Awaitable, Callable
+from typing import Any
+
+from consumers.assistant.agent import assistant_spec, state_text, user_content
+from consumers.assistant.datasets import DatasetSource
+from consumers.assistant.patterns import Pattern, rank
+from consumers.assistant.settings import AssistantSettings
+from consumers.assistant.sqlbox import SqlBox
+from consumers.assistant.tools import DatasetTools, TurnDatasets
+from consumers.engine import (
+    DisplayChunk,
+    DisplayEvent,
+    Effect,
+    EffectSink,
+    PersistMessage,
+    TurnInput,
+    TurnResult,
+    run_turn,
+)
+from schemas.assistant import (
+    AppendDisplay,
+    AssistantReplyRecorded,
+    DatasetRef,
+    DisplayPayload,
+    TurnOutcome,
+)
+from schemas.base import Record
+from streams.sealing import Sealer
+
+Submit = Callable[[Record, str], Awaitable[None]]
+"""(command, command id) → produced to ``voice.commands`` (key = the conversation)."""
+
+OUTCOMES: dict[str, TurnOutcome] = {"end_turn": "Replied", "max_turns": "Replied",
+                                     "context_limit": "Replied", "cancelled": "Cancelled",
+                                     "error": "Failed"}
+
+
+def display_payload(sealer: Sealer, conversation: str, event: DisplayEvent) -> DisplayPayload:
+    """A display event with its data sealed under the conversation's key."""
+    return DisplayPayload(
+        event_id=event.id, type=event.type, channel=event.channel, scope=event.scope,
+        message_id=event.message_id, verb=event.verb, priority=event.priority,
+        persistent=event.persistent, ts=event.ts,
+        data=sealer.seal_json(conversation, f"{event.id}/data", event.data),
+        group_id=event.group_id, parent_id=event.parent_id, display_id=event.display_id,
+        metadata=event.metadata)
+
+
+class ConversationSink:
+    """Effects to ``voice.agent`` (through ``inner``) and display/reply to the sequencer."""
+
+    def __init__(self, inner: EffectSink, submit: Submit, sealer: Sealer, conversation: str,
+                 turn: str) -> None:
+        self.inner, self.submit, self.sealer = inner, submit, sealer
+        self.conversation, self.turn = conversation, turn
+
+    async def emit(self, effect: Effect) -> None:
+        sends = [self.inner.emit(effect)]
+        command = self._command(effect)
+        if command is not None:
+            sends.append(self.submit(command, effect.key))
+        await asyncio.gather(*sends)
+
+    def _command(self, effect: Effect) -> Record | None:
+        conv, turn = self.conversation, self.turn
+        if isinstance(effect, DisplayChunk):
+            return AppendDisplay(conversation=conv, turn=turn,
+                                 event=display_payload(self.sealer, conv, effect.event))
+        if isinstance(effect, PersistMessage):
+            reply = effect.key
+            return AssistantReplyRecorded(
+                conversation=conv, turn=turn, reply_id=reply,
+                chain=self.sealer.seal_json(conv, f"{reply}/chain", {
+                    "text": effect.content, "structured_content": effect.structured_content}),
+                cards=self.sealer.seal_json(conv, f"{reply}/cards", {"cards": effect.cards}),
+                cost_usd=effect.cost_usd, end_reason=effect.end_reason)
+        return None
+
+
+async def run_assistant_turn(settings: AssistantSettings, *, conversation: str, turn: str,
+                             owner: str, attempt: int, request: dict[str, Any],
+                             options: dict[str, Any], refs: list[DatasetRef],
+                             history: list[dict[str, Any]], patterns: list[Pattern],
+                             source: DatasetSource, box: SqlBox, client: Any,
+                             sink: EffectSink) -> tuple[TurnResult, list[Pattern]]:
+    """One turn of the assistant over opened content; returns the result and the patterns it
+    was given as suggested context."""
+    suggestions = ([] if options.get("data_isolation")
+                   else rank(patterns, str(request.get("message", ""))))
+    datasets = TurnDatasets(refs, source, owner)
+    tools = DatasetTools(datasets, box, settings.assistant_query_rows,
+                         settings.assistant_map_features).registry()
+    turn_input = TurnInput(
+        turn_id=turn, user_message=user_content(request), history=history,
+        conversation_id=conversation, principal=owner, dataset_ids=datasets.ids,
+        state_provider=lambda view: state_text(request, options, suggestions, view),
+        model_override=options.get("model_override"), attempt=attempt,
+        skip_history=bool(options.get("skip_history")))
+    result = await run_turn(assistant_spec(settings, tools), turn_input, client, sink)
+    return result, suggestions

@@ -1,0 +1,192 @@
+"""Records of the assistant chat: uploaded datasets, the chat commands, and each assistant
+conversation's log.
+
+Topics: ``voice.datasets`` (compacted, key = dataset id) holds each uploaded CSV, sealed with the
+dataset's own data key; ``voice.commands`` carries the commands (key = conversation id);
+``voice.assistant`` is each assistant conversation's log (key = conversation id), appended by its
+sequencer only, every record with a dense ``voice_seq``, and every display event with a dense
+``display_seq`` of its own, which is the SSE ``id:``. Participant content (messages, CSVs,
+replies, display data, patterns) is always ``Sealed``; what stays plaintext is structure
+(ids, counts, types of events, states).
+"""
+
+from __future__ import annotations
+
+from typing import Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field
+
+from schemas.base import Record, Sealed, record_type
+
+DATASET_ID = r"^[0-9a-f]{32}$"
+TurnOutcome = Literal["Replied", "Failed", "Cancelled"]
+PatternStage = Literal["provisional", "extracted"]
+
+
+class DatasetRef(BaseModel):
+    """Where a dataset's record sits on ``voice.datasets``: a worker fetches exactly it."""
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    dataset_id: str = Field(pattern=DATASET_ID)
+    partition: int = Field(ge=0)
+    offset: int = Field(ge=0)
+
+
+class ChatOptions(BaseModel):
+    """The per-request switches of a chat turn (no content in them)."""
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    model_override: str | None = None
+    agentic_mode: bool = False
+    skip_history: bool = False
+    data_isolation: bool = False
+    namespace_id: str | None = None
+    inference_params: dict[str, float] = {}
+
+
+class DisplayPayload(BaseModel):
+    """One engine display event with its ``data`` sealed (content id ``<event_id>/data``)."""
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    event_id: str
+    type: str
+    channel: str
+    scope: str = "turn"
+    message_id: str | None = None
+    verb: str | None = None
+    priority: int = 0
+    persistent: bool = True
+    ts: float
+    data: Sealed
+    group_id: str | None = None
+    parent_id: str | None = None
+    display_id: str | None = None
+    metadata: dict[str, Any] = {}
+
+
+# --- datasets (topic voice.datasets, compacted, key = dataset id) ----------------------------
+
+
+@record_type("voice.assistant.dataset_recorded.v1")
+class DatasetRecorded(Record):
+    """An uploaded CSV. ``meta`` (``{"name", "columns"}``, content id ``meta``) and ``csv``
+    (content id ``csv``) are sealed with the data key named by the dataset id."""
+
+    dataset_id: str = Field(pattern=DATASET_ID)
+    owner: str = Field(min_length=1)
+    rows: int = Field(ge=1)
+    """Data rows (the header excluded)."""
+    columns: int = Field(ge=1)
+    size_bytes: int = Field(ge=1)
+    meta: Sealed
+    csv: Sealed
+    at: str
+
+
+# --- commands (topic voice.commands, key = conversation id) ---------------------------------
+
+
+@record_type("voice.assistant.chat.v1")
+class AssistantChat(Record):
+    """A chat message from the edge: opens the conversation when ``create`` and starts a turn.
+
+    ``request`` is the sealed JSON of the turn's request (message, user content, file context,
+    focus and selection state, dataset summaries), content id ``message_id``.
+    """
+
+    conversation: str
+    owner: str = Field(min_length=1)
+    create: bool = False
+    message_id: str
+    request: Sealed
+    datasets: list[DatasetRef] = []
+    options: ChatOptions = ChatOptions()
+    idempotency_key: str | None = None
+
+
+@record_type("voice.assistant.append_display.v1")
+class AppendDisplay(Record):
+    """A display event of a running turn, sent by the turn's step to the sequencer, which gives
+    it the next ``display_seq``. The command id is the engine's effect key (dedupe)."""
+
+    conversation: str
+    turn: str
+    event: DisplayPayload
+
+
+# --- the log (topic voice.assistant, key = conversation id) ---------------------------------
+# ``AssistantReplyRecorded``, ``AssistantTurnEnded`` and ``AssistantPatternRecorded`` are also
+# the commands that ask for them: the sequencer appends them as they are.
+
+
+@record_type("voice.assistant.conversation_started.v1")
+class AssistantConversationStarted(Record):
+    conversation: str
+    owner: str
+
+
+@record_type("voice.assistant.turn_requested.v1")
+class AssistantTurnRequested(Record):
+    """Starts the assistant-turn workflow ``turn`` (``{conversation}:turn-{seq}``)."""
+
+    conversation: str
+    turn: str
+    message_id: str
+    request: Sealed
+    datasets: list[DatasetRef] = []
+    options: ChatOptions = ChatOptions()
+    after: int = Field(ge=0)
+    """The conversation's ``display_seq`` before this turn: its events come after it."""
+    at: str
+
+
+@record_type("voice.assistant.display_recorded.v1")
+class AssistantDisplayRecorded(Record):
+    conversation: str
+    turn: str
+    display_seq: int = Field(ge=1)
+    event: DisplayPayload
+
+
+@record_type("voice.assistant.reply_recorded.v1")
+class AssistantReplyRecorded(Record):
+    """The turn's persisted reply: ``chain`` is ``{"text", "structured_content"}`` (content id
+    ``<reply_id>/chain``), ``cards`` is ``{"cards": [...]}`` (``<reply_id>/cards``); apart so
+    history can carry the chain without the cards' payload."""
+
+    conversation: str
+    turn: str
+    reply_id: str
+    chain: Sealed
+    cards: Sealed
+    cost_usd: float = 0.0
+    end_reason: str = "end_turn"
+
+
+@record_type("voice.assistant.turn_ended.v1")
+class AssistantTurnEnded(Record):
+    conversation: str
+    turn: str
+    state: TurnOutcome
+    end_reason: str | None = None
+    reason: str | None = None
+
+
+@record_type("voice.assistant.pattern_recorded.v1")
+class AssistantPatternRecorded(Record):
+    """A pattern derived from an ended turn (sealed JSON ``{"text", "keywords"}``, content id
+    ``pattern_id``): ``provisional`` at once without a model, then ``extracted`` by one."""
+
+    conversation: str
+    turn: str
+    pattern_id: str
+    stage: PatternStage
+    text: Sealed
+
+
+ASSISTANT_COMMANDS = (AssistantChat, AppendDisplay, AssistantReplyRecorded, AssistantTurnEnded,
+                      AssistantPatternRecorded)
+"""Record types the assistant sequencer takes off ``voice.commands``."""
