@@ -24,7 +24,7 @@ from consumers.agents.concern import (
 )
 from consumers.assistant import Assistant
 from consumers.engine import KafkaEffectSink
-from consumers.intake import decode_or_dead_letter
+from consumers.intake import decode_or_dead_letter, decode_or_none
 from consumers.model_client import model_client
 from consumers.sequencer import ConversationState, sequence
 from consumers.staff import Staff
@@ -81,9 +81,9 @@ class Worker:
         self.issues: IssueCatalog = MemoryIssueCatalog()
         self.concern_spec = concern_spec(settings, self.issues)
 
-        self._wire(COMMANDS, self._on_command)
-        self._wire(CONVERSATIONS, self._on_conversation_record)
-        self._wire(WORKFLOWS, self._on_workflow_record, manual_ack=True)
+        self.wire(COMMANDS, self._on_command)
+        self.wire(CONVERSATIONS, self._on_conversation_record)
+        self.wire(WORKFLOWS, self._on_workflow_record, manual_ack=True)
 
         @self.app.on_partitions_assigned.connect
         async def _assigned(app: Any, assigned: set[Any], **kw: Any) -> None:  # noqa: ARG001
@@ -103,7 +103,13 @@ class Worker:
             self._producer = RecordProducer(self.settings)
         return self._producer
 
-    def _wire(self, spec: TopicSpec, dispatch: Dispatch, manual_ack: bool = False) -> None:
+    def wire(self, spec: TopicSpec, dispatch: Dispatch, manual_ack: bool = False,
+             agent_name: str | None = None, dead_letter: bool = True) -> None:
+        """Run ``dispatch(envelope, event)`` for every decodable record of ``spec``.
+
+        Several agents may read one topic (each names itself); exactly one of them — the
+        topic's first, ``dead_letter=True`` — sends undecodable records to the DLQ.
+        """
         name = topic_name(self.settings, spec)
         topic = self.app.topic(name, key_type=bytes, value_type=bytes, key_serializer="raw",
                                value_serializer="raw", partitions=self.settings.topic_partitions)
@@ -112,12 +118,15 @@ class Worker:
             source = stream.noack() if manual_ack else stream
             async for event in source.events():
                 msg = event.message
+                headers = (list(msg.headers.items()) if isinstance(msg.headers, dict)
+                           else msg.headers)
                 try:
-                    env = await decode_or_dead_letter(
-                        self.producer, name, msg.partition, msg.offset, msg.key, msg.value,
-                        list(msg.headers.items()) if isinstance(msg.headers, dict)
-                        else msg.headers,
-                    )
+                    if dead_letter:
+                        env = await decode_or_dead_letter(
+                            self.producer, name, msg.partition, msg.offset, msg.key, msg.value,
+                            headers)
+                    else:
+                        env = decode_or_none(msg.key, msg.value, headers)
                     if env is not None:
                         await dispatch(env, event)
                     elif manual_ack:
@@ -127,7 +136,7 @@ class Worker:
                     if manual_ack:
                         event.ack()
 
-        agent.__name__ = f"{spec.name.replace('.', '_')}_agent"
+        agent.__name__ = agent_name or f"{spec.name.replace('.', '_')}_agent"
         self.app.agent(topic, name=agent.__name__)(agent)
 
     def _produce(self, spec: TopicSpec, env: Envelope) -> Any:
@@ -170,6 +179,32 @@ class Worker:
                                             conversation, turn, attempt, history)
 
 
+def declare_changelogs(worker: Worker) -> None:
+    """Create every table's changelog topic before the app starts.
+
+    Faust creates them at start, racing its consumer's first metadata snapshot; a table whose
+    changelog missed it fails every write (``PartitionsMismatch``) until the next metadata
+    refresh, minutes later. Best effort: Faust still creates whatever is missing.
+    """
+    from confluent_kafka.admin import AdminClient, NewTopic
+
+    s = worker.settings
+    try:
+        admin = AdminClient({"bootstrap.servers": s.bootstrap})
+        new = [NewTopic(t.changelog_topic.get_topic_name(), num_partitions=s.topic_partitions,
+                        replication_factor=s.replication_factor,
+                        config={"cleanup.policy": "compact"})
+               for t in worker.app.tables.values()]
+        for name, fut in admin.create_topics(new, operation_timeout=10).items():
+            try:
+                fut.result(timeout=15)
+            except Exception as exc:
+                if "already exists" not in str(exc) and "TOPIC_ALREADY_EXISTS" not in str(exc):
+                    log.warning("could not create %s now (Faust will): %s", name, exc)
+    except Exception as exc:
+        log.warning("could not create the changelog topics now (Faust will): %s", exc)
+
+
 def create_worker(settings: VoiceSettings, agent: Any = None) -> Worker:
     """Build a worker (Faust app + agents) for the given settings."""
     return Worker(settings, agent)
@@ -180,4 +215,5 @@ def run_worker(settings: VoiceSettings, loglevel: str = "warning") -> None:
     from faust.worker import Worker as FaustWorker
 
     w = create_worker(settings)
+    declare_changelogs(w)
     FaustWorker(w.app, loglevel=loglevel, quiet=True).execute_from_commandline()

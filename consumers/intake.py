@@ -35,3 +35,12 @@ async def decode_or_dead_letter(
         dlq_name(topic), key, value, dlq_headers(headers, reason, topic, partition, offset)
     )
     return None
+
+
+def decode_or_none(key: bytes | None, value: bytes | None,
+                   headers: Sequence[tuple[str, bytes | None]] | None) -> Envelope | None:
+    """The envelope, or ``None`` for a record another agent of the topic dead-letters."""
+    try:
+        return decode(key, value, headers)
+    except DecodeError:
+        return None

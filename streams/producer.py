@@ -105,6 +105,9 @@ class RecordProducer:
         self._producer.flush(timeout)
         self._stop.set()
         self._thread.join(timeout=1.0)
+        # Drop the client now: librdkafka's threads live until the handle is destroyed and
+        # would keep reconnecting to a broker that may be gone.
+        del self._producer
 
 
 def _set_result(fut: asyncio.Future[Message], msg: Message) -> None:

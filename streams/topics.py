@@ -6,6 +6,7 @@ physical name so a test prefix or a deployment prefix applies everywhere at once
 
 from __future__ import annotations
 
+import time
 from dataclasses import dataclass
 
 from confluent_kafka.admin import AdminClient, NewTopic
@@ -161,7 +162,28 @@ def create_topics(settings: VoiceSettings, timeout: float = 30.0) -> dict[str, s
                     result[name] = "exists"
                 else:
                     raise
+    _wait_for_leaders(admin, list(wanted), timeout)
     return dict(sorted(result.items()))
+
+
+def _wait_for_leaders(admin: AdminClient, names: list[str], timeout: float) -> None:
+    """Return once the cluster's metadata shows every topic with a leader per partition.
+
+    A topic is usable only then: right after creation a producer or a watermark query may
+    still be told "not leader for partition".
+    """
+    deadline = time.monotonic() + timeout
+    while True:
+        md = admin.list_topics(timeout=timeout)
+        waiting = [n for n in names
+                   if n not in md.topics or md.topics[n].error is not None
+                   or not md.topics[n].partitions
+                   or any(p.leader < 0 for p in md.topics[n].partitions.values())]
+        if not waiting:
+            return
+        if time.monotonic() > deadline:
+            raise TimeoutError(f"topics without leaders after {timeout:.0f}s: {waiting[:5]}")
+        time.sleep(0.1)
 
 
 def describe_topics(settings: VoiceSettings, timeout: float = 10.0) -> list[dict[str, object]]:

@@ -19,8 +19,6 @@ from __future__ import annotations
 import logging
 from typing import Any
 
-from confluent_kafka.admin import AdminClient, NewTopic
-
 from consumers.assistant.datasets import KafkaDatasets
 from consumers.assistant.patterns import (
     extracted,
@@ -47,7 +45,7 @@ from schemas.assistant import (
 )
 from schemas.base import Record
 from schemas.workflow import WorkflowStarted
-from streams.envelope import DecodeError, Envelope, decode, encode
+from streams.envelope import Envelope, encode
 from streams.sealing import KeyErased
 from streams.settings import VoiceSettings
 from streams.topics import ASSISTANT, COMMANDS, WORKFLOWS, TopicSpec, topic_name
@@ -79,38 +77,13 @@ class Assistant:
         """Register the workflows and wire the consumers (call once, before the app runs)."""
         self.worker.runtime.register(self.turns)
         self.worker.runtime.register(self.extraction)
-        self._declare_changelogs()
-        self.worker._wire(ASSISTANT, self._on_log_record)
-        self._subscribe(COMMANDS, "assistant_sequencer", self._on_command)
+        self.worker.wire(ASSISTANT, self._on_log_record)
+        self.worker.wire(COMMANDS, self._on_command, agent_name="assistant_sequencer",
+                         dead_letter=False)
 
         @self.worker.app.on_before_shutdown.connect
         async def _close(app: Any, **kw: Any) -> None:  # noqa: ARG001
             self.box.close()
-
-    def _declare_changelogs(self) -> None:
-        """Create the tables' changelog topics now, before the app starts.
-
-        Faust creates them at start, racing its consumer's first metadata snapshot; a table
-        whose changelog missed it fails every write (``PartitionsMismatch``: "0 partitions")
-        until the next metadata refresh, minutes later. Seen with these tables, registered
-        last. Best effort: Faust still creates whatever is missing.
-        """
-        try:
-            admin = AdminClient({"bootstrap.servers": self.settings.bootstrap})
-            futures = admin.create_topics([
-                NewTopic(t.changelog_topic_name, num_partitions=self.settings.topic_partitions,
-                         replication_factor=self.settings.replication_factor,
-                         config={"cleanup.policy": "compact"})
-                for t in (self.states, self.transcripts)], operation_timeout=10,
-                request_timeout=10)
-            for name, fut in futures.items():
-                try:
-                    fut.result(timeout=15)
-                except Exception as exc:
-                    if "already exists" not in str(exc) and "TOPIC_ALREADY_EXISTS" not in str(exc):
-                        log.warning("could not create %s now (Faust will): %s", name, exc)
-        except Exception as exc:
-            log.warning("could not create the assistant changelogs now (Faust will): %s", exc)
 
     # --- plumbing ---------------------------------------------------------------------------
 
@@ -139,34 +112,9 @@ class Assistant:
                 tenant=tenant, correlation=correlation, id=command_id))
         return submit
 
-    def _subscribe(self, spec: TopicSpec, name: str, handler: Any) -> None:
-        """Another agent on a topic the worker already reads (it dead-letters bad records)."""
-        topic_full = topic_name(self.settings, spec)
-        topic = self.worker.app.topic(topic_full, key_type=bytes, value_type=bytes,
-                                      key_serializer="raw", value_serializer="raw",
-                                      partitions=self.settings.topic_partitions)
-
-        async def agent(stream: Any) -> None:
-            async for event in stream.events():
-                msg = event.message
-                headers = (list(msg.headers.items()) if isinstance(msg.headers, dict)
-                           else msg.headers)
-                try:
-                    env = decode(msg.key, msg.value, headers)
-                except DecodeError:
-                    continue
-                try:
-                    await handler(env)
-                except Exception:  # one record never stops the consumer
-                    log.exception("record %s[%s]@%s failed", topic_full, msg.partition,
-                                  msg.offset)
-
-        agent.__name__ = name
-        self.worker.app.agent(topic, name=name)(agent)
-
     # --- the sequencer ----------------------------------------------------------------------
 
-    async def _on_command(self, env: Envelope) -> None:
+    async def _on_command(self, env: Envelope, event: Any) -> None:  # noqa: ARG002
         if not isinstance(env.record, ASSISTANT_COMMANDS):
             return
         state = AssistantState.from_dict(self.states.get(env.key))

@@ -52,7 +52,7 @@ class Staff:
         """Register the workflows and wire the consumers (call once, before the app runs)."""
         for wf in (self.research, self.review, self.delivery):
             self.worker.runtime.register(wf.definition)
-        self.worker._wire(ISSUES, self._on_issue_record)
+        self.worker.wire(ISSUES, self._on_issue_record)
         self._watch_workflows()
 
     async def on_command(self, env: Envelope) -> None:
