@@ -22,6 +22,7 @@ from typing import Any
 
 from fastapi.sse import ServerSentEvent
 
+from api.changes import Changes
 from api.views import CursorTooOld
 from consumers.assistant.settings import AssistantSettings
 from schemas.assistant import (
@@ -96,7 +97,7 @@ class AssistantViews:
         self.kept = settings.edge_events_kept
         self.conversations: dict[str, AssistantConversationView] = {}
         self.datasets: dict[str, DatasetView] = {}
-        self._waiters: dict[str, list[asyncio.Future[None]]] = {}
+        self._changes = Changes()
 
     def tail_handlers(self) -> dict[TopicSpec, Callable[[Envelope, int, int], None]]:
         """What the edge's tail feeds (``EdgeTail(located=…)``)."""
@@ -156,32 +157,12 @@ class AssistantViews:
     # --- waiting ---------------------------------------------------------------------------
 
     def _notify(self, key: str) -> None:
-        for fut in self._waiters.pop(key, ()):
-            if not fut.done():
-                fut.set_result(None)
+        self._changes.notify(key)
 
     async def wait(self, key: str, until: Callable[[], bool], timeout: float) -> bool:
         """Wait at most ``timeout`` s until ``until()`` holds (re-checked on every change of
         ``key``: a conversation id, or ``ds:<dataset id>``); returns whether it does."""
-        loop = asyncio.get_running_loop()
-        deadline = loop.time() + timeout
-        while not until():
-            remaining = deadline - loop.time()
-            if remaining <= 0:
-                return False
-            fut: asyncio.Future[None] = loop.create_future()
-            self._waiters.setdefault(key, []).append(fut)
-            try:
-                await asyncio.wait({fut}, timeout=remaining)
-            finally:
-                if not fut.done():
-                    fut.cancel()
-                    waiters = self._waiters.get(key)
-                    if waiters is not None and fut in waiters:
-                        waiters.remove(fut)
-                        if not waiters:
-                            del self._waiters[key]
-        return True
+        return await self._changes.wait(key, until, timeout)
 
 
 def _ended(view: AssistantConversationView, turn: str) -> bool:

@@ -15,12 +15,12 @@ Sealed content stays sealed here; routes open it. Everything runs on the edge's 
 
 from __future__ import annotations
 
-import asyncio
 from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
+from api.changes import Changes
 from api.tail import RecordHandler
 from schemas.staff import (
     ContributionRecorded,
@@ -122,7 +122,7 @@ class StaffViews:
         self.workflows: dict[str, WorkflowView] = {}
         self.contributions: dict[str, ContributionRecorded] = {}
         self.inboxes: dict[str, InboxView] = {}
-        self._waiters: dict[str, list[asyncio.Future[None]]] = {}
+        self._changes = Changes()
 
     def handlers(self) -> dict[TopicSpec, RecordHandler]:
         """What the edge's tail feeds into these views, by topic."""
@@ -250,29 +250,9 @@ class StaffViews:
     # --- waiting for the log to reach a point ----------------------------------------------
 
     def _notify(self, key: str) -> None:
-        for fut in self._waiters.pop(key, ()):
-            if not fut.done():
-                fut.set_result(None)
+        self._changes.notify(key)
 
     async def wait(self, key: str, until: Callable[[], bool], timeout: float) -> bool:
         """Wait at most ``timeout`` seconds until ``until()`` holds (re-checked on every change
         of ``key``, e.g. ``issue:<id>``, ``wf:<id>``, ``ctb:<id>``, ``inbox:<recipient>``)."""
-        loop = asyncio.get_running_loop()
-        deadline = loop.time() + timeout
-        while not until():
-            remaining = deadline - loop.time()
-            if remaining <= 0:
-                return False
-            fut: asyncio.Future[None] = loop.create_future()
-            self._waiters.setdefault(key, []).append(fut)
-            try:
-                await asyncio.wait({fut}, timeout=remaining)
-            finally:
-                if not fut.done():
-                    fut.cancel()
-                    waiters = self._waiters.get(key)
-                    if waiters is not None and fut in waiters:
-                        waiters.remove(fut)
-                        if not waiters:
-                            del self._waiters[key]
-        return True
+        return await self._changes.wait(key, until, timeout)

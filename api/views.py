@@ -19,13 +19,13 @@ records over with ``call_soon_threadsafe``).
 
 from __future__ import annotations
 
-import asyncio
 import re
 from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from itertools import islice
 
+from api.changes import Changes
 from schemas.conversation import (
     ConversationErased,
     ConversationStarted,
@@ -131,7 +131,7 @@ class ConversationViews:
             raise ValueError("kept must be at least 1")
         self.kept = kept
         self.by_id: dict[str, ConversationView] = {}
-        self._waiters: dict[str, list[asyncio.Future[None]]] = {}
+        self._changes = Changes()
 
     def apply(self, env: Envelope) -> ConversationView | None:
         """Apply one record; returns the view it changed, or None for a duplicate/unknown."""
@@ -197,9 +197,7 @@ class ConversationViews:
     # --- waiting for the log to reach a point ----------------------------------------------
 
     def _notify(self, conversation: str) -> None:
-        for fut in self._waiters.pop(conversation, ()):
-            if not fut.done():
-                fut.set_result(None)
+        self._changes.notify(conversation)
 
     async def wait(self, conversation: str,
                    until: Callable[[ConversationView | None], bool], timeout: float) -> bool:
@@ -207,26 +205,9 @@ class ConversationViews:
 
         ``until`` is re-checked after every change of the conversation (and at the start).
         """
-        loop = asyncio.get_running_loop()
-        deadline = loop.time() + timeout
-        while not until(self.by_id.get(conversation)):
-            remaining = deadline - loop.time()
-            if remaining <= 0:
-                return False
-            fut: asyncio.Future[None] = loop.create_future()
-            self._waiters.setdefault(conversation, []).append(fut)
-            try:
-                await asyncio.wait({fut}, timeout=remaining)
-            finally:
-                if not fut.done():
-                    fut.cancel()
-                    waiters = self._waiters.get(conversation)
-                    if waiters is not None and fut in waiters:
-                        waiters.remove(fut)
-                        if not waiters:
-                            del self._waiters[conversation]
-        return True
+        return await self._changes.wait(
+            conversation, lambda: until(self.by_id.get(conversation)), timeout)
 
     def waiting(self, conversation: str) -> int:
         """How many waiters a conversation has (for tests and diagnostics)."""
-        return len(self._waiters.get(conversation, ()))
+        return self._changes.waiting(conversation)
