@@ -21,7 +21,8 @@ kafka: $(STAMP)            ## fetch the Kafka jars into the cache (once)
 up: $(STAMP)               ## run the whole stack in the foreground; Ctrl-C stops it
 	$(BIN)/voice up
 
-test: $(STAMP)             ## the whole suite, integration tests on a real broker included
+test: $(STAMP)             ## lint, then the whole suite (integration tests on a real broker)
+	$(BIN)/ruff check .
 	$(BIN)/voice kafka fetch
 	$(BIN)/python -m pytest -q
 

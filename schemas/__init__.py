@@ -5,7 +5,6 @@ Public names: ``Record``, ``record_type``, ``registry``, ``model_for``, ``export
 ``Sealed``, and the record models of each domain module.
 """
 
-from schemas.base import Record, Sealed, export_json_schemas, model_for, record_type, registry
 from schemas import (  # noqa: F401  (registers types)
     agent,
     assistant,
@@ -14,5 +13,6 @@ from schemas import (  # noqa: F401  (registers types)
     system,
     workflow,
 )
+from schemas.base import Record, Sealed, export_json_schemas, model_for, record_type, registry
 
 __all__ = ["Record", "Sealed", "export_json_schemas", "model_for", "record_type", "registry"]
