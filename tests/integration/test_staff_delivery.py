@@ -133,7 +133,7 @@ def test_a_stream_waits_for_live_notifications_and_answers_409_for_a_cursor_too_
 def test_a_worker_killed_mid_delivery_never_sends_a_notification_twice(
     settings: VoiceSettings, start_worker, start_edge  # noqa: ANN001
 ) -> None:
-    env = {"VOICE_STAFF_STEP_DELAY_MS": "notify=1500"}
+    env = {"VOICE_STAFF_STEP_DELAY_MS": "notify=3000"}
     first = start_worker(**env)
     api = Api(start_edge(), settings)
     issue = api.open_issue("Streetlights on Elm Road are broken")

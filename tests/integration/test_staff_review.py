@@ -169,7 +169,7 @@ def test_a_worker_killed_mid_flagging_and_mid_publishing_publishes_once(
 ) -> None:
     with slow_simulator(tmp_path) as slow:
         env = {"ANTHROPIC_BASE_URL": slow,
-               "VOICE_STAFF_STEP_DELAY_MS": "flag=4000,publish=4000"}
+               "VOICE_STAFF_STEP_DELAY_MS": "flag=12000,publish=12000"}
         first = start_worker(**env)
         api = Api(start_edge(), settings)
         issue = api.open_issue("Streetlights on Elm Road are broken")
