@@ -1,10 +1,14 @@
 """Voice's benchmark harness: ``python -m bench`` (or ``make bench``) prints one JSON object.
 
-Every Voice figure is reported beside a plain-Kafka baseline measured in the same run, on the
-same broker, with the stack's own producer settings (``streams.producer.PRODUCER_CONFIG``), and
-with the ratio figure / baseline; a figure without its baseline is never reported. See
-``docs/benchmarks.md`` for what each figure means.
+Every Voice figure is reported beside a baseline measured in the same run (plain Kafka on the
+same broker with the stack's own producer settings, ``streams.producer.PRODUCER_CONFIG``; a bare
+ClickHouse insert; a bare Python call), with the ratio figure / baseline; a figure without its
+baseline is never reported. See ``docs/benchmarks.md`` for what each figure means.
 
 Modules: ``bench.harness`` (registry, percentiles, the figure/baseline rule),
-``bench.kafka_baseline`` (the benchmarks), ``bench.__main__`` (the entry point).
+``bench.kafka_baseline`` (Kafka baselines, Voice's send), ``bench.turns`` (turns through the
+whole stack), ``bench.stack`` (that stack of child processes), ``bench.engine`` (the agent
+loop), ``bench.ingest`` (telemetry sink and replay), ``bench.patched_worker`` and
+``bench.patched_edge`` (what-if patches of suggested changes), ``bench.__main__`` (the entry
+point).
 """

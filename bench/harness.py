@@ -112,6 +112,10 @@ class Context:
     runs: int = 3
     """Throughput runs; the median is reported."""
     run_id: str = field(default_factory=lambda: uuid.uuid4().hex[:8])
+    broker_pid: int | None = None
+    """The local broker's process id (for CPU accounting), when the run started one."""
+    external: bool = False
+    """True on an existing cluster (``VOICE_KAFKA_BOOTSTRAP``): leave nothing behind there."""
     created_topics: list[str] = field(default_factory=list)
     _topics: dict[str, str] = field(default_factory=dict)
 

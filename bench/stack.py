@@ -1,18 +1,37 @@
 """A whole Voice stack for benchmarks: simulator (zero latency), worker(s) and an edge, as
-child processes on the benchmark's broker; started once, stopped when the run ends."""
+child processes on the benchmark's broker; started once per run, stopped when the run ends.
+
+Its topics carry the run's own prefix (``<prefix>voice.bench.<run id>.stack.``) and its
+consumer groups the run's own group prefix, so a run on an existing cluster touches nothing
+else; ``close_all`` deletes them again there (a throwaway broker simply goes away).
+
+``VOICE_BENCH_WORKER_PATCHES=a,b`` starts the workers through ``bench.patched_worker``, and
+``VOICE_BENCH_EDGE_PATCHES=a`` the edge through ``bench.patched_edge``, with those what-if
+patches applied (see those modules); the figures then say so under ``stack``.
+"""
 
 from __future__ import annotations
 
-import atexit
+import contextlib
+import os
+import shutil
 import subprocess
+import sys
 import tempfile
+import time
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
+from confluent_kafka import Consumer, TopicPartition
+from confluent_kafka.admin import AdminClient
+
+from bench.harness import Context
 from deploy.kafka_local import free_port
 from deploy.processes import (
     spawn_voice,
     stop,
+    voice_env,
     wait_group_stable,
     wait_http_ready,
     worker_group,
@@ -21,6 +40,23 @@ from streams.settings import VoiceSettings
 from streams.topics import create_topics
 
 _STACK: Stack | None = None
+_CLK = os.sysconf("SC_CLK_TCK")
+WORKERS = int(os.environ.get("VOICE_BENCH_WORKERS", "1"))
+"""Worker processes of the stack (one per core is the sensible most; default 1)."""
+
+
+def cpu_seconds(pid: int) -> float | None:
+    """User + system CPU seconds a process has used so far (Linux ``/proc``), or None."""
+    try:
+        fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+        return (int(fields[11]) + int(fields[12])) / _CLK
+    except (OSError, IndexError, ValueError):
+        return None
+
+
+def own_cpu_seconds() -> float:
+    t = os.times()
+    return t.user + t.system
 
 
 @dataclass
@@ -28,38 +64,133 @@ class Stack:
     settings: VoiceSettings
     edge_url: str
     simulator_url: str
-    procs: list[subprocess.Popen[bytes]] = field(default_factory=list)
+    procs: dict[str, subprocess.Popen[bytes]] = field(default_factory=dict)
+    broker_pid: int | None = None
+    patches: str = ""
+    edge_patches: str = ""
+    external: bool = False
+
+    def describe(self) -> dict[str, Any]:
+        return {"workers": sum(1 for n in self.procs if n.startswith("worker")),
+                "edges": 1, "simulator_latency_ms": 0,
+                "topic_partitions": self.settings.topic_partitions,
+                "worker_concurrency": self.settings.worker_concurrency,
+                "worker_patches": self.patches.split(",") if self.patches else [],
+                "edge_patches": self.edge_patches.split(",") if self.edge_patches else []}
+
+    def cpu(self) -> dict[str, float | None]:
+        """CPU seconds used so far by each child, the broker (when local) and this process."""
+        out: dict[str, float | None] = {n: cpu_seconds(p.pid) for n, p in self.procs.items()}
+        out["broker"] = cpu_seconds(self.broker_pid) if self.broker_pid else None
+        out["bench_client"] = own_cpu_seconds()
+        return out
+
+    def topics(self) -> list[str]:
+        admin = AdminClient({"bootstrap.servers": self.settings.bootstrap})
+        md = admin.list_topics(timeout=10)
+        app = worker_group(self.settings)
+        return sorted(t for t in md.topics
+                      if t.startswith(self.settings.topic_prefix) or t.startswith(app))
+
+    def watermarks(self) -> dict[str, int]:
+        """Records each of the stack's topics holds now (sum of its high watermarks)."""
+        c = Consumer({"bootstrap.servers": self.settings.bootstrap,
+                      "group.id": f"{self.settings.group_prefix}-bench-read"})
+        try:
+            md = c.list_topics(timeout=10)
+            out: dict[str, int] = {}
+            for t in self.topics():
+                meta = md.topics.get(t)
+                if meta is None:
+                    continue
+                out[t] = sum(c.get_watermark_offsets(TopicPartition(t, p), timeout=10,
+                                                     cached=False)[1] for p in meta.partitions)
+            return out
+        finally:
+            c.close()
 
     def close(self) -> None:
-        for p in reversed(self.procs):
-            stop(p)
+        for name in reversed(list(self.procs)):
+            stop(self.procs[name])
         self.procs.clear()
+        if not os.environ.get("VOICE_BENCH_KEEP_STATE"):  # logs, keys, Faust's data
+            shutil.rmtree(self.settings.state_dir, ignore_errors=True)
+        if self.external:  # leave nothing behind on someone else's cluster
+            with contextlib.suppress(Exception):
+                names = self.topics()
+                if names:
+                    admin = AdminClient({"bootstrap.servers": self.settings.bootstrap})
+                    for fut in admin.delete_topics(names, operation_timeout=30).values():
+                        with contextlib.suppress(Exception):
+                            fut.result(timeout=60)
 
 
-def stack(base: VoiceSettings, workers: int = 1) -> Stack:
-    """The run's stack (started on first use)."""
+def _spawn_worker(settings: VoiceSettings, log: Path, patches: str, **extra: str
+                  ) -> subprocess.Popen[bytes]:
+    if not patches:
+        return spawn_voice(settings, "worker", log=log, **extra)
+    out = open(log, "ab")
+    env = voice_env(settings, VOICE_BENCH_WORKER_PATCHES=patches, **extra)
+    return subprocess.Popen([sys.executable, "-m", "bench.patched_worker"], env=env,
+                            stdout=out, stderr=subprocess.STDOUT, cwd=settings.state_dir)
+
+
+def stack(ctx: Context, workers: int | None = None) -> Stack:
+    """The run's stack (started on first use, on the run's broker)."""
     global _STACK
     if _STACK is not None:
         return _STACK
-    state = Path(tempfile.mkdtemp(prefix="voice-bench-"))
+    base = ctx.settings
+    state = Path(tempfile.mkdtemp(prefix="voice-bench-stack-"))
     settings = base.model_copy(update={
-        "topic_prefix": f"{base.topic_prefix}stack.", "group_prefix": "bench",
-        "state_dir": state, "env": "test"})
+        "topic_prefix": f"{base.topic_prefix}voice.bench.{ctx.run_id}.stack.",
+        "group_prefix": f"bench{ctx.run_id}", "state_dir": state, "env": "test"})
+    ctx.log(f"  starting the stack (state {state})")
+    t0 = time.perf_counter()
     create_topics(settings)
-    procs: list[subprocess.Popen[bytes]] = []
-    sim_port, edge_port = free_port(), free_port()
-    sim = spawn_voice(settings, "simulator", "--port", str(sim_port), log=state / "sim.log")
-    procs.append(sim)
-    sim_url = f"http://127.0.0.1:{sim_port}"
-    wait_http_ready(f"{sim_url}/health", proc=sim)
-    model_env = {"ANTHROPIC_API_KEY": "simulator", "ANTHROPIC_BASE_URL": sim_url}
-    for i in range(workers):
-        procs.append(spawn_voice(settings, "worker", log=state / f"worker{i}.log", **model_env))
-    wait_group_stable(settings, worker_group(settings))
-    edge = spawn_voice(settings, "edge", "--port", str(edge_port), log=state / "edge.log")
-    procs.append(edge)
-    url = f"http://127.0.0.1:{edge_port}"
-    wait_http_ready(f"{url}/readyz", proc=edge)
-    _STACK = Stack(settings, url, sim_url, procs)
-    atexit.register(_STACK.close)
+    patches = os.environ.get("VOICE_BENCH_WORKER_PATCHES", "").strip()
+    edge_patches = os.environ.get("VOICE_BENCH_EDGE_PATCHES", "").strip()
+    st = Stack(settings, "", "", broker_pid=getattr(ctx, "broker_pid", None), patches=patches,
+               edge_patches=edge_patches, external=getattr(ctx, "external", False))
+    _STACK = st
+    try:
+        sim_port, edge_port = free_port(), free_port()
+        sim = spawn_voice(settings, "simulator", "--port", str(sim_port), log=state / "sim.log",
+                          VOICE_SIMULATOR_LATENCY_MS="0", VOICE_SIMULATOR_CHUNK_DELAY_MS="0")
+        st.procs["simulator"] = sim
+        st.simulator_url = f"http://127.0.0.1:{sim_port}"
+        wait_http_ready(f"{st.simulator_url}/health", proc=sim)
+        model_env = {"ANTHROPIC_API_KEY": "simulator", "ANTHROPIC_BASE_URL": st.simulator_url}
+        for i in range(workers or WORKERS):
+            st.procs[f"worker{i}"] = _spawn_worker(settings, state / f"worker{i}.log", patches,
+                                                   **model_env)
+        wait_group_stable(settings, worker_group(settings))
+        if edge_patches:
+            edge = subprocess.Popen(
+                [sys.executable, "-m", "bench.patched_edge", "--port", str(edge_port)],
+                env=voice_env(settings, VOICE_BENCH_EDGE_PATCHES=edge_patches),
+                stdout=open(state / "edge.log", "ab"), stderr=subprocess.STDOUT,
+                cwd=settings.state_dir)
+        else:
+            edge = spawn_voice(settings, "edge", "--port", str(edge_port), log=state / "edge.log")
+        st.procs["edge"] = edge
+        st.edge_url = f"http://127.0.0.1:{edge_port}"
+        wait_http_ready(f"{st.edge_url}/readyz", proc=edge)
+    except BaseException:
+        close_all()
+        raise
+    ctx.log(f"  stack up in {time.perf_counter() - t0:.1f} s"
+            + (f" (worker patches: {patches})" if patches else ""))
+    return st
+
+
+def current() -> Stack | None:
     return _STACK
+
+
+def close_all() -> None:
+    """Stop the run's stack (if one was started) and, on an existing cluster, drop its topics."""
+    global _STACK
+    if _STACK is not None:
+        _STACK.close()
+        _STACK = None
