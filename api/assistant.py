@@ -38,6 +38,7 @@ from api.assistant_views import AssistantConversationView, AssistantViews, displ
 from api.commands import EDGE_SOURCE, submit
 from api.deps import VIEW_WAIT_S, PrincipalDep, ProducerDep, SealerDep, SettingsDep, TailDep
 from api.models import CursorTooOldOut
+from api.stream import resume_cursor
 from api.views import CursorTooOld
 from consumers.assistant.sequencer import turn_conversation
 from schemas.assistant import AssistantChat, ChatOptions, DatasetRecorded, DatasetRef
@@ -55,7 +56,7 @@ NOT_FOUND = {404: {"description": "No such conversation (or dataset) of the call
 SSE_HEADERS = {"Cache-Control": "no-cache", "X-Accel-Buffering": "no"}
 
 
-def get_assistant(request: Request) -> AssistantViews:
+async def get_assistant(request: Request) -> AssistantViews:
     return request.app.state.assistant
 
 
@@ -287,21 +288,14 @@ async def owned_conversation(
 OwnedDep = Annotated[AssistantConversationView, Depends(owned_conversation)]
 
 
-def stream_cursor(
+async def stream_cursor(
     view: OwnedDep,
     after: Annotated[int | None, Query(ge=0, description="Resume after this event id; wins "
                                                           "over Last-Event-ID.")] = None,
     last_event_id: Annotated[str | None, Header(alias="Last-Event-ID")] = None,
 ) -> int:
     """Where the stream starts; ``CursorTooOld`` (→ 409) when this edge cannot serve it."""
-    cursor = after
-    if cursor is None:
-        raw = (last_event_id or "").strip()
-        if raw and not raw.isdigit():
-            raise RequestValidationError([{
-                "type": "int_parsing", "loc": ("header", "Last-Event-ID"), "input": raw,
-                "msg": "Last-Event-ID must be a non-negative integer (an event id)"}])
-        cursor = int(raw) if raw else 0
+    cursor = resume_cursor(after, last_event_id)
     oldest = view.oldest_cursor()
     if cursor < oldest:
         raise CursorTooOld(view.conversation, cursor, oldest)

@@ -24,27 +24,27 @@ or a message sent, through another edge a moment ago) before it answers 404."""
 CONVERSATION_ID = re.compile(r"^cnv-[0-9a-f]{8,32}$")
 
 
-def get_settings(request: Request) -> VoiceSettings:
+async def get_settings(request: Request) -> VoiceSettings:
     return request.app.state.settings
 
 
-def get_producer(request: Request) -> RecordProducer:
+async def get_producer(request: Request) -> RecordProducer:
     return request.app.state.producer
 
 
-def get_tail(request: Request) -> EdgeTail:
+async def get_tail(request: Request) -> EdgeTail:
     return request.app.state.tail
 
 
-def get_views(request: Request) -> ConversationViews:
+async def get_views(request: Request) -> ConversationViews:
     return request.app.state.views
 
 
-def get_sealer(request: Request) -> Sealer:
+async def get_sealer(request: Request) -> Sealer:
     return request.app.state.sealer
 
 
-def get_principal(
+async def get_principal(
     request: Request,
     creds: Annotated[HTTPAuthorizationCredentials | None, Depends(_bearer)],
 ) -> Principal:
@@ -59,7 +59,7 @@ def get_principal(
 def require_role(*roles: str):  # noqa: ANN201
     """A dependency that answers 403 unless the caller has one of ``roles``."""
 
-    def check(principal: Annotated[Principal, Depends(get_principal)]) -> Principal:
+    async def check(principal: Annotated[Principal, Depends(get_principal)]) -> Principal:
         if principal.role not in roles:
             raise HTTPException(403, f"role {principal.role!r} may not call this route")
         return principal

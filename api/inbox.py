@@ -15,13 +15,13 @@ from collections.abc import AsyncIterator
 from typing import Annotated
 
 from fastapi import APIRouter, Depends, Header, Query
-from fastapi.exceptions import RequestValidationError
 from fastapi.sse import EventSourceResponse, ServerSentEvent
 from pydantic import BaseModel
 
 from api.deps import PrincipalDep, SettingsDep
 from api.models import CursorTooOldOut
 from api.staff import StaffViewsDep
+from api.stream import resume_cursor
 from api.views import CursorTooOld
 from schemas.staff import NotificationRecorded
 from streams.envelope import Envelope
@@ -63,19 +63,6 @@ def notification_out(env: Envelope) -> NotificationOut:
                            at=rec.at)
 
 
-def _cursor_from(after: int | None, last_event_id: str | None) -> int:
-    if after is not None:
-        return after
-    if last_event_id is None or not last_event_id.strip():
-        return 0
-    value = int(last_event_id) if last_event_id.strip().isdigit() else -1
-    if value < 0:
-        raise RequestValidationError([{
-            "type": "int_parsing", "loc": ("header", "Last-Event-ID"), "input": last_event_id,
-            "msg": "Last-Event-ID must be a non-negative integer (an event id of this stream)"}])
-    return value
-
-
 async def inbox_cursor(
     principal: PrincipalDep, views: StaffViewsDep,
     after: Annotated[int | None, Query(ge=0, description="Resume after this seq (an event "
@@ -83,7 +70,7 @@ async def inbox_cursor(
     last_event_id: Annotated[str | None, Header(alias="Last-Event-ID")] = None,
 ) -> int:
     """Where the caller's inbox is read from; ``CursorTooOld`` (→ 409) when too old."""
-    cursor = _cursor_from(after, last_event_id)
+    cursor = resume_cursor(after, last_event_id)
     oldest = views.inbox(principal.sub).oldest_cursor()
     if cursor < oldest:
         raise CursorTooOld(f"inbox of {principal.sub}", cursor, oldest)

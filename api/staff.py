@@ -32,7 +32,7 @@ MAX_EVIDENCE_IN_RUN = 200
 """Evidence a research run's input carries (the most recent); the input is one record."""
 
 
-def get_staff_views(request: Request) -> StaffViews:
+async def get_staff_views(request: Request) -> StaffViews:
     return request.app.state.staff
 
 

@@ -32,7 +32,11 @@ END_MARGIN_S = 1.0
 """The stream ends this long before the gateway bound (a third of the bound, if smaller)."""
 
 
-def _cursor_from(after: int | None, last_event_id: str | None) -> int:
+def resume_cursor(after: int | None, last_event_id: str | None) -> int:
+    """Where an SSE stream resumes: ``after`` wins over ``Last-Event-ID``; 0 from the start.
+
+    A ``Last-Event-ID`` that is not a non-negative integer answers 422 naming the header.
+    """
     if after is not None:
         return after
     if last_event_id is None or not last_event_id.strip():
@@ -56,7 +60,7 @@ async def stream_cursor(
     last_event_id: Annotated[str | None, Header(alias="Last-Event-ID")] = None,
 ) -> int:
     """Where the stream starts; ``CursorTooOld`` (→ 409) when this edge cannot serve it."""
-    cursor = _cursor_from(after, last_event_id)
+    cursor = resume_cursor(after, last_event_id)
     oldest = view.oldest_cursor()
     if cursor < oldest:
         raise CursorTooOld(view.conversation, cursor, oldest)

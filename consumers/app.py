@@ -216,4 +216,8 @@ def run_worker(settings: VoiceSettings, loglevel: str = "warning") -> None:
 
     w = create_worker(settings)
     declare_changelogs(w)
-    FaustWorker(w.app, loglevel=loglevel, quiet=True).execute_from_commandline()
+    fw = FaustWorker(w.app, loglevel=loglevel, quiet=True)
+    # Faust's spinner sets the root logger to DEBUG, so every debug call of aiokafka and Faust
+    # builds a record nobody prints: ~6 % of a worker's CPU (docs/benchmarks.md).
+    fw.spinner = None
+    fw.execute_from_commandline()

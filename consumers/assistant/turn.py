@@ -74,6 +74,9 @@ class ConversationSink:
             sends.append(self.submit(command, effect.key))
         await asyncio.gather(*sends)
 
+    async def drain(self) -> None:
+        await self.inner.drain()
+
     def _command(self, effect: Effect) -> Record | None:
         conv, turn = self.conversation, self.turn
         if isinstance(effect, DisplayChunk):

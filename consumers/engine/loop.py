@@ -54,8 +54,14 @@ from consumers.engine.types import (
 
 async def run_turn(spec: AgentSpec, turn_input: TurnInput, client: Any, sink: EffectSink,
                    cancel: CancelToken | None = None) -> TurnResult:
-    """Run one agent turn to its end; effects go to ``sink``, the outcome is returned."""
-    return await _Turn(spec, turn_input, client, sink, cancel or CancelToken()).run()
+    """Run one agent turn to its end; effects go to ``sink``, the outcome is returned once
+    every effect is durable."""
+    try:
+        return await _Turn(spec, turn_input, client, sink, cancel or CancelToken()).run()
+    finally:
+        drain = getattr(sink, "drain", None)  # a sink without it is durable per emit
+        if drain is not None:
+            await drain()
 
 
 def _text_of(content: Any) -> str:

@@ -119,7 +119,7 @@ def test_a_worker_killed_mid_turn_is_resumed_elsewhere_and_replies_once(
     port = free_port()
     slow = subprocess.Popen(
         [sys.executable, "-m", "deploy.cli", "simulator", "--port", str(port)],
-        env={**__import__("os").environ, "VOICE_SIMULATOR_LATENCY_MS": "4000"},
+        env={**__import__("os").environ, "VOICE_SIMULATOR_LATENCY_MS": "8000"},
         stdout=open(tmp_path / "slow-sim.log", "ab"), stderr=subprocess.STDOUT)
     try:
         wait_http_ready(f"http://127.0.0.1:{port}/health", proc=slow)

@@ -83,6 +83,7 @@ async def test_each_effect_becomes_its_record_on_its_topic(settings):
     effects = synthetic(None)
     for e in effects:
         await sink.emit(e)
+    await sink.drain()  # emit hands over; drain is when the records are on the broker
     topics = [t for t, _ in producer.sent]
     assert topics == ["t-eng.voice.agent"] * 5 + ["t-eng.voice.telemetry"]
     envs = [env for _, env in producer.sent]
@@ -115,6 +116,7 @@ async def test_conversation_content_is_sealed_and_opens_back(settings):
     effects = synthetic("cnv-42")
     for e in effects:
         await sink.emit(e)
+    await sink.drain()  # emit hands over; drain is when the records are on the broker
     for _, env in producer.sent:
         key, value, headers = encode(env)
         wire = value + b"".join(v for _, v in headers) + key
@@ -142,6 +144,7 @@ async def test_conversation_content_without_a_sealer_is_refused(settings):
     with pytest.raises(SealingRequired):
         await sink.emit(synthetic("cnv-42")[0])
     await sink.emit(synthetic("cnv-42")[-1])  # telemetry carries no content: fine
+    await sink.drain()
     assert len(producer.sent) == 1
 
 

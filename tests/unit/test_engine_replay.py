@@ -127,6 +127,10 @@ async def test_replay_from_sealed_kafka_records(sim_url):
             for s in self.sinks:
                 await s.emit(effect)
 
+        async def drain(self):
+            for s in self.sinks:
+                await s.drain()
+
     class FakeProducer:
         def __init__(self):
             self.wire = []
