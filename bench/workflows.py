@@ -1,0 +1,65 @@
+"""Workflow engine overhead (issue: staff workflows), model at zero latency.
+
+Sequential turns through the whole stack; from each conversation-turn workflow's records on
+``voice.workflows`` (their Kafka CreateTime), two hops of the engine itself:
+
+- ``start_to_step``: ``WorkflowStarted`` recorded → the engine's ``StepStarted`` (a workflow
+  record consumed, applied, its step started);
+- ``outcome_to_next``: the step's ``StepOutcome`` recorded → the engine's next lifecycle record
+  (``StepSucceeded``/``StepStarted``…): a step record → the next transition.
+
+``step_overhead`` is their sum per workflow, beside the raw Kafka round trip.
+"""
+
+from __future__ import annotations
+
+import asyncio
+
+from bench.harness import Context, Result, benchmark, latency_summary
+from bench.stack import stack
+from bench.turns import TEXT, _client, _conversation, _headers, _post, _wait_turns
+from streams.envelope import decode
+from streams.reading import read_topic
+from streams.topics import WORKFLOWS, topic_name
+
+TURNS = 200
+
+
+@benchmark("workflow.step_overhead", baseline="kafka.round_trip", compare=("p50_ms", "p99_ms"))
+def step_overhead(ctx: Context) -> Result:
+    """Engine overhead per step transition (record → next step started), sequential turns."""
+    s = stack(ctx)
+    h = _headers(ctx, "bench-workflow")
+
+    async def main() -> list[str]:
+        turns: list[str] = []
+        async with _client() as client:
+            conv = await _conversation(client, s.edge_url, h)
+            for i in range(TURNS):
+                r = await _post(client, s.edge_url, conv, h, f"{TEXT} ({i})")
+                r.raise_for_status()
+                turn = r.json()["turn"]
+                if await _wait_turns(client, s.edge_url, h, [(conv, turn)]):
+                    raise RuntimeError(f"turn {turn} did not end")
+                turns.append(turn)
+        return turns
+
+    wanted = set(asyncio.run(main()))
+    times: dict[str, dict[str, float]] = {}
+    for msg in read_topic(s.settings, topic_name(s.settings, WORKFLOWS)):
+        if msg.key().decode() not in wanted:
+            continue
+        env = decode(msg.key(), msg.value(), msg.headers())
+        name = type(env.record).__name__
+        times.setdefault(env.key, {}).setdefault(name, msg.timestamp()[1] / 1000)
+    start, outcome, total = [], [], []
+    for t in times.values():
+        if {"WorkflowStarted", "StepStarted", "StepOutcome", "StepSucceeded"} <= t.keys():
+            a = t["StepStarted"] - t["WorkflowStarted"]
+            b = t["StepSucceeded"] - t["StepOutcome"]
+            start.append(a)
+            outcome.append(b)
+            total.append(a + b)
+    summary = latency_summary(total)
+    return {**summary, "workflows": len(times),
+            "start_to_step": latency_summary(start), "outcome_to_next": latency_summary(outcome)}
