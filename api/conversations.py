@@ -29,6 +29,7 @@ from api.deps import (
     not_found,
 )
 from api.models import (
+    CancelRequested,
     ConversationCreated,
     ConversationOut,
     ConversationSummary,
@@ -40,6 +41,7 @@ from api.models import (
 from api.views import ConversationView, ConversationViews, parse_turn
 from schemas.conversation import EraseConversation, MessageRecorded, SendMessage, StartConversation
 from schemas.system import CommandAcknowledged
+from schemas.workflow import WorkflowCommandReceived
 from streams.envelope import new_id
 from streams.sealing import KeyErased, Sealer
 
@@ -164,6 +166,31 @@ async def get_turn(
         raise HTTPException(404, f"no turn {turn!r} in {conversation!r}")
     with opening(views, conversation):
         return render.turn_out(sealer, tv)
+
+
+@router.post("/{conversation}/turns/{turn}/cancel", status_code=202, responses=NOT_FOUND)
+async def cancel_turn(
+    turn: str, view: OwnedDep, views: ViewsDep, settings: SettingsDep, producer: ProducerDep,
+    tail: TailDep, principal: PrincipalDep,
+) -> CancelRequested:
+    """Ask a running turn to stop: honoured before its next model call and while a tool runs.
+
+    The turn then ends ``CouldNotInterpret`` with a reason saying it was cancelled; a turn that
+    already ended is left as it is."""
+    conversation = view.conversation
+    parsed = parse_turn(turn)
+    if parsed is None or parsed[0] != conversation:
+        raise HTTPException(404, f"no turn {turn!r} in {conversation!r}")
+    tv = view.turns.get(turn)
+    if tv is None or tv.state is None:
+        raise HTTPException(404, f"no turn {turn!r} in {conversation!r}")
+    if tv.state != "Thinking":
+        return CancelRequested(turn=turn, state=tv.state)
+    ack = await submit(settings, producer, tail, principal, turn, WorkflowCommandReceived(
+        workflow=turn, command="cancel", command_id=new_id(), by=principal.sub))
+    if ack.outcome == "rejected":
+        raise refused(ack, conversation)
+    return CancelRequested(turn=turn, state="Thinking")
 
 
 @router.get("/{conversation}", responses=NOT_FOUND)

@@ -58,6 +58,14 @@ class ReplyOut(BaseModel):
     text: str
 
 
+class CancelRequested(BaseModel):
+    """A cancel was recorded for a running turn (``state`` is what the edge knows now)."""
+
+    turn: str
+    state: str
+    cancel: str = "requested"
+
+
 class TurnOut(BaseModel):
     turn: str
     state: TurnState

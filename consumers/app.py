@@ -171,12 +171,12 @@ class Worker:
         await self.runtime.handle(env, event.ack, event.message.tp)
 
     async def _concern_agent(self, conversation: str, turn: str, attempt: int,
-                             history: list[dict[str, Any]]) -> ConcernReply:
+                             history: list[dict[str, Any]], cancel: Any) -> ConcernReply:
         if self._client is None:
             self._client = model_client(self.settings)
         sink = KafkaEffectSink(self.producer, self.settings, turn, self.sealer)
         return await run_concern_extraction(self.concern_spec, self._client, sink,
-                                            conversation, turn, attempt, history)
+                                            conversation, turn, attempt, history, cancel)
 
 
 def declare_changelogs(worker: Worker) -> None:

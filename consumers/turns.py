@@ -15,6 +15,7 @@ from collections.abc import Awaitable, Callable
 from typing import Any
 
 from consumers.agents.concern import ConcernReply
+from consumers.engine.cancel import CancelToken
 from consumers.workflows.engine import StepContext, StepDef, WorkflowDef, WorkflowState
 from consumers.workflows.runtime import StepError
 from schemas.base import Record, Sealed
@@ -38,8 +39,10 @@ log = logging.getLogger(__name__)
 KIND = "conversation-turn"
 SOURCE = "/voice/turn-worker"
 
-AgentRunner = Callable[[str, str, int, list[dict[str, Any]]], Awaitable[ConcernReply]]
-"""(conversation, turn, attempt, Messages-API history ending with the user message) → reply."""
+AgentRunner = Callable[[str, str, int, list[dict[str, Any]], CancelToken],
+                      Awaitable[ConcernReply]]
+"""(conversation, turn, attempt, Messages-API history ending with the user message, the
+step's cancel token) → reply."""
 
 
 def transcript_entry(env: Envelope) -> dict[str, Any] | None:
@@ -115,8 +118,13 @@ class Turns:
             raise StepError(f"conversation {conversation!r} was erased", retryable=False) from None
         if not history or history[-1]["role"] != "user":
             raise StepError(f"turn {turn!r} has no participant message", retryable=False)
-        reply = await self.agent(conversation, turn, ctx.attempt, history)
+        reply = await self.agent(conversation, turn, ctx.attempt, history, ctx.cancel)
         tenant = ctx.input.get("tenant")
+        if reply.cancelled:
+            await self._submit(conversation, turn, tenant, "state", TurnStateChanged(
+                conversation=conversation, turn=turn, state="CouldNotInterpret",
+                reason=f"the turn was {reply.cancelled}"))
+            return {"state": "CouldNotInterpret", "cancelled": True}
         if reply.could_not_interpret:
             await self._submit(conversation, turn, tenant, "state", TurnStateChanged(
                 conversation=conversation, turn=turn, state="CouldNotInterpret",

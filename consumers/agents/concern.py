@@ -16,6 +16,7 @@ from pydantic import BaseModel, Field, ValidationError
 
 from consumers.engine import (
     AgentSpec,
+    CancelToken,
     EffectSink,
     Hint,
     Ok,
@@ -53,6 +54,8 @@ class ConcernReply:
     proposal: Proposal | None
     could_not_interpret: str | None = None
     """The reason, when the agent said it could not interpret the message."""
+    cancelled: str | None = None
+    """Why the turn was cancelled before the agent answered."""
 
 
 def parse_reply(answer: str) -> ConcernReply:
@@ -145,12 +148,16 @@ def concern_spec(settings: VoiceSettings, catalog: IssueCatalog) -> AgentSpec:
 
 async def run_concern_extraction(spec: AgentSpec, client: Any, sink: EffectSink,
                                  conversation: str, turn: str, attempt: int,
-                                 history: list[dict[str, Any]]) -> ConcernReply:
+                                 history: list[dict[str, Any]],
+                                 cancel: CancelToken | None = None) -> ConcernReply:
     """One turn of the agent over the transcript (ending with the participant's message)."""
     last = history[-1]["content"]
+    cancel = cancel or CancelToken()
     result = await run_turn(spec, TurnInput(turn_id=turn, user_message=last,
                                             history=history[:-1], conversation_id=conversation,
-                                            attempt=attempt), client, sink)
+                                            attempt=attempt), client, sink, cancel)
+    if result.end_reason == "cancelled":
+        return ConcernReply(text="", proposal=None, cancelled=cancel.reason or "cancelled")
     if result.end_reason == "error":
         raise ConcernAgentFailed("; ".join(f"{e.kind}: {e.message}" for e in result.errors))
     return parse_reply(result.final_text)

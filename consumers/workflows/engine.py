@@ -16,6 +16,7 @@ from collections.abc import Awaitable, Callable
 from dataclasses import asdict, dataclass, field
 from typing import Any, Literal
 
+from consumers.engine.cancel import CancelToken
 from schemas.base import Record
 from schemas.workflow import (
     StepFailed,
@@ -50,6 +51,8 @@ class StepContext:
     input: dict[str, Any]
     outputs: dict[str, dict[str, Any]]
     commands: dict[str, dict[str, Any]]
+    cancel: CancelToken = field(default_factory=CancelToken)
+    """Set by a ``cancel`` command while the step runs; a step hands it to its agent."""
 
 
 StepFn = Callable[[StepContext], Awaitable[dict[str, Any] | Pause]]
@@ -195,7 +198,8 @@ def worker_lost(wf: WorkflowDef, state: WorkflowState, max_attempts: int) -> Tra
 def command(wf: WorkflowDef, state: WorkflowState, cmd: WorkflowCommandReceived) -> Transition:
     """Apply a command: resume a paused workflow, or ``retry`` a failed one from its step.
 
-    A command id seen before changes nothing, so a duplicate command resumes once.
+    A command id seen before changes nothing, so a duplicate command resumes once. A
+    ``cancel`` changes no state here: the runtime signals the running step, which ends.
     """
     t = Transition(copy.deepcopy(state))
     s = t.state

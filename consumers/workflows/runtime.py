@@ -19,6 +19,7 @@ import logging
 from collections.abc import Callable
 from typing import Any
 
+from consumers.engine.cancel import CancelToken
 from consumers.workflows import engine
 from consumers.workflows.engine import Pause, StepContext, Transition, WorkflowDef, WorkflowState
 from schemas.workflow import StepOutcome, WorkflowCommandReceived, WorkflowStarted
@@ -54,6 +55,8 @@ class WorkflowRuntime:
         self._held: dict[str, tuple[Callable[[], Any], Any]] = {}
         """workflow → (ack of the record holding its lease, that record's topic-partition)"""
         self._slots = asyncio.Semaphore(settings.worker_concurrency)
+        self.cancels: dict[str, CancelToken] = {}
+        """The cancel token of each step running here."""
         self.topic = topic_name(settings, WORKFLOWS)
 
     def register(self, wf: WorkflowDef) -> None:
@@ -75,6 +78,10 @@ class WorkflowRuntime:
                     log.error("no workflow kind %r (workflow %r)", rec.kind, workflow)
                 elif state is None:
                     t = engine.start(wf, rec)
+            elif isinstance(rec, WorkflowCommandReceived) and rec.command == "cancel":
+                token = self.cancels.get(workflow)
+                if token is not None:  # running here (this worker owns the workflow)
+                    token.cancel(f"cancelled by {rec.by}")
             elif isinstance(rec, WorkflowCommandReceived) and state is not None:
                 t = engine.command(self.defs[state.kind], state, rec)
             elif isinstance(rec, StepOutcome) and state is not None:
@@ -148,9 +155,10 @@ class WorkflowRuntime:
         """Run the step and report its outcome as a record (the task never writes state)."""
         wf = self.defs[state.kind]
         step = wf.step(state.step_index)
+        cancel = self.cancels[state.workflow] = CancelToken()
         ctx = StepContext(workflow=state.workflow, kind=state.kind, step=step.name,
                           attempt=state.attempt, input=state.input, outputs=state.outputs,
-                          commands=state.commands)
+                          commands=state.commands, cancel=cancel)
         report = dict(workflow=state.workflow, step=step.name, step_index=state.step_index,
                       attempt=state.attempt)
         try:
@@ -168,6 +176,8 @@ class WorkflowRuntime:
             outcome = StepOutcome(**report, status="failed", error=str(exc) or repr(exc),
                                   error_type=type(exc).__name__,
                                   retryable=getattr(exc, "retryable", True))
+        if self.cancels.get(state.workflow) is cancel:
+            del self.cancels[state.workflow]
         env = Envelope(record=outcome, key=state.workflow, source=SOURCE,
                        subject=state.workflow, correlation=state.workflow,
                        id=f"{state.workflow}:outcome:{state.step_index}:{state.attempt}")
@@ -184,5 +194,6 @@ class WorkflowRuntime:
                 if task is not None:
                     task.cancel()
                 self._held.pop(workflow, None)
+                self.cancels.pop(workflow, None)
 
 
