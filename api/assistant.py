@@ -37,11 +37,12 @@ from api.assistant_models import (
 from api.assistant_views import AssistantConversationView, AssistantViews, display_stream
 from api.commands import EDGE_SOURCE, submit
 from api.deps import VIEW_WAIT_S, PrincipalDep, ProducerDep, SealerDep, SettingsDep, TailDep
-from api.models import CursorTooOldOut
+from api.models import CancelRequested, CursorTooOldOut
 from api.stream import resume_cursor
 from api.views import CursorTooOld
 from consumers.assistant.sequencer import turn_conversation
 from schemas.assistant import AssistantChat, ChatOptions, DatasetRecorded, DatasetRef
+from schemas.workflow import WorkflowCommandReceived
 from streams.envelope import Envelope, new_id
 from streams.producer import ProduceError
 from streams.sealing import KeyErased, Sealer
@@ -341,3 +342,26 @@ async def get_turn(turn: str, view: OwnedDep, views: AssistantDep, sealer: Seale
     return AssistantTurnOut(turn=turn, conversation_id=conversation, state=tv.state,  # type: ignore[arg-type]
                             text=text, cards=cards or [], end_reason=tv.end_reason,
                             reason=tv.reason, cost_usd=cost)
+
+
+@router.post("/conversations/{conversation}/turns/{turn}/cancel", status_code=202,
+             responses=NOT_FOUND)
+async def cancel_turn(turn: str, view: OwnedDep, views: AssistantDep, settings: SettingsDep,
+                      producer: ProducerDep, tail: TailDep, principal: PrincipalDep
+                      ) -> CancelRequested:
+    """Ask a running turn to stop (before its next model call, or while a tool runs); it then
+    ends ``Cancelled``. A turn that already ended records nothing and answers its state."""
+    conversation = view.conversation
+    if turn_conversation(turn) != conversation:
+        raise HTTPException(404, f"no turn {turn!r} in {conversation!r}")
+    await views.wait(conversation, lambda: turn in view.turns, VIEW_WAIT_S)
+    tv = view.turns.get(turn)
+    if tv is None:
+        raise HTTPException(404, f"no turn {turn!r} in {conversation!r}")
+    if tv.state != "Thinking":
+        return CancelRequested(turn=turn, state=tv.state)
+    ack = await submit(settings, producer, tail, principal, turn, WorkflowCommandReceived(
+        workflow=turn, command="cancel", command_id=new_id(), by=principal.sub))
+    if ack.outcome == "rejected":
+        raise HTTPException(409, f"turn {turn!r} cannot be cancelled: {ack.detail}")
+    return CancelRequested(turn=turn, state="Thinking")

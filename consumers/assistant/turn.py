@@ -21,6 +21,7 @@ from consumers.assistant.settings import AssistantSettings
 from consumers.assistant.sqlbox import SqlBox
 from consumers.assistant.tools import DatasetTools, TurnDatasets
 from consumers.engine import (
+    CancelToken,
     DisplayChunk,
     DisplayEvent,
     Effect,
@@ -98,7 +99,8 @@ async def run_assistant_turn(settings: AssistantSettings, *, conversation: str, 
                              options: dict[str, Any], refs: list[DatasetRef],
                              history: list[dict[str, Any]], patterns: list[Pattern],
                              source: DatasetSource, box: SqlBox, client: Any,
-                             sink: EffectSink) -> tuple[TurnResult, list[Pattern]]:
+                             sink: EffectSink, cancel: CancelToken | None = None
+                             ) -> tuple[TurnResult, list[Pattern]]:
     """One turn of the assistant over opened content; returns the result and the patterns it
     was given as suggested context."""
     suggestions = ([] if options.get("data_isolation")
@@ -112,5 +114,5 @@ async def run_assistant_turn(settings: AssistantSettings, *, conversation: str, 
         state_provider=lambda view: state_text(request, options, suggestions, view),
         model_override=options.get("model_override"), attempt=attempt,
         skip_history=bool(options.get("skip_history")))
-    result = await run_turn(assistant_spec(settings, tools), turn_input, client, sink)
+    result = await run_turn(assistant_spec(settings, tools), turn_input, client, sink, cancel)
     return result, suggestions

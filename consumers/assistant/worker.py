@@ -163,7 +163,7 @@ class Assistant:
             attempt=ctx.attempt, request=request, options=inp.get("options") or {},
             refs=[DatasetRef.model_validate(r) for r in inp.get("datasets") or []],
             history=history, patterns=patterns, source=self.datasets, box=self.box,
-            client=self.client(), sink=sink)
+            client=self.client(), sink=sink, cancel=ctx.cancel)
         outcome = OUTCOMES[result.end_reason]
         reason = "; ".join(f"{e.kind}: {e.message}" for e in result.errors) or None
         await submit(AssistantTurnEnded(conversation=conversation, turn=turn, state=outcome,

@@ -75,3 +75,35 @@ def test_a_running_turn_is_cancelled(settings: VoiceSettings, start_worker, star
              for m in read_all(settings, topic_name(settings, WORKFLOWS))
              if m.key() == turn.encode()]
     assert sum(isinstance(r, WorkflowCommandReceived) for r in after) == 1
+
+
+def test_a_running_assistant_turn_is_cancelled(settings: VoiceSettings, start_worker,
+                                               start_edge, tmp_path) -> None:  # noqa: ANN001
+    from tests.integration.test_assistant_chat import BASE, MAP_ASK, chat, turn_done, upload
+
+    port = free_port()
+    slow = subprocess.Popen([sys.executable, "-m", "deploy.cli", "simulator", "--port", str(port)],
+                            env={**os.environ, "VOICE_SIMULATOR_LATENCY_MS": "2500"},
+                            stdout=open(tmp_path / "sim.log", "ab"), stderr=subprocess.STDOUT)
+    try:
+        wait_http_ready(f"http://127.0.0.1:{port}/health", proc=slow)
+        start_worker(ANTHROPIC_BASE_URL=f"http://127.0.0.1:{port}")
+        url = start_edge()
+        dataset = upload(url, settings).json()["dataset_id"]
+        r = chat(url, settings, {"message": MAP_ASK, "data_refs": [dataset]})
+        assert r.status_code == 202, r.text
+        conversation, turn = r.json()["conversation_id"], r.json()["turn"]
+        wait_for(lambda: any(type(e.record).__name__ == "StepStarted"
+                             for e in log_of(settings, WORKFLOWS, turn)), what="the step")
+        cancelled = httpx.post(f"{url}{BASE}/conversations/{conversation}/turns/{turn}/cancel",
+                               headers=auth(settings), timeout=10)
+        assert cancelled.status_code == 202, cancelled.text
+        done = wait_for(lambda: turn_done(url, settings, conversation, turn), timeout=40,
+                        what="the cancelled turn to end")
+    finally:
+        stop(slow)
+    assert done["state"] == "Cancelled" and done["end_reason"] == "cancelled"
+    calls = [m for m in read_all(settings, topic_name(settings, AGENT))
+             if m.key() == turn.encode() and dict(m.headers())["ce_type"]
+             == b"voice.agent.model_call.v1"]
+    assert 1 <= len(calls) < 4  # the map flow needs 4 model calls; it stopped before them
