@@ -113,6 +113,7 @@ async def run_assistant_turn(settings: AssistantSettings, *, conversation: str, 
         conversation_id=conversation, principal=owner, dataset_ids=datasets.ids,
         state_provider=lambda view: state_text(request, options, suggestions, view),
         model_override=options.get("model_override"), attempt=attempt,
-        skip_history=bool(options.get("skip_history")))
+        skip_history=bool(options.get("skip_history")),
+        inference_params=dict(options.get("inference_params") or {}))
     result = await run_turn(assistant_spec(settings, tools), turn_input, client, sink, cancel)
     return result, suggestions

@@ -189,6 +189,7 @@ class _Turn:
                 response = await self.caller.call(
                     agent_name=spec.name, iteration=iteration, chain=self.chain, system=system,
                     messages=request, tools=tools, max_tokens=spec.max_output_tokens,
+                    sampling=self.ti.inference_params,
                     callbacks=StreamCallbacks(self.display.text, self._on_tool_start),
                     on_fallback=self._on_fallback)
             except ModelError as exc:

@@ -76,6 +76,11 @@ class ModelRequest:
     messages: list[dict[str, Any]]
     tools: list[dict[str, Any]]
     max_tokens: int
+    sampling: dict[str, float] = field(default_factory=dict)
+    """``temperature`` / ``top_p`` / ``top_k`` when the request overrides them."""
+
+
+SAMPLING_KEYS = ("temperature", "top_p", "top_k")
 
 
 @dataclass(frozen=True)
@@ -144,6 +149,7 @@ class AnthropicModel:
                                   "system": request.system, "messages": request.messages}
         if request.tools:
             kwargs["tools"] = request.tools
+        kwargs.update(request.sampling)
         if self._headers:
             kwargs["extra_headers"] = self._headers
         try:
@@ -320,6 +326,7 @@ class ModelCaller:
     async def call(self, *, agent_name: str, iteration: int, chain: Sequence[str],
                    system: list[dict[str, Any]], messages: list[dict[str, Any]],
                    tools: list[dict[str, Any]], max_tokens: int,
+                   sampling: dict[str, float] | None = None,
                    callbacks: StreamCallbacks = StreamCallbacks(),
                    on_fallback: Callable[[str, str, ModelError], Awaitable[None]] | None = None,
                    ) -> ModelResponse:
@@ -329,7 +336,9 @@ class ModelCaller:
         for index, model in enumerate(chain):
             key = self.keys.next("m")
             started = time.perf_counter()
-            request = ModelRequest(model, system, messages, tools, max_tokens)
+            request = ModelRequest(model, system, messages, tools, max_tokens,
+                                   {k: v for k, v in (sampling or {}).items()
+                                    if k in SAMPLING_KEYS})
             try:
                 response = await self.port.stream(request, callbacks)
             except ModelError as exc:

@@ -82,6 +82,8 @@ class TurnInput:
     """The conversation's stored summary, reused when it still covers the right prefix."""
     attempt: int = 1
     skip_history: bool = False
+    inference_params: dict[str, float] = field(default_factory=dict)
+    """Per-request sampling overrides (``temperature``, ``top_p``, ``top_k``) for every call."""
 
 
 @dataclass(frozen=True)

@@ -147,3 +147,16 @@ def test_static_prompt_has_identity_agent_marker_tools_and_state_note():
     assert static_system_prompt(s) == prompt
     explicit = AgentSpec("x", "Hi.\n[agent: compaction]", ToolRegistry(), "m")
     assert static_system_prompt(explicit).count("[agent:") == 1
+
+
+async def test_inference_params_reach_every_model_call() -> None:
+    """Per-request sampling (temperature, top_p, top_k) goes to each call; others are dropped."""
+    from consumers.engine import AgentSpec, RecordingSink, ToolRegistry, TurnInput, run_turn
+    from consumers.engine.testing import ScriptedModel
+
+    model = ScriptedModel([[{"type": "text", "text": "fine"}]])
+    spec = AgentSpec(name="t", identity="[agent: t]", tools=ToolRegistry(()), model="m")
+    await run_turn(spec, TurnInput(turn_id="t-1", user_message="hi",
+                                   inference_params={"temperature": 0.2, "top_p": 0.9,
+                                                     "seed": 7}), model, RecordingSink())
+    assert [r.sampling for r in model.requests] == [{"temperature": 0.2, "top_p": 0.9}]
