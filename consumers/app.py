@@ -168,7 +168,7 @@ class Worker:
         await self.turns.on_conversation_record(env)
 
     async def _on_workflow_record(self, env: Envelope, event: Any) -> None:
-        await self.runtime.handle(env, event.ack, event.message.tp)
+        await self.runtime.handle(env, event.ack, event.message.tp, event.message.offset)
 
     async def _concern_agent(self, conversation: str, turn: str, attempt: int,
                              history: list[dict[str, Any]], cancel: Any) -> ConcernReply:

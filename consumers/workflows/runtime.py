@@ -52,8 +52,8 @@ class WorkflowRuntime:
         self.defs: dict[str, WorkflowDef] = {}
         self.tasks: dict[str, asyncio.Task[None]] = {}
         self._locks: dict[str, asyncio.Lock] = {}
-        self._held: dict[str, tuple[Callable[[], Any], Any]] = {}
-        """workflow → (ack of the record holding its lease, that record's topic-partition)"""
+        self._held: dict[str, tuple[Callable[[], Any], Any, int | None]] = {}
+        """workflow → (ack of the record holding its lease, its topic-partition, its offset)"""
         self._slots = asyncio.Semaphore(settings.worker_concurrency)
         self.cancels: dict[str, CancelToken] = {}
         """The cancel token of each step running here."""
@@ -65,7 +65,8 @@ class WorkflowRuntime:
     def _lock(self, workflow: str) -> asyncio.Lock:
         return self._locks.setdefault(workflow, asyncio.Lock())
 
-    async def handle(self, env: Envelope, ack: Callable[[], Any], tp: Any = None) -> None:
+    async def handle(self, env: Envelope, ack: Callable[[], Any], tp: Any = None,
+                     offset: int | None = None) -> None:
         """Apply one voice.workflows record; ``ack`` is called now or when the step ends."""
         rec = env.record
         workflow = getattr(rec, "workflow", env.key)
@@ -89,13 +90,15 @@ class WorkflowRuntime:
                 if t is not None:
                     self.tasks.pop(workflow, None)
             if t is None and workflow in self.tasks:
-                if workflow in self._held:
-                    # Redelivered after a rebalance that kept the partition here: the step
-                    # still runs, so this delivery now holds the lease.
-                    self._held[workflow][0]()
-                    self._held[workflow] = (ack, tp)
+                held = self._held.get(workflow)
+                if held is not None and offset is not None and (held[1], held[2]) == (tp, offset):
+                    # The held record itself, redelivered after a rebalance that kept the
+                    # partition here: the step still runs, and this delivery now holds the
+                    # lease. The old delivery is never acknowledged: Faust would take its
+                    # offset as done and commit past the lease.
+                    self._held[workflow] = (ack, tp, offset)
                 else:
-                    ack()
+                    ack()  # a later record of a running workflow: the held one keeps the lease
                 return
             if t is None and state is not None and state.status == "running":
                 # Running, yet no task here holds it: its worker died mid-step.
@@ -106,9 +109,9 @@ class WorkflowRuntime:
             await self._apply(t, env.correlation or workflow)
             if t.run_step:
                 previous = self._held.pop(workflow, None)
-                if previous is not None and previous[0] is not ack:
-                    previous[0]()
-                self._held[workflow] = (ack, tp)
+                if previous is not None and (previous[1], previous[2]) != (tp, offset):
+                    previous[0]()  # an earlier record: the lease moves to this one
+                self._held[workflow] = (ack, tp, offset)
                 self._spawn(t.state)
                 return
             held = self._held.pop(workflow, None)
@@ -188,7 +191,7 @@ class WorkflowRuntime:
 
     def keep_only(self, assigned: set[Any]) -> None:
         """After a rebalance: stop steps whose partition went elsewhere (its owner resumes them)."""
-        for workflow, (_ack, tp) in list(self._held.items()):
+        for workflow, (_ack, tp, _offset) in list(self._held.items()):
             if tp is not None and tp not in assigned:
                 task = self.tasks.pop(workflow, None)
                 if task is not None:

@@ -1,0 +1,66 @@
+"""The workflow runtime's lease: the record that started a step stays unacknowledged until the
+workflow stops running — including when that record is redelivered after a rebalance."""
+
+from __future__ import annotations
+
+import asyncio
+from typing import Any
+
+from consumers.workflows.engine import StepContext, StepDef, WorkflowDef
+from consumers.workflows.runtime import WorkflowRuntime
+from schemas.workflow import StepStarted, WorkflowStarted
+from streams.envelope import Envelope, decode
+from streams.settings import VoiceSettings
+
+
+class FakeProducer:
+    def __init__(self) -> None:
+        self.sent: list[Envelope] = []
+
+    def produce_raw(self, topic: str, key: bytes, value: bytes, headers: Any) -> Any:
+        self.sent.append(decode(key, value, headers))
+        fut = asyncio.get_running_loop().create_future()
+        fut.set_result(None)
+        return fut
+
+
+class Acks:
+    def __init__(self) -> None:
+        self.done: list[str] = []
+
+    def __call__(self, name: str) -> Any:
+        return lambda: self.done.append(name)
+
+
+async def test_a_redelivered_lease_record_is_never_acknowledged_twice() -> None:
+    release = asyncio.Event()
+
+    async def step(ctx: StepContext) -> dict[str, Any]:
+        await release.wait()
+        return {"ok": True}
+
+    producer = FakeProducer()
+    rt = WorkflowRuntime(VoiceSettings(), {}, lambda: producer)  # type: ignore[arg-type]
+    rt.register(WorkflowDef("k", (StepDef("s", step),)))
+    acks = Acks()
+    started = Envelope(record=WorkflowStarted(workflow="w1", kind="k"), key="w1",
+                       source="/t", seq=1)
+    await rt.handle(started, acks("first delivery"), "tp0", 5)
+    await asyncio.sleep(0)
+    assert "w1" in rt.tasks and acks.done == []
+    # A rebalance kept the partition here: the same record comes again while the step runs.
+    await rt.handle(started, acks("redelivery"), "tp0", 5)
+    assert acks.done == [], "acknowledging either delivery would commit past the lease"
+    # A later record of the running workflow is acknowledged; the lease stays where it was.
+    later = Envelope(record=StepStarted(workflow="w1", step="s", attempt=1), key="w1",
+                     source="/t", seq=2)
+    await rt.handle(later, acks("later"), "tp0", 6)
+    assert acks.done == ["later"]
+    release.set()
+    for _ in range(20):
+        await asyncio.sleep(0)
+    outcome = next(e for e in producer.sent if e.type == "voice.workflow.step_outcome.v1")
+    await rt.handle(outcome, acks("outcome"), "tp0", 9)
+    # The workflow ended: the lease (its latest delivery) and the outcome are acknowledged.
+    assert acks.done == ["later", "redelivery", "outcome"]
+    assert [e.type for e in producer.sent][-1] == "voice.workflow.completed.v1"
