@@ -132,7 +132,7 @@ def test_a_worker_killed_mid_turn_is_resumed_elsewhere_and_replies_once(
                  timeout=30, what="the step to start")
         first.send_signal(signal.SIGKILL)
         first.wait(10)
-        start_worker(ANTHROPIC_BASE_URL=f"http://127.0.0.1:{port}")
+        start_worker()  # on the session's simulator (no added latency): resumes promptly
         log = wait_for(lambda: replied_log(settings, cnv), timeout=90, what="the reply")
     finally:
         stop(slow)
