@@ -30,7 +30,7 @@ from consumers.sequencer import ConversationState, sequence
 from consumers.staff import Staff
 from consumers.turns import Turns
 from consumers.workflows.runtime import WorkflowRuntime
-from schemas.workflow import WorkflowCommandReceived
+from schemas.workflow import LeaseCheck, WorkflowCommandReceived
 from streams.envelope import Envelope, encode
 from streams.producer import RecordProducer
 from streams.sealing import sealer_for
@@ -84,6 +84,18 @@ class Worker:
         self.wire(COMMANDS, self._on_command)
         self.wire(CONVERSATIONS, self._on_conversation_record)
         self.wire(WORKFLOWS, self._on_workflow_record, manual_ack=True)
+
+        @self.app.timer(1.0)
+        async def _lease_check() -> None:
+            # Running workflows of our partitions with no local task (their worker died):
+            # probe each through the log, where the agent resumes it.
+            topic = topic_name(self.settings, WORKFLOWS)
+            active = {tp.partition for tp in self.app.assignor.assigned_actives()
+                      if tp.topic == topic}
+            for workflow in self.runtime.unheld(active, self.settings.topic_partitions):
+                await self._produce(WORKFLOWS, Envelope(
+                    record=LeaseCheck(workflow=workflow), key=workflow,
+                    source="/voice/worker", subject=workflow, correlation=workflow))
 
         @self.app.on_partitions_assigned.connect
         async def _assigned(app: Any, assigned: set[Any], **kw: Any) -> None:  # noqa: ARG001

@@ -103,3 +103,11 @@ class StepOutcome(Record):
     error_type: str | None = None
     retryable: bool = True
     waiting_for: str | None = None
+
+
+@record_type("voice.workflow.lease_check.v1")
+class LeaseCheck(Record):
+    """A probe the workflow's owner produces for a running workflow that no local task holds
+    (e.g. after it took the partition over): consuming it resumes the step."""
+
+    workflow: str

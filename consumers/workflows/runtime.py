@@ -16,8 +16,11 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import time
 from collections.abc import Callable
 from typing import Any
+
+from aiokafka.partitioner import murmur2
 
 from consumers.engine.cancel import CancelToken
 from consumers.workflows import engine
@@ -31,6 +34,15 @@ from streams.topics import WORKFLOWS, topic_name
 log = logging.getLogger(__name__)
 
 SOURCE = "/voice/workflow-engine"
+
+
+PROBE_EVERY_S = 5.0
+"""A running workflow with no task is probed at most this often."""
+
+
+def partition_of(key: str, partitions: int) -> int:
+    """The partition a key's records land in (murmur2, as every producer here partitions)."""
+    return (murmur2(key.encode()) & 0x7FFFFFFF) % partitions
 
 
 class StepError(Exception):
@@ -55,6 +67,7 @@ class WorkflowRuntime:
         self._held: dict[str, tuple[Callable[[], Any], Any, int | None]] = {}
         """workflow → (ack of the record holding its lease, its topic-partition, its offset)"""
         self._slots = asyncio.Semaphore(settings.worker_concurrency)
+        self._probed: dict[str, float] = {}
         self.cancels: dict[str, CancelToken] = {}
         """The cancel token of each step running here."""
         self.topic = topic_name(settings, WORKFLOWS)
@@ -188,6 +201,26 @@ class WorkflowRuntime:
             await self._send(env)
         except Exception:
             log.exception("reporting the outcome of %s failed", state.workflow)
+
+    def unheld(self, active_partitions: set[int], partitions: int) -> list[str]:
+        """Running workflows of this worker's partitions that no local task holds.
+
+        Kafka cannot be trusted to redeliver a step's record after a crash (Faust may commit
+        past an unacknowledged record), so the owner also looks at its table: each of these gets
+        a ``LeaseCheck`` record, and consuming it resumes the step (``worker_lost``).
+        """
+        now = time.monotonic()
+        out = []
+        for workflow, d in list(self.table.items()):
+            if not d or d.get("status") != "running" or workflow in self.tasks:
+                continue
+            if partition_of(workflow, partitions) not in active_partitions:
+                continue  # a standby copy: another worker owns it
+            if now - self._probed.get(workflow, 0.0) < PROBE_EVERY_S:
+                continue
+            self._probed[workflow] = now
+            out.append(workflow)
+        return out
 
     def keep_only(self, assigned: set[Any]) -> None:
         """After a rebalance: stop steps whose partition went elsewhere (its owner resumes them)."""

@@ -64,3 +64,18 @@ async def test_a_redelivered_lease_record_is_never_acknowledged_twice() -> None:
     # The workflow ended: the lease (its latest delivery) and the outcome are acknowledged.
     assert acks.done == ["later", "redelivery", "outcome"]
     assert [e.type for e in producer.sent][-1] == "voice.workflow.completed.v1"
+
+
+def test_unheld_running_workflows_of_our_partitions_are_probed_once_in_a_while() -> None:
+    from consumers.workflows.runtime import partition_of
+
+    table = {"w-run": {"status": "running"}, "w-done": {"status": "completed"},
+             "w-held": {"status": "running"}}
+    rt = WorkflowRuntime(VoiceSettings(), table, lambda: FakeProducer())  # type: ignore[arg-type]
+    rt.tasks["w-held"] = None  # type: ignore[assignment]  (a step runs here)
+    mine = {partition_of("w-run", 6)}
+    assert rt.unheld(mine, 6) == ["w-run"]
+    assert rt.unheld(mine, 6) == [], "not probed again at once"
+    others = set(range(6)) - mine
+    rt2 = WorkflowRuntime(VoiceSettings(), table, lambda: FakeProducer())  # type: ignore[arg-type]
+    assert "w-run" not in rt2.unheld(others, 6), "a standby copy of another's partition"
