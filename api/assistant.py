@@ -38,8 +38,7 @@ from api.assistant_views import AssistantConversationView, AssistantViews, displ
 from api.commands import EDGE_SOURCE, submit
 from api.deps import VIEW_WAIT_S, PrincipalDep, ProducerDep, SealerDep, SettingsDep, TailDep
 from api.models import CancelRequested, CursorTooOldOut
-from api.stream import resume_cursor
-from api.views import CursorTooOld
+from api.stream import resume_cursor, served_cursor
 from consumers.assistant.sequencer import turn_conversation
 from schemas.assistant import AssistantChat, ChatOptions, DatasetRecorded, DatasetRef
 from schemas.workflow import WorkflowCommandReceived
@@ -296,11 +295,7 @@ async def stream_cursor(
     last_event_id: Annotated[str | None, Header(alias="Last-Event-ID")] = None,
 ) -> int:
     """Where the stream starts; ``CursorTooOld`` (→ 409) when this edge cannot serve it."""
-    cursor = resume_cursor(after, last_event_id)
-    oldest = view.oldest_cursor()
-    if cursor < oldest:
-        raise CursorTooOld(view.conversation, cursor, oldest)
-    return cursor
+    return served_cursor(view, resume_cursor(after, last_event_id))
 
 
 @router.get("/conversations/{conversation}/stream", response_class=EventSourceResponse,

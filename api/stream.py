@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import asyncio
 from collections.abc import AsyncIterator
-from typing import Annotated
+from typing import Annotated, Any
 
 from fastapi import APIRouter, Depends, Header, Query
 from fastapi.exceptions import RequestValidationError
@@ -60,7 +60,12 @@ async def stream_cursor(
     last_event_id: Annotated[str | None, Header(alias="Last-Event-ID")] = None,
 ) -> int:
     """Where the stream starts; ``CursorTooOld`` (→ 409) when this edge cannot serve it."""
-    cursor = resume_cursor(after, last_event_id)
+    return served_cursor(view, resume_cursor(after, last_event_id))
+
+
+def served_cursor(view: Any, cursor: int) -> int:
+    """``cursor``, if ``view`` (a conversation's, for its SSE stream) still keeps every event
+    after it; else ``CursorTooOld`` with the oldest cursor it can serve (→ 409)."""
     oldest = view.oldest_cursor()
     if cursor < oldest:
         raise CursorTooOld(view.conversation, cursor, oldest)
