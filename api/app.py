@@ -16,8 +16,8 @@ from api.models import CursorTooOldOut
 from api.staff_views import StaffViews
 from api.tail import EdgeTail
 from api.views import ConversationViews, CursorTooOld
-from consumers.assistant.settings import assistant_settings
 from schemas.conversation import ConversationErased
+from streams.assistant_settings import assistant_settings
 from streams.envelope import Envelope
 from streams.producer import RecordProducer
 from streams.sealing import Sealer, sealer_for

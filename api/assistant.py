@@ -39,10 +39,10 @@ from api.commands import EDGE_SOURCE, submit
 from api.deps import VIEW_WAIT_S, PrincipalDep, ProducerDep, SealerDep, SettingsDep, TailDep
 from api.models import CancelRequested, CursorTooOldOut
 from api.stream import resume_cursor, served_cursor
-from consumers.assistant.sequencer import turn_conversation
 from schemas.assistant import AssistantChat, ChatOptions, DatasetRecorded, DatasetRef
 from schemas.workflow import WorkflowCommandReceived
 from streams.envelope import Envelope, new_id
+from streams.ids import turn_conversation
 from streams.producer import ProduceError
 from streams.sealing import KeyErased, Sealer
 from streams.topics import DATASETS, topic_name

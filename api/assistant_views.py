@@ -24,7 +24,6 @@ from fastapi.sse import ServerSentEvent
 
 from api.changes import Changes
 from api.views import CursorTooOld
-from consumers.assistant.settings import AssistantSettings
 from schemas.assistant import (
     AssistantConversationStarted,
     AssistantDisplayRecorded,
@@ -35,6 +34,7 @@ from schemas.assistant import (
     DisplayPayload,
 )
 from schemas.base import Sealed
+from streams.assistant_settings import AssistantSettings
 from streams.envelope import Envelope
 from streams.sealing import Sealer
 from streams.topics import ASSISTANT, DATASETS, TopicSpec

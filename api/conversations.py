@@ -38,11 +38,12 @@ from api.models import (
     MessageOut,
     TurnOut,
 )
-from api.views import ConversationView, ConversationViews, parse_turn
+from api.views import ConversationView, ConversationViews
 from schemas.conversation import EraseConversation, MessageRecorded, SendMessage, StartConversation
 from schemas.system import CommandAcknowledged
 from schemas.workflow import WorkflowCommandReceived
 from streams.envelope import new_id
+from streams.ids import parse_turn
 from streams.sealing import KeyErased, Sealer
 
 router = APIRouter(prefix="/me/conversations", tags=["conversations"])

@@ -19,7 +19,6 @@ records over with ``call_soon_threadsafe``).
 
 from __future__ import annotations
 
-import re
 from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -37,19 +36,9 @@ from schemas.conversation import (
     TurnStateChanged,
 )
 from streams.envelope import Envelope
+from streams.ids import parse_turn
 
 DEFAULT_KEPT = 10_000
-_TURN = re.compile(r"^(?P<conversation>.+):turn-(?P<seq>[1-9][0-9]{0,17})$")
-
-
-def turn_id(conversation: str, message_seq: int) -> str:
-    return f"{conversation}:turn-{message_seq}"
-
-
-def parse_turn(turn: str) -> tuple[str, int] | None:
-    """``(conversation, message seq)`` of a turn id, or None if it is not one."""
-    m = _TURN.match(turn)
-    return (m["conversation"], int(m["seq"])) if m else None
 
 
 class CursorTooOld(Exception):

@@ -28,6 +28,7 @@ from schemas.conversation import (
 )
 from schemas.system import CommandAcknowledged
 from streams.envelope import Envelope
+from streams.ids import turn_id
 from streams.topics import ACKS, CONVERSATIONS, TopicSpec
 
 SOURCE = "/voice/sequencer"
@@ -114,7 +115,7 @@ def sequence(
                                                    message_id=rec.message_id, text=rec.text,
                                                    at=at), now)]
         msg_seq = state.seq
-        turn = f"{rec.conversation}:turn-{msg_seq}"
+        turn = turn_id(rec.conversation, msg_seq)
         out.append(_append(state, cmd, TurnRequested(conversation=rec.conversation, turn=turn,
                                                      message_seq=msg_seq), now))
         out.append(_append(state, cmd, TurnStateChanged(conversation=rec.conversation,

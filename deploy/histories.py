@@ -13,6 +13,7 @@ from pathlib import Path
 from typing import Any
 
 from streams.envelope import Envelope, decode
+from streams.ids import turn_conversation
 from streams.reading import read_topic
 from streams.sealing import MemoryKeyStore, Sealer, sealer_for
 from streams.settings import VoiceSettings
@@ -30,7 +31,7 @@ def export_history(settings: VoiceSettings, workflow: str, path: Path) -> Path:
     for spec in (WORKFLOWS, AGENT):
         msgs = read_topic(settings, topic_name(settings, spec), key=workflow.encode())
         records[spec.name] = [_raw(m) for m in msgs]
-    conversation = workflow.split(":turn-")[0]
+    conversation = turn_conversation(workflow) or workflow
     store = sealer_for(settings)._store  # the same local store the stack seals with
     version = store.current_version(conversation)
     keys = {str(v): base64.b64encode(store.get(conversation, v)).decode()

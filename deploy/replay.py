@@ -10,6 +10,7 @@ from typing import Any
 
 from api.render import sse_event
 from streams.envelope import DecodeError, Envelope, decode
+from streams.ids import turn_conversation
 from streams.reading import read_topic
 from streams.sealing import KeyErased, Sealer, sealer_for
 from streams.settings import VoiceSettings
@@ -68,7 +69,7 @@ def replay_workflow(settings: VoiceSettings, workflow: str,
     for env in envs:
         payload = env.record.model_dump(mode="json")
         conversation = payload.get("conversation_id") or (
-            workflow.split(":turn-")[0] if ":turn-" in workflow else None)
+            turn_conversation(workflow))
         for field in ("data", "response", "arguments", "result"):
             sealed = payload.get(field)
             if conversation and isinstance(sealed, dict) and "ciphertext" in sealed:

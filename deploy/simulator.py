@@ -25,7 +25,10 @@ from __future__ import annotations
 import asyncio
 import hashlib
 import json
-from collections.abc import AsyncIterator
+import threading
+import time
+from collections.abc import AsyncIterator, Iterator
+from contextlib import contextmanager
 from typing import Any
 
 from fastapi import FastAPI, Request
@@ -313,3 +316,28 @@ def run_simulator(host: str = "127.0.0.1", port: int | None = None) -> None:
 if __name__ == "__main__":  # python -m deploy.simulator
     _s = SimulatorSettings()
     run_simulator(_s.host, _s.port)
+
+
+@contextmanager
+def serve_simulator(**settings: Any) -> Iterator[str]:
+    """The model simulator on a free port in a thread (for tests); yields its base URL."""
+    import uvicorn
+
+    from deploy.kafka_local import free_port
+
+    port = free_port()
+    app = create_simulator_app(SimulatorSettings(port=port, **settings))
+    server = uvicorn.Server(uvicorn.Config(app, host="127.0.0.1", port=port,
+                                           log_level="warning"))
+    thread = threading.Thread(target=server.run, daemon=True, name="voice-simulator")
+    thread.start()
+    deadline = time.monotonic() + 10
+    while not server.started:
+        if time.monotonic() > deadline or not thread.is_alive():
+            raise RuntimeError("the simulator did not start")
+        time.sleep(0.02)
+    try:
+        yield f"http://127.0.0.1:{port}"
+    finally:
+        server.should_exit = True
+        thread.join(5)

@@ -16,7 +16,6 @@ import csv
 import io
 import json
 import logging
-import re
 import threading
 import urllib.error
 import urllib.request
@@ -26,6 +25,7 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any, Literal
 from uuid import UUID
 
+from streams.readonly_sql import SqlRefused, check_read_only
 from streams.settings import VoiceSettings
 from telemetry.store import (
     ClickHouseStore,
@@ -39,29 +39,11 @@ from telemetry.store import (
 log = logging.getLogger(__name__)
 
 Format = Literal["table", "json", "csv"]
-ALLOWED = ("SELECT", "WITH", "SHOW", "DESCRIBE", "DESC", "EXPLAIN", "EXISTS")
 MAX_SQL_BYTES = 1 << 20
-_COMMENTS = re.compile(r"(--[^\n]*(\n|$))|(/\*.*?\*/)", re.S)
-
-
-class SqlRefused(ValueError):
-    """The statement is not a read (only SELECT, WITH, SHOW, DESCRIBE, EXPLAIN, EXISTS)."""
 
 
 class QueryFailed(RuntimeError):
     """The store refused or failed the query; the message is ClickHouse's."""
-
-
-def check_read_only(sql: str) -> str:
-    """The statement without surrounding blanks and a trailing ``;``, or ``SqlRefused``."""
-    stripped = _COMMENTS.sub(" ", sql).strip().rstrip(";").strip()
-    head = stripped.lstrip("( \t\r\n")
-    first = re.split(r"[\s(]", head, maxsplit=1)[0].upper() if head else ""
-    if first not in ALLOWED:
-        raise SqlRefused(
-            f"only read statements are allowed ({', '.join(ALLOWED)}); got {first or 'nothing'!r}"
-        )
-    return sql.strip().rstrip(";")
 
 
 def _jsonable(v: Any) -> Any:

@@ -10,8 +10,8 @@ import json
 from typing import Any
 
 from consumers.assistant.patterns import Pattern
-from consumers.assistant.settings import AssistantSettings
 from consumers.engine import AgentSpec, StateView, ToolRegistry
+from streams.assistant_settings import AssistantSettings
 
 AGENT_NAME = "assistant"
 IDENTITY = (

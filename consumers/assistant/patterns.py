@@ -12,8 +12,8 @@ import re
 from dataclasses import dataclass
 from typing import Any
 
-from consumers.assistant.settings import AssistantSettings
 from consumers.engine import AgentSpec, ToolRegistry
+from streams.assistant_settings import AssistantSettings
 
 EXTRACTOR = "compaction"
 EXTRACTOR_IDENTITY = (

@@ -29,6 +29,7 @@ from schemas.assistant import (
 from schemas.base import Record
 from schemas.system import CommandAcknowledged
 from streams.envelope import Envelope
+from streams.ids import turn_id
 from streams.topics import ACKS, ASSISTANT, TopicSpec
 
 SOURCE = "/voice/assistant-sequencer"
@@ -36,17 +37,6 @@ MAX_REMEMBERED = 512
 """Command ids and idempotency keys a conversation remembers for dedupe."""
 
 Output = tuple[TopicSpec, Envelope]
-
-
-def turn_id(conversation: str, seq: int) -> str:
-    """The id of the turn whose request got ``seq`` (also its workflow id)."""
-    return f"{conversation}:turn-{seq}"
-
-
-def turn_conversation(turn: str) -> str | None:
-    """The conversation of a turn id, or None when it is not one."""
-    conversation, sep, seq = turn.rpartition(":turn-")
-    return conversation if sep and conversation and seq.isdigit() else None
 
 
 @dataclass

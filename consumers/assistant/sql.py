@@ -13,51 +13,14 @@ import difflib
 import re
 from dataclasses import dataclass
 
+from streams.readonly_sql import SELECTS, check_read_only
+
 TABLE = "data"
 
 
-class SqlRefused(Exception):
-    """The SQL is not a single read-only query; the message says why."""
-
-
-_LEXEME = re.compile(r"""
-    (?P<comment>--[^\n]*|/\*.*?(?:\*/|$))
-  | (?P<string>'(?:[^'\\]|\\.|'')*(?:'|$))
-  | (?P<quoted>"(?:[^"\\]|\\.|"")*(?:"|$)|`(?:[^`\\]|\\.|``)*(?:`|$))
-""", re.S | re.X)
-
-
-def _masked(sql: str) -> str:
-    """``sql`` with comments blanked and literals/quoted names replaced by placeholders, so
-    keyword checks never look inside them."""
-    def sub(m: re.Match[str]) -> str:
-        if m.group("comment"):
-            return " "
-        return "'_'" if m.group("string") else '"_"'
-    return _LEXEME.sub(sub, sql)
-
-
 def check_sql(sql: str) -> str:
-    """The query to run (a trailing ``;`` removed), or ``SqlRefused``."""
-    text = sql.strip()
-    masked = _masked(text).strip()
-    if masked.endswith(";"):
-        masked = masked[:-1].rstrip()
-        text = text[:text.rstrip().rfind(";")].rstrip()
-    if not masked:
-        raise SqlRefused("the query is empty")
-    if ";" in masked:
-        raise SqlRefused("only one statement may run; remove the ';' between statements")
-    first = re.match(r"\(*\s*([A-Za-z]+)", masked)
-    keyword = first.group(1).upper() if first else masked[:20]
-    if keyword not in ("SELECT", "WITH"):
-        raise SqlRefused(f"only read-only SELECT or WITH queries run here; {keyword!r} is "
-                         "refused")
-    if re.search(r"\bINTO\s+OUTFILE\b", masked, re.I):
-        raise SqlRefused("INTO OUTFILE is refused: queries only read")
-    if re.search(r"\bFORMAT\s+[A-Za-z]\w*\s*$", masked, re.I):
-        raise SqlRefused("a FORMAT clause is not allowed; results come back as rows")
-    return text
+    """The model's query to run (a SELECT or WITH), or ``SqlRefused``."""
+    return check_read_only(sql, SELECTS)
 
 
 @dataclass(frozen=True)

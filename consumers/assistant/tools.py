@@ -18,7 +18,6 @@ from pydantic import BaseModel, Field
 
 from consumers.assistant.datasets import DatasetSource, DatasetUnavailable, LoadedDataset
 from consumers.assistant.sql import (
-    SqlRefused,
     check_sql,
     correction_for,
     nearest,
@@ -27,6 +26,7 @@ from consumers.assistant.sql import (
 from consumers.assistant.sqlbox import QueryResult, SandboxError, SandboxTimeout, SqlBox
 from consumers.engine import Card, Err, Hint, HintSignal, Ok, Tool, ToolContext, ToolRegistry
 from schemas.assistant import DatasetRef
+from streams.readonly_sql import SqlRefused
 
 SAMPLES = 5
 LAT_NAMES = ("lat", "latitude", "lat_dd", "lat_deg", "y")

@@ -17,7 +17,6 @@ from typing import Any
 from consumers.assistant.agent import assistant_spec, state_text, user_content
 from consumers.assistant.datasets import DatasetSource
 from consumers.assistant.patterns import Pattern, rank
-from consumers.assistant.settings import AssistantSettings
 from consumers.assistant.sqlbox import SqlBox
 from consumers.assistant.tools import DatasetTools, TurnDatasets
 from consumers.engine import (
@@ -39,6 +38,7 @@ from schemas.assistant import (
     TurnOutcome,
 )
 from schemas.base import Record
+from streams.assistant_settings import AssistantSettings
 from streams.sealing import Sealer
 
 Submit = Callable[[Record, str], Awaitable[None]]

@@ -27,7 +27,6 @@ from consumers.assistant.patterns import (
     provisional,
 )
 from consumers.assistant.sequencer import AssistantState, sequence
-from consumers.assistant.settings import assistant_settings
 from consumers.assistant.sqlbox import SqlBox
 from consumers.assistant.transcript import EXTRACT_KIND, TURN_KIND, Transcript
 from consumers.assistant.turn import OUTCOMES, ConversationSink, run_assistant_turn
@@ -45,6 +44,7 @@ from schemas.assistant import (
 )
 from schemas.base import Record
 from schemas.workflow import WorkflowStarted
+from streams.assistant_settings import assistant_settings
 from streams.envelope import Envelope, encode
 from streams.sealing import KeyErased
 from streams.settings import VoiceSettings

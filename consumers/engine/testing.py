@@ -1,19 +1,15 @@
 """Fakes for tests of code that runs turns (like Pydantic AI's ``FunctionModel``).
 
 ``ScriptedModel`` is a ``ModelPort`` that answers each call from a script and keeps every
-request it got; ``serve_simulator`` runs the bundled Messages API simulator on a free port in a
-thread, for tests that go through the real ``anthropic`` SDK. Never used in production paths.
+request it got (``deploy.simulator.serve_simulator`` runs the bundled simulator for tests that go
+through the real ``anthropic`` SDK). Never used in production paths.
 """
 
 from __future__ import annotations
 
 import copy
 import json
-import socket
-import threading
-import time
-from collections.abc import Callable, Iterator, Sequence
-from contextlib import contextmanager
+from collections.abc import Callable, Sequence
 from typing import Any
 
 from consumers.engine.model import ModelError, ModelRequest, ModelResponse, StreamCallbacks
@@ -84,36 +80,3 @@ class ScriptedModel:
             elif block.get("type") == "tool_use" and callbacks.on_tool_start is not None:
                 await callbacks.on_tool_start(block["name"])
         return response
-
-
-def free_port() -> int:
-    s = socket.socket()
-    s.bind(("127.0.0.1", 0))
-    port = s.getsockname()[1]
-    s.close()
-    return port
-
-
-@contextmanager
-def serve_simulator(**settings: Any) -> Iterator[str]:
-    """The model simulator on a free port in a thread; yields its base URL."""
-    import uvicorn
-
-    from deploy.simulator import SimulatorSettings, create_simulator_app
-
-    port = free_port()
-    app = create_simulator_app(SimulatorSettings(port=port, **settings))
-    server = uvicorn.Server(uvicorn.Config(app, host="127.0.0.1", port=port,
-                                           log_level="warning"))
-    thread = threading.Thread(target=server.run, daemon=True, name="voice-simulator")
-    thread.start()
-    deadline = time.monotonic() + 10
-    while not server.started:
-        if time.monotonic() > deadline or not thread.is_alive():
-            raise RuntimeError("the simulator did not start")
-        time.sleep(0.02)
-    try:
-        yield f"http://127.0.0.1:{port}"
-    finally:
-        server.should_exit = True
-        thread.join(5)

@@ -13,7 +13,7 @@ from api import assistant
 from api.assistant_models import ChatRequest, CsvRejected, check_csv
 from api.assistant_views import AssistantViews
 from api.auth import mint_token
-from consumers.assistant.settings import AssistantSettings
+from streams.assistant_settings import AssistantSettings
 from streams.sealing import MemoryKeyStore, Sealer
 
 CSV = (Path(__file__).resolve().parents[1] / "fixtures" / "assistant_facilities.csv").read_bytes()

@@ -6,7 +6,7 @@ from __future__ import annotations
 import uuid
 from datetime import UTC, datetime
 
-from consumers.assistant.sequencer import AssistantState, sequence, turn_conversation, turn_id
+from consumers.assistant.sequencer import AssistantState, sequence
 from schemas.assistant import (
     AppendDisplay,
     AssistantChat,
@@ -19,6 +19,7 @@ from schemas.assistant import (
 from schemas.base import Sealed
 from schemas.system import CommandAcknowledged
 from streams.envelope import Envelope
+from streams.ids import turn_conversation, turn_id
 from streams.topics import ACKS, ASSISTANT
 
 CONV = str(uuid.UUID(int=1))

@@ -14,12 +14,12 @@ import pytest
 from consumers.assistant.agent import history_messages, state_text, user_content
 from consumers.assistant.datasets import MemoryDatasets, from_csv
 from consumers.assistant.patterns import Pattern, keywords, provisional, rank, tools_used
-from consumers.assistant.settings import AssistantSettings
 from consumers.assistant.sqlbox import SqlBox
 from consumers.assistant.transcript import EXTRACT_KIND, TURN_KIND, Transcript
 from consumers.assistant.turn import ConversationSink, run_assistant_turn
 from consumers.engine import RecordingSink
-from consumers.engine.testing import ScriptedModel, serve_simulator, text
+from consumers.engine.testing import ScriptedModel, text
+from deploy.simulator import serve_simulator
 from schemas.assistant import (
     AppendDisplay,
     AssistantReplyRecorded,
@@ -28,6 +28,7 @@ from schemas.assistant import (
     DatasetRef,
 )
 from schemas.base import Record
+from streams.assistant_settings import AssistantSettings
 from streams.envelope import Envelope
 from streams.sealing import MemoryKeyStore, Sealer
 

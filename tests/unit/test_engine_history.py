@@ -28,7 +28,8 @@ from consumers.engine.history import (
     estimate_tokens,
     transcript,
 )
-from consumers.engine.testing import ScriptedModel, serve_simulator, text, tool_use
+from consumers.engine.testing import ScriptedModel, text, tool_use
+from deploy.simulator import serve_simulator
 
 
 @pytest.fixture(scope="module")

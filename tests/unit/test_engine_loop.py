@@ -31,7 +31,8 @@ from consumers.engine import (
     TurnInput,
     run_turn,
 )
-from consumers.engine.testing import ScriptedModel, serve_simulator, text, tool_use
+from consumers.engine.testing import ScriptedModel, text, tool_use
+from deploy.simulator import serve_simulator
 
 DATASET = "3fa85f64"
 FACILITIES = [

@@ -18,8 +18,8 @@ from consumers.engine import (
     run_turn,
 )
 from consumers.engine.model import Price, cost_usd, price_for, static_system_prompt
-from consumers.engine.testing import serve_simulator
 from consumers.engine.types import Usage
+from deploy.simulator import serve_simulator
 
 
 @pytest.fixture(scope="module")

@@ -25,7 +25,8 @@ from consumers.engine import (
     run_turn,
 )
 from consumers.engine.replay import compare_effects
-from consumers.engine.testing import ScriptedModel, serve_simulator, text, tool_use
+from consumers.engine.testing import ScriptedModel, text, tool_use
+from deploy.simulator import serve_simulator
 from streams.envelope import decode, encode
 from streams.sealing import MemoryKeyStore, Sealer
 from streams.settings import VoiceSettings

@@ -10,13 +10,13 @@ import anthropic
 import pytest
 
 from consumers.engine import RecordingSink
-from consumers.engine.testing import serve_simulator
 from consumers.staff.delivery import Delivery
 from consumers.staff.research import Research, parse_suggestions
 from consumers.staff.review import Review, agent_flags, outcome
 from consumers.staff.steps import Agents, StepDelays, fenced_json
 from consumers.workflows.engine import Pause, StepContext
 from consumers.workflows.runtime import StepError
+from deploy.simulator import serve_simulator
 from schemas.base import Sealed
 from schemas.staff import DeliverNotification, SuggestInvestigation
 from streams.envelope import Envelope

@@ -6,7 +6,7 @@ import asyncio
 
 import pytest
 
-from api.views import ConversationViews, CursorTooOld, parse_turn, turn_id
+from api.views import ConversationViews, CursorTooOld
 from schemas.base import Sealed
 from schemas.conversation import (
     ConversationErased,
@@ -18,6 +18,7 @@ from schemas.conversation import (
     TurnStateChanged,
 )
 from streams.envelope import Envelope
+from streams.ids import parse_turn, turn_id
 
 CNV = "cnv-00112233aabbccdd"
 SEALED = Sealed(key_version=1, nonce="bm9uY2U=", ciphertext="Y2lwaGVy")

@@ -1,4 +1,5 @@
-"""Settings of the assistant chat (``VOICE_*``), read by the edge and the worker alike.
+"""Settings of the assistant chat (``VOICE_*``), read by the edge and the worker alike (so they
+live here, beside ``streams.settings``, on neither side of the wall).
 
 ``AssistantSettings`` extends ``VoiceSettings`` so one object carries both; build it with
 ``assistant_settings(settings)`` in a factory or lifespan, never at import.

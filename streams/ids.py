@@ -1,0 +1,28 @@
+"""Ids that more than one side of Voice builds or reads: the one turn-id format.
+
+A turn of a conversation (participant or assistant) is ``{conversation}:turn-{seq}``, where
+``seq`` is the seq of the record that requested it; the turn id is also its workflow's id.
+"""
+
+from __future__ import annotations
+
+import re
+
+_TURN = re.compile(r"^(?P<conversation>.+):turn-(?P<seq>[1-9][0-9]{0,17})$")
+
+
+def turn_id(conversation: str, seq: int) -> str:
+    """The id of the turn requested by the record with ``seq`` (also its workflow id)."""
+    return f"{conversation}:turn-{seq}"
+
+
+def parse_turn(turn: str) -> tuple[str, int] | None:
+    """``(conversation, seq)`` of a turn id, or None when it is not one."""
+    m = _TURN.match(turn)
+    return (m["conversation"], int(m["seq"])) if m else None
+
+
+def turn_conversation(turn: str) -> str | None:
+    """The conversation of a turn id, or None when it is not one."""
+    parsed = parse_turn(turn)
+    return parsed[0] if parsed else None
