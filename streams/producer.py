@@ -1,7 +1,8 @@
 """The one Kafka producer setup every Voice process uses (edge, workers, CLI, benchmarks).
 
 ``PRODUCER_CONFIG`` is what the stack produces with; the benchmark baseline uses it too, so a
-ratio against it measures Voice, not a differently tuned client.
+ratio against it measures Voice, not a differently tuned client. ``Publisher`` is the one produce
+helper: records by topic spec (the settings' prefix applied), one, or many in order.
 """
 
 from __future__ import annotations
@@ -9,12 +10,13 @@ from __future__ import annotations
 import asyncio
 import logging
 import threading
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 
 from confluent_kafka import KafkaError, Message, Producer
 
 from streams.envelope import Envelope, Headers, encode
 from streams.settings import VoiceSettings
+from streams.topics import TopicSpec, topic_name
 
 log = logging.getLogger(__name__)
 
@@ -108,6 +110,37 @@ class RecordProducer:
         # Drop the client now: librdkafka's threads live until the handle is destroyed and
         # would keep reconnecting to a broker that may be gone.
         del self._producer
+
+
+class Publisher:
+    """Produces envelopes to registered topics: the one produce helper of every process.
+
+    ``producer`` is a callable so a worker can create its producer lazily inside its own
+    event loop; pass ``lambda: p`` for one that exists already.
+    """
+
+    def __init__(self, settings: VoiceSettings, producer: Callable[[], RecordProducer]) -> None:
+        self.settings = settings
+        self._producer = producer
+
+    @property
+    def producer(self) -> RecordProducer:
+        return self._producer()
+
+    def produce(self, spec: TopicSpec, env: Envelope) -> asyncio.Future[Message]:
+        """Produce now; the returned future resolves on the broker's ack."""
+        key, value, headers = encode(env)
+        return self._producer().produce_raw(topic_name(self.settings, spec), key, value, headers)
+
+    async def send(self, spec: TopicSpec, env: Envelope) -> Message:
+        """Produce one record and wait for the broker's ack."""
+        return await self.produce(spec, env)
+
+    async def send_all(self, items: Sequence[tuple[TopicSpec, Envelope]]) -> None:
+        """Produce in order (one partition per key keeps it), then wait for every ack."""
+        futures = [self.produce(spec, env) for spec, env in items]
+        for fut in futures:
+            await fut
 
 
 def _set_result(fut: asyncio.Future[Message], msg: Message) -> None:
