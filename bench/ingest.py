@@ -350,6 +350,7 @@ def long_conversation(ctx: Context) -> LongConversation:
     if ctx.run_id in _LONG:
         return _LONG[ctx.run_id]
     from consumers.sequencer import sequence
+
     from schemas.conversation import (
         ProposalRecorded,
         ReplyRecorded,

@@ -1,6 +1,9 @@
-"""Voice's Kafka consumers (Faust agents): the conversation sequencer, the turn worker, the
-workflow engine's step runner. Each reads records through ``consumers.intake``, which sends any
-record it cannot decode to ``<topic>.dlq`` and goes on.
+"""Voice's worker (Faust agents): one frame (``consumers.frame``: the single writer of every
+aggregate, the worker context) and the products registered on it — ``conversations``,
+``assistant``, ``staff`` — over the agent engine (``consumers.engine``, the one owner of the
+model client) and the workflow runtime (``consumers.workflows``). Every consumer reads records
+through ``consumers.intake``, which sends any record it cannot decode to ``<topic>.dlq`` and
+goes on.
 
-Public names: ``create_worker_app``, ``sequence``, ``ConversationState``.
+Public names: ``consumers.app.create_worker``, ``run_worker``, ``declare_changelogs``.
 """

@@ -1,7 +1,8 @@
 """Decode a raw Kafka record or dead-letter it: the one place consumers turn bytes into records.
 
-A consumer never dies of one record: anything ``decode`` refuses goes to ``<topic>.dlq`` with
-the reason and its origin (``topic[partition]@offset``) in headers, and the caller moves on.
+A consumer never dies of one record: anything ``decode`` refuses — or a decoded record its
+consumer cannot handle (``dead_letter``) — goes to ``<topic>.dlq`` with the reason and its
+origin (``topic[partition]@offset``) in headers, and the caller moves on.
 """
 
 from __future__ import annotations
@@ -9,7 +10,7 @@ from __future__ import annotations
 import logging
 from collections.abc import Sequence
 
-from streams.envelope import DecodeError, Envelope, decode
+from streams.envelope import DecodeError, Envelope, decode, encode
 from streams.producer import RecordProducer, dlq_headers
 from streams.topics import dlq_name
 
@@ -35,6 +36,16 @@ async def decode_or_dead_letter(
         dlq_name(topic), key, value, dlq_headers(headers, reason, topic, partition, offset)
     )
     return None
+
+
+async def dead_letter(producer: RecordProducer, topic: str, env: Envelope, reason: str,
+                      partition: int | None = None, offset: int | None = None) -> None:
+    """Produce a decoded record that could not be handled to ``<topic>.dlq`` (and await it)."""
+    log.warning("dead-lettering %s[%s]@%s (%s): %s", topic, partition, offset, env.id, reason)
+    key, value, headers = encode(env)
+    await producer.produce_raw(
+        dlq_name(topic), key, value, dlq_headers(headers, reason, topic, partition, offset)
+    )
 
 
 def decode_or_none(key: bytes | None, value: bytes | None,

@@ -105,9 +105,9 @@ async def rerun_workflow(settings: VoiceSettings, workflow: str,
 async def rerun_turn(settings: VoiceSettings, workflow: str, lifecycle: list[Envelope],
                      agent: list[Envelope], sealer: Sealer) -> list[str]:
     """Re-run one conversation turn from its lifecycle and agent records (log or history)."""
-    from consumers.agents.concern import MemoryIssueCatalog, concern_spec
+    from consumers.conversations.concern import MemoryIssueCatalog, concern_spec
+    from consumers.conversations.turns import KIND, open_transcript
     from consumers.engine import TurnInput, effects_from_envelopes, rerun
-    from consumers.turns import KIND, open_transcript
     from schemas.workflow import StepSucceeded, WorkflowStarted
 
     started = next((e.record for e in lifecycle if isinstance(e.record, WorkflowStarted)), None)

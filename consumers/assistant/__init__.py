@@ -1,7 +1,7 @@
 """The assistant chat on the worker: datasets, the SQL sandbox, the assistant agent and its
 tools, the conversation sequencer, and the turn and extraction workflows (on the engine).
 
-Public names: ``Assistant`` (``Assistant(worker, settings).register()``). Its settings live in
+Public names: ``Assistant`` (``Assistant().register(ctx)``). Its settings live in
 ``streams.assistant_settings``, which the edge reads too.
 """
 

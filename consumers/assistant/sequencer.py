@@ -1,10 +1,11 @@
-"""The assistant conversation's sequencer: the single writer of its log (``voice.assistant``).
+"""The assistant conversation's sequencer: the aggregate whose single writer appends its log
+(``voice.assistant``).
 
-``sequence`` is pure: given the conversation's state and one command, it returns the new state
-and the records to produce. It gives every record the next ``voice_seq`` and every display event
-the next ``display_seq`` (the SSE ``id:``), both dense. It never calls a model and never opens
-sealed content. Deterministic, so a command replayed after a crash (outputs produced, state not
-yet written) yields the same records with the same seqs, which readers dedupe.
+``AssistantSequencer.decide`` is pure: given the conversation's state and one command, it
+returns the records to append and the answer (``consumers.frame`` does the rest). Every record
+gets the next ``voice_seq`` and every display event the next ``display_seq`` (the SSE ``id:``),
+both dense. It never calls a model and never opens sealed content. Deterministic, so a command
+replayed after a crash yields the same records with the same seqs, which readers dedupe.
 
 Only the edge's ``AssistantChat`` is acknowledged (the edge waits for it); the turn's own
 commands (display events, reply, end, patterns) are not: nobody waits on them.
@@ -16,7 +17,9 @@ import copy
 from dataclasses import dataclass, field
 from typing import Any
 
+from consumers.frame import Ack, Aggregate, Decision, append, remember
 from schemas.assistant import (
+    ASSISTANT_COMMANDS,
     AppendDisplay,
     AssistantChat,
     AssistantConversationStarted,
@@ -27,16 +30,11 @@ from schemas.assistant import (
     AssistantTurnRequested,
 )
 from schemas.base import Record
-from schemas.system import CommandAcknowledged
 from streams.envelope import Envelope
 from streams.ids import turn_id
-from streams.topics import ACKS, ASSISTANT, TopicSpec
+from streams.topics import ASSISTANT
 
 SOURCE = "/voice/assistant-sequencer"
-MAX_REMEMBERED = 512
-"""Command ids and idempotency keys a conversation remembers for dedupe."""
-
-Output = tuple[TopicSpec, Envelope]
 
 
 @dataclass
@@ -59,90 +57,72 @@ class AssistantState:
                               "display_seq": self.display_seq, "running": self.running,
                               "commands": self.commands})
 
-    def remember(self, key: str, detail: dict[str, Any]) -> None:
-        self.commands[key] = detail
-        while len(self.commands) > MAX_REMEMBERED:
-            self.commands.pop(next(iter(self.commands)))
 
+class AssistantSequencer(Aggregate[AssistantState]):
+    """Assistant conversations: chats (one turn at a time), display events, turn results."""
 
-def _ack(cmd: Envelope, outcome: str, seq: int | None, **detail: Any) -> Output:
-    rec = CommandAcknowledged(command_id=cmd.id, aggregate=cmd.key, outcome=outcome,  # type: ignore[arg-type]
-                              seq=seq, detail=detail)
-    return ACKS, Envelope(record=rec, key=cmd.id, source=SOURCE, subject=cmd.key,
-                          tenant=cmd.tenant, correlation=cmd.correlation, causation=cmd.id,
-                          id=f"{cmd.id}-ack")
+    name = "assistant_conversations"
+    log = ASSISTANT
+    source = SOURCE
+    commands = ASSISTANT_COMMANDS
 
+    def load(self, raw: dict[str, Any] | None) -> AssistantState | None:
+        return AssistantState.from_dict(raw)
 
-def _append(state: AssistantState, cmd: Envelope, record: Record) -> Output:
-    state.seq += 1
-    return ASSISTANT, Envelope(
-        record=record, key=cmd.key, source=SOURCE, subject=cmd.key, seq=state.seq,
-        tenant=cmd.tenant, correlation=cmd.correlation or cmd.id, causation=cmd.id,
-        id=f"{cmd.id}-{state.seq}", time=cmd.time)
+    def acknowledges(self, cmd: Envelope) -> bool:
+        return isinstance(cmd.record, AssistantChat)
 
-
-def sequence(state: AssistantState | None, cmd: Envelope
-             ) -> tuple[AssistantState | None, list[Output]]:
-    """Apply one command to a conversation; returns (new state, records to produce in order).
-
-    The given state is not modified. Times come from the command, so a replay is identical.
-    """
-    state = copy.deepcopy(state)
-    rec = cmd.record
-    if state is not None and cmd.id in state.commands:  # redelivered command
+    def decide(self, state: AssistantState | None, cmd: Envelope) -> Decision[AssistantState]:
+        """Apply one command; times come from the command, so a replay is identical."""
+        rec = cmd.record
         if isinstance(rec, AssistantChat):
-            return state, [_ack(cmd, "duplicate", **state.commands[cmd.id])]
-        return state, []
-    if isinstance(rec, AssistantChat):
-        return _chat(state, cmd, rec)
-    if state is None:  # a turn's output for a conversation this sequencer never opened
-        return None, []
-    if isinstance(rec, AppendDisplay):
-        state.display_seq += 1
-        out = [_append(state, cmd, AssistantDisplayRecorded(
-            conversation=rec.conversation, turn=rec.turn, display_seq=state.display_seq,
-            event=rec.event))]
-    elif isinstance(rec, (AssistantReplyRecorded, AssistantPatternRecorded)):
-        out = [_append(state, cmd, rec)]
-    elif isinstance(rec, AssistantTurnEnded):
-        out = [_append(state, cmd, rec)]
-        if state.running == rec.turn:
-            state.running = None
-    else:
-        return state, []
-    state.remember(cmd.id, {})
-    return state, out
+            return _chat(state, cmd, rec)
+        if state is None:  # a turn's output for a conversation this sequencer never opened
+            return Decision(None)
+        records: tuple[Record, ...]
+        if isinstance(rec, AppendDisplay):
+            state.display_seq += 1
+            records = append(state, AssistantDisplayRecorded(
+                conversation=rec.conversation, turn=rec.turn, display_seq=state.display_seq,
+                event=rec.event))
+        elif isinstance(rec, (AssistantReplyRecorded, AssistantPatternRecorded)):
+            records = append(state, rec)
+        elif isinstance(rec, AssistantTurnEnded):
+            records = append(state, rec)
+            if state.running == rec.turn:
+                state.running = None
+        else:
+            return Decision(state)
+        return Decision(state, records)
 
 
 def _chat(state: AssistantState | None, cmd: Envelope, rec: AssistantChat
-          ) -> tuple[AssistantState | None, list[Output]]:
-    out: list[Output] = []
+          ) -> Decision[AssistantState]:
+    started: tuple[Record, ...] = ()
     if state is None:
         if not rec.create:
-            return None, [_ack(cmd, "rejected", None, reason="no such conversation")]
+            return Decision(None, ack=Ack.rejected("no such conversation"))
         state = AssistantState(owner=rec.owner)
-        out.append(_append(state, cmd, AssistantConversationStarted(
-            conversation=rec.conversation, owner=rec.owner)))
+        started = append(state, AssistantConversationStarted(conversation=rec.conversation,
+                                                             owner=rec.owner))
     elif state.owner != rec.owner:
         # The same answer as for an unknown id: another owner's conversation does not "exist".
-        return state, [_ack(cmd, "rejected", None, reason="no such conversation")]
+        return Decision(state, ack=Ack.rejected("no such conversation"))
     elif rec.create:
-        return state, [_ack(cmd, "rejected", None, reason="conversation exists")]
+        return Decision(state, ack=Ack.rejected("conversation exists"))
     idem = f"idem:{rec.idempotency_key}" if rec.idempotency_key else None
     if idem and idem in state.commands:
-        return state, [_ack(cmd, "duplicate", **state.commands[idem])]
+        return Decision(state, ack=Ack.again(state.commands[idem]))
     if state.running is not None:
-        return state, [*out, _ack(cmd, "rejected", None, reason="busy", turn=state.running)]
+        return Decision(state, started, Ack.rejected("busy", turn=state.running))
     at = cmd.time.isoformat()
-    seq = state.seq + 1
-    turn = turn_id(rec.conversation, seq)
-    out.append(_append(state, cmd, AssistantTurnRequested(
+    turn = turn_id(rec.conversation, state.seq + 1)
+    after = state.display_seq
+    requested = append(state, AssistantTurnRequested(
         conversation=rec.conversation, turn=turn, message_id=rec.message_id,
-        request=rec.request, datasets=rec.datasets, options=rec.options,
-        after=state.display_seq, at=at)))
+        request=rec.request, datasets=rec.datasets, options=rec.options, after=after, at=at))
     state.running = turn
-    detail = {"seq": seq, "turn": turn, "after": state.display_seq, "at": at}
-    state.remember(cmd.id, detail)
+    ack = Ack.accepted(state.seq, turn=turn, after=after, at=at)
     if idem:
-        state.remember(idem, detail)
-    return state, [*out, _ack(cmd, "accepted", seq, turn=turn, after=state.display_seq, at=at)]
+        remember(state.commands, idem, ack.memo())
+    return Decision(state, (*started, *requested), ack)

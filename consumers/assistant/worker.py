@@ -1,17 +1,13 @@
-"""The assistant chat inside the worker: its sequencer, its log consumer, its two workflows.
+"""The assistant chat on the worker: its sequencer, its log consumer, its two workflows.
 
-``Assistant(worker, settings).register()`` is all the worker needs. It adds two tables, wires
-a second agent on ``voice.commands`` (the sequencer of assistant conversations; Faust hands each
-record to every agent of a topic, and the worker's own command agent ignores these types), an
-agent on ``voice.assistant`` (keeps each conversation's sealed transcript and patterns, starts
-the turn and extraction workflows), and registers the workflows:
+``Assistant().register(ctx)`` is all the worker needs. The sequencer of assistant conversations
+becomes the writer of their commands (``consumers.frame``); an agent on ``voice.assistant``
+keeps each conversation's sealed transcript and patterns and starts the turn and extraction
+workflows; and the workflows are registered:
 
 - ``assistant-turn`` (id = turn id): one step, the assistant agent on the engine;
 - ``assistant-extraction`` (id = ``{turn}:extract``): ``provisional`` (no model) then
   ``extract`` (the compaction agent), each recording a pattern through the sequencer.
-
-Writers follow the sequencer's order: produce the outputs and wait for the broker's acks, then
-write the table; a crash in between replays the command to identical records.
 """
 
 from __future__ import annotations
@@ -26,16 +22,15 @@ from consumers.assistant.patterns import (
     extractor_spec,
     provisional,
 )
-from consumers.assistant.sequencer import AssistantState, sequence
+from consumers.assistant.sequencer import AssistantSequencer
 from consumers.assistant.sqlbox import SqlBox
 from consumers.assistant.transcript import EXTRACT_KIND, TURN_KIND, Transcript
 from consumers.assistant.turn import OUTCOMES, ConversationSink, run_assistant_turn
-from consumers.engine import KafkaEffectSink, TurnInput, run_turn
-from consumers.model_client import model_client
+from consumers.engine import TurnInput
+from consumers.frame.context import WorkerContext
 from consumers.workflows.engine import StepContext, StepDef, WorkflowDef, WorkflowState
 from consumers.workflows.runtime import StepError
 from schemas.assistant import (
-    ASSISTANT_COMMANDS,
     AppendDisplay,
     AssistantPatternRecorded,
     AssistantTurnEnded,
@@ -45,10 +40,9 @@ from schemas.assistant import (
 from schemas.base import Record
 from schemas.workflow import WorkflowStarted
 from streams.assistant_settings import assistant_settings
-from streams.envelope import Envelope, encode
-from streams.sealing import KeyErased
-from streams.settings import VoiceSettings
-from streams.topics import ASSISTANT, COMMANDS, WORKFLOWS, TopicSpec, topic_name
+from streams.envelope import Envelope
+from streams.sealing import KeyErased, Sealer
+from streams.topics import ASSISTANT, COMMANDS, WORKFLOWS
 
 log = logging.getLogger(__name__)
 
@@ -58,72 +52,36 @@ SOURCE = "/voice/assistant"
 class Assistant:
     """Sequencer, transcript keeper and workflows of the assistant chat, on one worker."""
 
-    def __init__(self, worker: Any, settings: VoiceSettings) -> None:
-        self.worker = worker
-        self.settings = assistant_settings(settings)
-        tables = {"partitions": settings.topic_partitions}
-        self.states = worker.app.Table("assistant_conversations", default=None, **tables)
-        self.transcripts = worker.app.Table("assistant_transcripts", default=None, **tables)
+    name = "assistant"
+
+    def register(self, ctx: WorkerContext) -> None:
+        """Add the sequencer, the tables, the workflows and the log consumer (once)."""
+        self.ctx = ctx
+        self.settings = assistant_settings(ctx.settings)
+        self.out = ctx.publisher
+        self.agents = ctx.agents
+        ctx.aggregate(AssistantSequencer())
+        self.transcripts = ctx.table("assistant_transcripts")
         self.box = SqlBox(self.settings.assistant_sql_timeout_s)
-        self.datasets = KafkaDatasets(self.settings, worker.sealer,
+        self.datasets = KafkaDatasets(self.settings, ctx.sealer,
                                       self.settings.assistant_dataset_cache_bytes)
-        self.turns = WorkflowDef(TURN_KIND, (StepDef("reply", self.reply_step),),
-                                 on_end=self.turn_over)
-        self.extraction = WorkflowDef(EXTRACT_KIND, (StepDef("provisional", self.provisional_step),
-                                                     StepDef("extract", self.extract_step)))
-        self._client: Any = None
-
-    def register(self) -> None:
-        """Register the workflows and wire the consumers (call once, before the app runs)."""
-        self.worker.runtime.register(self.turns)
-        self.worker.runtime.register(self.extraction)
-        self.worker.wire(ASSISTANT, self._on_log_record)
-        self.worker.wire(COMMANDS, self._on_command, agent_name="assistant_sequencer",
-                         dead_letter=False)
-
-        @self.worker.app.on_before_shutdown.connect
-        async def _close(app: Any, **kw: Any) -> None:  # noqa: ARG001
-            self.box.close()
-
-    # --- plumbing ---------------------------------------------------------------------------
+        ctx.workflow(WorkflowDef(TURN_KIND, (StepDef("reply", self.reply_step),),
+                                 on_end=self.turn_over),
+                     WorkflowDef(EXTRACT_KIND, (StepDef("provisional", self.provisional_step),
+                                                StepDef("extract", self.extract_step))))
+        ctx.wire(ASSISTANT, self._on_log_record)
+        ctx.on_shutdown(self.box.close)
 
     @property
-    def sealer(self) -> Any:
-        return self.worker.sealer
-
-    def client(self) -> Any:
-        if self._client is None:
-            self._client = model_client(self.settings)
-        return self._client
-
-    def _send(self, spec: TopicSpec, env: Envelope) -> Any:
-        """Produce now; the returned future resolves on the broker's ack."""
-        key, value, headers = encode(env)
-        return self.worker.producer.produce_raw(topic_name(self.settings, spec), key, value,
-                                                headers)
-
-    async def _produce(self, spec: TopicSpec, env: Envelope) -> None:
-        await self._send(spec, env)
+    def sealer(self) -> Sealer:
+        return self.ctx.sealer
 
     def _submitter(self, conversation: str, correlation: str, tenant: str | None) -> Any:
         async def submit(record: Record, command_id: str) -> None:
-            await self._produce(COMMANDS, Envelope(
+            await self.out.send(COMMANDS, Envelope(
                 record=record, key=conversation, source=SOURCE, subject=conversation,
                 tenant=tenant, correlation=correlation, id=command_id))
         return submit
-
-    # --- the sequencer ----------------------------------------------------------------------
-
-    async def _on_command(self, env: Envelope, event: Any) -> None:  # noqa: ARG002
-        if not isinstance(env.record, ASSISTANT_COMMANDS):
-            return
-        state = AssistantState.from_dict(self.states.get(env.key))
-        new_state, outputs = sequence(state, env)
-        # Outputs first (all acknowledged), table second: see the module docstring.
-        for fut in [self._send(spec, out) for spec, out in outputs]:
-            await fut
-        if new_state is not None:
-            self.states[env.key] = new_state.to_dict()
 
     # --- the log: transcripts, patterns, workflow starts --------------------------------------
 
@@ -135,7 +93,7 @@ class Assistant:
             return  # a redelivered record
         for kind, workflow, inp in starts:
             started = WorkflowStarted(workflow=workflow, kind=kind, input=inp)
-            await self._produce(WORKFLOWS, Envelope(
+            await self.out.send(WORKFLOWS, Envelope(
                 record=started, key=workflow, source=SOURCE, subject=workflow, seq=1,
                 tenant=env.tenant, correlation=env.correlation, causation=env.id,
                 id=f"{workflow}:1"))
@@ -155,15 +113,14 @@ class Assistant:
             raise StepError(f"conversation {conversation!r} was erased", retryable=False) from None
         submit = self._submitter(conversation, turn, tenant)
         sink = ConversationSink(
-            KafkaEffectSink(self.worker.producer, self.settings, turn, self.sealer,
-                            tenant=tenant, source=SOURCE),
+            self.agents.sink(turn, sealed=True, tenant=tenant, source=SOURCE),
             submit, self.sealer, conversation, turn)
         result, suggested = await run_assistant_turn(
             self.settings, conversation=conversation, turn=turn, owner=inp["owner"],
             attempt=ctx.attempt, request=request, options=inp.get("options") or {},
             refs=[DatasetRef.model_validate(r) for r in inp.get("datasets") or []],
             history=history, patterns=patterns, source=self.datasets, box=self.box,
-            client=self.client(), sink=sink, cancel=ctx.cancel)
+            client=self.agents.client, sink=sink, cancel=ctx.cancel)
         outcome = OUTCOMES[result.end_reason]
         reason = "; ".join(f"{e.kind}: {e.message}" for e in result.errors) or None
         await submit(AssistantTurnEnded(conversation=conversation, turn=turn, state=outcome,
@@ -227,12 +184,11 @@ class Assistant:
         """Ask the compaction agent for the exchange's pattern and record it."""
         inp = ctx.input
         request, chain = self._exchange(inp)
-        sink = KafkaEffectSink(self.worker.producer, self.settings, ctx.workflow, self.sealer,
-                               tenant=inp.get("tenant"), source=SOURCE)
-        result = await run_turn(extractor_spec(self.settings), TurnInput(
+        sink = self.agents.sink(ctx.workflow, sealed=True, tenant=inp.get("tenant"),
+                                source=SOURCE)
+        result = await self.agents.run(extractor_spec(self.settings), TurnInput(
             turn_id=ctx.workflow, user_message=extraction_prompt(request, chain),
-            conversation_id=inp["conversation"], attempt=ctx.attempt, skip_history=True),
-            self.client(), sink)
+            conversation_id=inp["conversation"], attempt=ctx.attempt, skip_history=True), sink)
         if result.end_reason == "error" or not result.final_text.strip():
             raise StepError(f"the extractor gave no pattern ({result.end_reason}: "
                             + "; ".join(e.message for e in result.errors) + ")")

@@ -2,7 +2,7 @@
 and the research, disclosure-review and update-delivery workflows (on the workflow engine).
 
 Pure parts (no I/O): ``detectors``, ``reasoning``, ``render``, ``issues``, ``inbox``,
-``developments``. Public names: ``Staff`` (``Staff(worker, settings).register()``).
+``developments``. Public names: ``Staff`` (``Staff().register(ctx)``).
 """
 
 from consumers.staff.worker import Staff

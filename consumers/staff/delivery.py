@@ -20,11 +20,12 @@ import re
 from typing import Any
 
 from consumers.staff.render import render_update
-from consumers.staff.steps import Producing, StepDelays
+from consumers.staff.steps import StepDelays
 from consumers.workflows.engine import StepContext, StepDef, WorkflowDef
 from schemas.staff import DeliverNotification, EndDelivery
 from schemas.workflow import WorkflowCompleted, WorkflowFailed
 from streams.envelope import Envelope
+from streams.producer import Publisher
 from streams.topics import COMMANDS
 
 KIND = "update-delivery"
@@ -40,7 +41,7 @@ def notification_id(development: str, follower: str) -> str:
 class Delivery:
     """The update-delivery workflow's definition and steps, and the end watcher."""
 
-    def __init__(self, out: Producing, delays: StepDelays) -> None:
+    def __init__(self, out: Publisher, delays: StepDelays) -> None:
         self.out = out
         self.delays = delays
         self.definition = WorkflowDef(KIND, (StepDef("render", self.render_step),

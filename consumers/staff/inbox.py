@@ -1,11 +1,12 @@
-"""The inbox writer: the single writer of each recipient's inbox (``voice.inbox``).
+"""The inbox writer: the aggregate whose single writer appends each recipient's inbox
+(``voice.inbox``).
 
-``apply_inbox`` is pure. A notification's id (``{development}:{recipient}``) is its command's
-record id and its inbox record's id; the writer records each id at most once and gives it the
-next dense per-recipient seq, which is the inbox stream's ``id:``. An update-delivery step that
-re-runs after a crash submits the same ids again and changes nothing.
+``InboxWriter.decide`` is pure. A notification's id (``{development}:{recipient}``) is its
+command's id and its inbox record's id; the writer records each id at most once and gives it
+the next dense per-recipient seq, which is the inbox stream's ``id:``. An update-delivery step
+that re-runs after a crash submits the same ids again and changes nothing.
 
-The writer remembers the last ``MAX_REMEMBERED`` ids per recipient; a redelivery older than
+The writer remembers the last ``MAX_NOTIFICATIONS`` ids per recipient; a redelivery older than
 that would be recorded again, so readers also dedupe by notification id.
 """
 
@@ -15,13 +16,15 @@ import copy
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
-from consumers.staff.issues import Output, ack
+from consumers.frame import Ack, Aggregate, Decision, append, remember
+from schemas.base import Record
 from schemas.staff import DeliverNotification, NotificationRecorded
 from streams.envelope import Envelope
 from streams.topics import INBOX
 
 SOURCE = "/voice/inbox-writer"
-MAX_REMEMBERED = 4096
+MAX_NOTIFICATIONS = 4096
+"""Notification ids an inbox remembers (an inbox sees many more ids than an issue commands)."""
 
 
 @dataclass
@@ -33,30 +36,49 @@ class InboxState:
     """notification id → the seq it got (insertion-ordered, bounded)."""
 
     @classmethod
-    def from_dict(cls, d: dict[str, Any] | None) -> InboxState:
-        return cls() if d is None else cls(**copy.deepcopy(d))
+    def from_dict(cls, d: dict[str, Any] | None) -> InboxState | None:
+        return None if d is None else cls(**copy.deepcopy(d))
 
     def to_dict(self) -> dict[str, Any]:
         return copy.deepcopy(asdict(self))
 
 
-def apply_inbox(state: InboxState | None, cmd: Envelope) -> tuple[InboxState, list[Output]]:
-    """Record one notification in its recipient's inbox, once; returns (state, outputs)."""
-    state = copy.deepcopy(state) or InboxState()
-    rec = cmd.record
-    if not isinstance(rec, DeliverNotification):
-        return state, [ack(cmd, "rejected", None, SOURCE, reason=f"not an inbox command: "
-                                                                f"{cmd.type}")]
-    if rec.notification in state.recorded:
-        return state, [ack(cmd, "duplicate", state.recorded[rec.notification], SOURCE)]
-    state.seq += 1
-    state.recorded[rec.notification] = state.seq
-    while len(state.recorded) > MAX_REMEMBERED:
-        state.recorded.pop(next(iter(state.recorded)))
-    record = NotificationRecorded(recipient=rec.recipient, notification=rec.notification,
-                                  issue=rec.issue, development=rec.development, title=rec.title,
-                                  body=rec.body, at=cmd.time.isoformat())
-    env = Envelope(record=record, key=cmd.key, source=SOURCE, subject=cmd.key, seq=state.seq,
-                   tenant=cmd.tenant, correlation=cmd.correlation, causation=cmd.id,
-                   id=rec.notification, time=cmd.time)
-    return state, [(INBOX, env), ack(cmd, "accepted", state.seq, SOURCE)]
+class InboxWriter(Aggregate[InboxState]):
+    """Inboxes: each notification recorded once, in order, per recipient."""
+
+    name = "staff_inboxes"
+    log = INBOX
+    source = SOURCE
+    commands = (DeliverNotification,)
+
+    def load(self, raw: dict[str, Any] | None) -> InboxState | None:
+        return InboxState.from_dict(raw)
+
+    def remembered(self, state: InboxState | None, cmd: Envelope) -> dict[str, Any] | None:
+        # Deduped by notification id, whichever command carried it.
+        rec = cmd.record
+        if state is None or not isinstance(rec, DeliverNotification):
+            return None
+        seq = state.recorded.get(rec.notification)
+        return None if seq is None else {"seq": seq}
+
+    def remember(self, state: InboxState, cmd: Envelope, memo: dict[str, Any]) -> None:
+        rec = cmd.record
+        assert isinstance(rec, DeliverNotification)
+        remember(state.recorded, rec.notification, memo["seq"], MAX_NOTIFICATIONS)
+
+    def record_id(self, cmd: Envelope, seq: int, record: Record) -> str:  # noqa: ARG002
+        assert isinstance(record, NotificationRecorded)
+        return record.notification
+
+    def decide(self, state: InboxState | None, cmd: Envelope) -> Decision[InboxState]:
+        """Record one notification in its recipient's inbox."""
+        rec = cmd.record
+        if not isinstance(rec, DeliverNotification):
+            return Decision(state, ack=Ack.rejected(f"not an inbox command: {cmd.type}"))
+        state = state or InboxState()
+        records = append(state, NotificationRecorded(
+            recipient=rec.recipient, notification=rec.notification, issue=rec.issue,
+            development=rec.development, title=rec.title, body=rec.body,
+            at=cmd.time.isoformat()))
+        return Decision(state, records, Ack.accepted(state.seq))

@@ -18,11 +18,12 @@ from pydantic import BaseModel, Field
 
 from consumers.engine import Hint, Ok, Tool, ToolContext, ToolRegistry
 from consumers.staff.reasoning import Reading, read_issue
-from consumers.staff.steps import Agents, Producing, StepDelays, fenced_json
+from consumers.staff.steps import Agents, StepDelays, fenced_json
 from consumers.workflows.engine import StepContext, StepDef, WorkflowDef
 from consumers.workflows.runtime import StepError
 from schemas.staff import SuggestInvestigation
 from streams.envelope import Envelope
+from streams.producer import Publisher
 from streams.topics import COMMANDS
 
 KIND = "research"
@@ -125,7 +126,7 @@ def parse_suggestions(answer: str, seen: set[str]) -> dict[str, list[dict[str, A
 class Research:
     """The research workflow's definition and its one step."""
 
-    def __init__(self, out: Producing, agents: Agents, delays: StepDelays) -> None:
+    def __init__(self, out: Publisher, agents: Agents, delays: StepDelays) -> None:
         self.out = out
         self.agents = agents
         self.delays = delays

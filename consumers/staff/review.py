@@ -20,11 +20,12 @@ from datetime import UTC, datetime
 from typing import Any
 
 from consumers.staff.detectors import Flag, detect, merge_flags, redact
-from consumers.staff.steps import Agents, Producing, StepDelays, fenced_json
+from consumers.staff.steps import Agents, StepDelays, fenced_json
 from consumers.workflows.engine import Pause, StepContext, StepDef, WorkflowDef
 from schemas.base import Sealed
 from schemas.staff import ContributionRecorded, ReviewSummary
 from streams.envelope import Envelope
+from streams.producer import Publisher
 from streams.sealing import Sealer
 from streams.topics import CONTRIBUTIONS
 
@@ -84,7 +85,7 @@ def _review(cmd: dict[str, Any]) -> dict[str, Any]:
 class Review:
     """The disclosure-review workflow's definition and steps."""
 
-    def __init__(self, out: Producing, sealer: Sealer, agents: Agents,
+    def __init__(self, out: Publisher, sealer: Sealer, agents: Agents,
                  delays: StepDelays) -> None:
         self.out = out
         self.sealer = sealer

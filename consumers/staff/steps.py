@@ -1,5 +1,5 @@
-"""What the staff workflows' steps share: producing records, running an agent through the
-engine, and a test-only delay knob.
+"""What the staff workflows' steps share: running an agent through the engine's runner, and a
+test-only delay knob (records are produced with the worker's ``Publisher``).
 
 ``run_agent`` is the one place these workflows call a model: through ``consumers.engine``'s
 turn loop, so every model call, tool call and display event is a record on ``voice.agent``
@@ -12,25 +12,12 @@ import asyncio
 import json
 import os
 import re
-from collections.abc import Callable
 from typing import Any
 
-from consumers.engine import (
-    AgentSpec,
-    EffectSink,
-    KafkaEffectSink,
-    ToolRegistry,
-    TurnInput,
-    run_turn,
-)
+from consumers.engine import AgentSpec, EffectSink, ToolRegistry, TurnInput
+from consumers.engine.runner import AgentRunner
 from consumers.engine.types import TurnResult
-from consumers.model_client import model_client
 from consumers.workflows.runtime import StepError
-from streams.envelope import Envelope, encode
-from streams.producer import RecordProducer
-from streams.sealing import Sealer
-from streams.settings import VoiceSettings
-from streams.topics import TopicSpec, topic_name
 
 DELAY_ENV = "VOICE_STAFF_STEP_DELAY_MS"
 """Tests only: ``step=ms,step=ms``; the named steps sleep that long at their midpoint, so a
@@ -58,48 +45,15 @@ class StepDelays:
             await asyncio.sleep(self.delays[step])
 
 
-class Producing:
-    """Produces records with the worker's producer and waits for the broker's acks."""
-
-    def __init__(self, settings: VoiceSettings, producer: Callable[[], RecordProducer]) -> None:
-        self.settings = settings
-        self._producer = producer
-
-    @property
-    def producer(self) -> RecordProducer:
-        return self._producer()
-
-    async def send(self, spec: TopicSpec, env: Envelope) -> None:
-        key, value, headers = encode(env)
-        await self._producer().produce_raw(topic_name(self.settings, spec), key, value, headers)
-
-    async def send_all(self, items: list[tuple[TopicSpec, Envelope]]) -> None:
-        """Produce in order (one partition per key keeps it), then wait for every ack."""
-        futs = []
-        for spec, env in items:
-            key, value, headers = encode(env)
-            futs.append(self._producer().produce_raw(topic_name(self.settings, spec), key,
-                                                     value, headers))
-        for fut in futs:
-            await fut
-
-
 class Agents:
-    """Runs the staff agents (research assistant, privacy flagging) through the engine."""
+    """Runs the staff agents (research assistant, privacy flagging) on the worker's runner."""
 
-    def __init__(self, settings: VoiceSettings, out: Producing, sealer: Sealer,
-                 client: Any = None) -> None:
-        self.settings = settings
-        self.out = out
-        self.sealer = sealer
-        self._client: Any = client
+    def __init__(self, runner: AgentRunner) -> None:
+        self.runner = runner
 
     def spec(self, name: str, identity: str, tools: ToolRegistry | None = None,
              **budget: Any) -> AgentSpec:
-        return AgentSpec(name=name, identity=identity, tools=tools or ToolRegistry(),
-                         model=self.settings.model,
-                         fallback_models=tuple(self.settings.fallback_models),
-                         compaction_model=self.settings.compaction_model, **budget)
+        return self.runner.spec(name, identity, tools, **budget)
 
     async def run(self, spec: AgentSpec, workflow: str, turn_id: str, message: str,
                   attempt: int, sealed_as: str | None = None, tenant: str | None = None
@@ -109,22 +63,18 @@ class Agents:
         ``sealed_as`` names the key that seals the turn's content (a contribution id) when
         the agent reads a participant's words; ``None`` leaves staff content unsealed.
         """
-        if self._client is None:  # created in the worker's event loop, on first use
-            self._client = model_client(self.settings)
         sink = self.sink_for(workflow, sealed_as is not None, tenant)
-        result = await run_turn(spec, TurnInput(turn_id=turn_id, user_message=message,
-                                                conversation_id=sealed_as, attempt=attempt),
-                                self._client, sink)
+        result = await self.runner.run(spec, TurnInput(turn_id=turn_id, user_message=message,
+                                                       conversation_id=sealed_as,
+                                                       attempt=attempt), sink)
         if result.end_reason == "error":
             kinds = ", ".join(f"{e.kind}: {e.message}" for e in result.errors)
             raise StepError(f"agent {spec.name!r} failed: {kinds}")
         return result
 
-
     def sink_for(self, workflow: str, sealed: bool, tenant: str | None) -> EffectSink:
         """Where a turn's effects go: records keyed by the workflow (tests swap this)."""
-        return KafkaEffectSink(self.out.producer, self.settings, workflow,
-                               self.sealer if sealed else None, tenant=tenant)
+        return self.runner.sink(workflow, sealed=sealed, tenant=tenant)
 
 
 def fenced_json(text: str) -> dict[str, Any] | None:

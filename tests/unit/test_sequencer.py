@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from consumers.sequencer import ConversationState, sequence
+
 from schemas.base import Sealed
 from schemas.conversation import (
     ConversationStarted,

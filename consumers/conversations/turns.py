@@ -1,6 +1,6 @@
 """The conversation-turn workflow (id ``{conversation}:turn-{seq}``) and its transcript.
 
-The worker keeps each conversation's sealed transcript in a Faust table, fed by the
+The conversation product keeps each conversation's sealed transcript in a Faust table, fed by the
 conversation log. ``TurnRequested`` starts the workflow with the sealed transcript up to the
 message as its input, so the step needs no other state. The one step opens the transcript,
 hands it to the concern-extraction agent, and submits the reply, proposal and turn state to
@@ -14,7 +14,7 @@ import logging
 from collections.abc import Awaitable, Callable
 from typing import Any
 
-from consumers.agents.concern import ConcernReply
+from consumers.conversations.concern import ConcernReply
 from consumers.engine.cancel import CancelToken
 from consumers.workflows.engine import StepContext, StepDef, WorkflowDef, WorkflowState
 from consumers.workflows.runtime import StepError
@@ -28,18 +28,17 @@ from schemas.conversation import (
     TurnStateChanged,
 )
 from schemas.workflow import WorkflowStarted
-from streams.envelope import Envelope, encode
-from streams.producer import RecordProducer
+from streams.envelope import Envelope
+from streams.producer import Publisher
 from streams.sealing import KeyErased, Sealer
-from streams.settings import VoiceSettings
-from streams.topics import COMMANDS, WORKFLOWS, topic_name
+from streams.topics import COMMANDS, WORKFLOWS
 
 log = logging.getLogger(__name__)
 
 KIND = "conversation-turn"
 SOURCE = "/voice/turn-worker"
 
-AgentRunner = Callable[[str, str, int, list[dict[str, Any]], CancelToken],
+ConcernAgent = Callable[[str, str, int, list[dict[str, Any]], CancelToken],
                       Awaitable[ConcernReply]]
 """(conversation, turn, attempt, Messages-API history ending with the user message, the
 step's cancel token) → reply."""
@@ -73,12 +72,11 @@ def open_transcript(sealer: Sealer, conversation: str, transcript: list[dict[str
 class Turns:
     """Feeds transcripts, starts turn workflows, and runs their one step."""
 
-    def __init__(self, settings: VoiceSettings, transcripts: Any, sealer: Sealer,
-                 producer: Callable[[], RecordProducer], agent: AgentRunner) -> None:
-        self.settings = settings
+    def __init__(self, publisher: Publisher, transcripts: Any, sealer: Sealer,
+                 agent: ConcernAgent) -> None:
+        self.publisher = publisher
         self.transcripts = transcripts
         self.sealer = sealer
-        self._producer = producer
         self.agent = agent
         self.definition = WorkflowDef(KIND, (StepDef("reply", self.reply_step),),
                                       on_end=self.on_end)
@@ -100,14 +98,10 @@ class Turns:
             out = Envelope(record=started, key=rec.turn, source=SOURCE, subject=rec.turn,
                            seq=1, tenant=env.tenant, correlation=env.correlation,
                            causation=env.id, id=f"{rec.turn}:1")
-            await self._produce(WORKFLOWS, out)
+            await self.publisher.send(WORKFLOWS, out)
         elif isinstance(rec, ConversationErased):
             self.transcripts.pop(env.key, None)
             self.sealer.purge(env.key)
-
-    async def _produce(self, spec: Any, env: Envelope) -> None:
-        key, value, headers = encode(env)
-        await self._producer().produce_raw(topic_name(self.settings, spec), key, value, headers)
 
     async def reply_step(self, ctx: StepContext) -> dict[str, Any]:
         """Open the sealed transcript, run the agent, submit reply + proposal + state."""
@@ -160,4 +154,4 @@ class Turns:
                       record: Record) -> None:
         env = Envelope(record=record, key=conversation, source=SOURCE, subject=conversation,
                        tenant=tenant, correlation=turn, id=f"{turn}:{part}")
-        await self._produce(COMMANDS, env)
+        await self.publisher.send(COMMANDS, env)

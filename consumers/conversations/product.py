@@ -1,0 +1,62 @@
+"""The conversation product on the worker: its sequencer, its transcripts, its turn workflow.
+
+``Conversations().register(ctx)`` is all the worker needs: the sequencer becomes the writer of
+conversation commands, the transcript table is fed from ``voice.conversations`` (which also
+starts each requested turn's workflow), and the ``conversation-turn`` workflow runs the
+concern-extraction agent through the context's agent runner.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from consumers.conversations.concern import (
+    ConcernReply,
+    IssueCatalog,
+    MemoryIssueCatalog,
+    concern_spec,
+    run_concern_extraction,
+)
+from consumers.conversations.sequencer import ConversationSequencer
+from consumers.conversations.turns import ConcernAgent, Turns
+from consumers.engine.cancel import CancelToken
+from consumers.frame.context import WorkerContext
+from streams.envelope import Envelope
+from streams.topics import CONVERSATIONS
+
+
+class Conversations:
+    """Participants' conversations with the concern-extraction agent."""
+
+    name = "conversations"
+
+    def __init__(self, agent: ConcernAgent | None = None,
+                 issues: IssueCatalog | None = None) -> None:
+        """``agent`` replaces the concern agent (tests); ``issues`` is what its tools search."""
+        self._agent = agent
+        self.issues: IssueCatalog = issues or MemoryIssueCatalog()
+        self.ctx: WorkerContext | None = None
+        self.turns: Turns | None = None
+
+    def register(self, ctx: WorkerContext) -> None:
+        """Add the sequencer, the transcript table and consumer, and the turn workflow."""
+        self.ctx = ctx
+        self.spec = concern_spec(ctx.settings, self.issues)
+        ctx.aggregate(ConversationSequencer())
+        self.turns = Turns(ctx.publisher, ctx.table("transcripts"), ctx.sealer,
+                           self._agent or self.concern_agent)
+        ctx.workflow(self.turns.definition)
+        ctx.wire(CONVERSATIONS, self._on_record)
+
+    async def _on_record(self, env: Envelope, event: Any) -> None:  # noqa: ARG002
+        assert self.turns is not None
+        await self.turns.on_conversation_record(env)
+
+    async def concern_agent(self, conversation: str, turn: str, attempt: int,
+                            history: list[dict[str, Any]], cancel: CancelToken) -> ConcernReply:
+        """One concern-extraction turn; its effects become records keyed by the turn."""
+        assert self.ctx is not None
+        agents = self.ctx.agents
+        return await run_concern_extraction(self.spec, agents.client,
+                                            agents.sink(turn, sealed=True), conversation, turn,
+                                            attempt, history, cancel)

@@ -1,0 +1,139 @@
+"""What an aggregate is: its state, a pure ``decide`` and the ``Decision`` it returns.
+
+An aggregate (a conversation, an assistant chat, an issue, an inbox) is written by one writer
+per key. Everything it must write itself is here; everything else — decode, dedupe by command
+id, envelopes, produce, table, acknowledgement, dead letters — is ``consumers.frame.writer``'s,
+once for all of them.
+
+``decide`` must stay pure: no I/O, no clock but the command's time, no randomness but ids
+derived from the command. That is what lets a command redelivered after a crash yield identical
+records (same ids, same seqs), which is what makes at-least-once safe.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any, ClassVar, Generic, Literal, Protocol, TypeVar
+
+from schemas.base import Record
+from streams.envelope import Envelope
+from streams.topics import TopicSpec
+
+Outcome = Literal["accepted", "duplicate", "rejected"]
+
+MAX_REMEMBERED = 1024
+"""Command ids (and idempotency keys) an aggregate remembers for dedupe; the oldest go first."""
+
+
+class SeqState(Protocol):
+    """A state the writer can sequence: ``seq`` is the seq of the last record appended."""
+
+    seq: int
+
+
+S = TypeVar("S", bound=SeqState)
+
+
+@dataclass(frozen=True)
+class Ack:
+    """How a command is answered (``CommandAcknowledged`` on ``voice.acks``)."""
+
+    outcome: Outcome
+    seq: int | None = None
+    detail: dict[str, Any] = field(default_factory=dict)
+
+    @classmethod
+    def accepted(cls, seq: int | None, **detail: Any) -> Ack:
+        return cls("accepted", seq, detail)
+
+    @classmethod
+    def rejected(cls, reason: str, **detail: Any) -> Ack:
+        return cls("rejected", None, {"reason": reason, **detail})
+
+    @classmethod
+    def again(cls, remembered: dict[str, Any]) -> Ack:
+        """The answer to a command seen before: what it got then, as a duplicate."""
+        rest = dict(remembered)
+        return cls("duplicate", rest.pop("seq", None), rest)
+
+    def memo(self) -> dict[str, Any]:
+        """What a state remembers of this answer, so ``again`` can repeat it."""
+        return {"seq": self.seq, **self.detail}
+
+
+@dataclass(frozen=True)
+class Decision(Generic[S]):
+    """What ``decide`` returns: the new state, the records it appended, and the answer.
+
+    ``records`` were appended in order and ``state.seq`` already counts them, so the last one
+    has ``state.seq``. ``ack`` is ``None`` for a command nobody waits on (nothing is produced
+    to ``voice.acks``). A state of ``None`` leaves the table as it was.
+    """
+
+    state: S | None
+    records: tuple[Record, ...] = ()
+    ack: Ack | None = None
+
+    @property
+    def remembered(self) -> bool:
+        """Whether the writer remembers the command id (so a redelivery is not re-applied):
+        when it changed something. A refused command is simply refused again."""
+        return bool(self.records) or (self.ack is not None and self.ack.outcome == "accepted")
+
+
+def append(state: SeqState, *records: Record) -> tuple[Record, ...]:
+    """Count ``records`` into ``state.seq`` (the writer gives them those seqs)."""
+    state.seq += len(records)
+    return records
+
+
+def remember(memory: dict[str, Any], key: str, value: Any, limit: int = MAX_REMEMBERED) -> None:
+    """Insert into an insertion-ordered, bounded memory (the oldest entries go first)."""
+    memory.pop(key, None)
+    memory[key] = value
+    while len(memory) > limit:
+        memory.pop(next(iter(memory)))
+
+
+class Aggregate(Generic[S]):
+    """One aggregate kind: subclass it, set the class attributes, write ``decide``.
+
+    The defaults remember each applied command's answer in ``state.commands`` (bounded) and
+    name records ``{command id}-{seq}``; override ``remembered``/``remember``/``record_id``
+    where the aggregate's identity is another (the inbox's notification ids).
+    """
+
+    name: ClassVar[str]
+    """The Faust table holding its states (one per key)."""
+    log: ClassVar[TopicSpec]
+    """The topic its records are appended to (key = the aggregate id)."""
+    source: ClassVar[str]
+    """``ce_source`` of its records and acknowledgements."""
+    commands: ClassVar[tuple[type[Record], ...]]
+    """The command record types it owns on ``voice.commands``."""
+
+    def load(self, raw: dict[str, Any] | None) -> S | None:
+        raise NotImplementedError
+
+    def dump(self, state: S) -> dict[str, Any]:
+        return state.to_dict()  # type: ignore[attr-defined, no-any-return]
+
+    def decide(self, state: S | None, cmd: Envelope) -> Decision[S]:
+        raise NotImplementedError
+
+    def acknowledges(self, cmd: Envelope) -> bool:  # noqa: ARG002
+        """Whether a redelivered ``cmd`` is answered again (someone waits on its answer)."""
+        return True
+
+    def remembered(self, state: S | None, cmd: Envelope) -> dict[str, Any] | None:
+        """The memo of ``cmd`` if it was applied before, else ``None``."""
+        if state is None:
+            return None
+        memo: dict[str, Any] | None = state.commands.get(cmd.id)  # type: ignore[attr-defined]
+        return memo
+
+    def remember(self, state: S, cmd: Envelope, memo: dict[str, Any]) -> None:
+        remember(state.commands, cmd.id, memo)  # type: ignore[attr-defined]
+
+    def record_id(self, cmd: Envelope, seq: int, record: Record) -> str:  # noqa: ARG002
+        return f"{cmd.id}-{seq}"

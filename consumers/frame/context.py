@@ -1,0 +1,219 @@
+"""The worker as a typed context that products plug into.
+
+A ``Product`` is a package of the worker (conversations, the assistant chat, staff) with one
+method, ``register(ctx)``: it adds its aggregates (``ctx.aggregate``), tables (``ctx.table``),
+workflows (``ctx.workflow``), consumers (``ctx.wire``) and plain command handlers
+(``ctx.on_command``). ``WorkerContext`` owns what they share: the settings, the Faust app, the
+one ``Publisher``, the sealer, the workflow runtime, the agent runner (the one owner of the
+model client) and the writer of ``voice.commands``.
+
+Records of ``voice.commands`` go to the aggregate that owns their record type (see
+``consumers.frame.writer``); nothing routes them by hand. It must never import a product.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Awaitable, Callable
+from typing import Any, Protocol
+
+import faust
+
+from consumers.engine.runner import AgentRunner
+from consumers.frame.aggregate import Aggregate
+from consumers.frame.writer import Ack, Raw, Writer, acknowledgement
+from consumers.intake import decode_or_dead_letter, decode_or_none
+from consumers.workflows.engine import WorkflowDef
+from consumers.workflows.runtime import WorkflowRuntime
+from schemas.base import Record
+from schemas.workflow import LeaseCheck, WorkflowCommandReceived
+from streams.envelope import Envelope
+from streams.producer import Publisher, RecordProducer
+from streams.sealing import sealer_for
+from streams.settings import VoiceSettings
+from streams.topics import ACKS, COMMANDS, WORKFLOWS, TopicSpec, topic_name
+
+log = logging.getLogger(__name__)
+
+Dispatch = Callable[[Envelope, Any], Awaitable[None]]
+RawDispatch = Callable[[Raw, Any], Awaitable[None]]
+SOURCE = "/voice/worker"
+
+
+class Product(Protocol):
+    """A part of the worker that registers itself on the context."""
+
+    name: str
+
+    def register(self, ctx: WorkerContext) -> None:
+        """Add tables, aggregates, workflows and consumers (once, before the app runs)."""
+
+
+def faust_app(settings: VoiceSettings) -> faust.App:
+    """The worker's Faust app (one per process; its group id comes from the settings)."""
+    return faust.App(
+        f"{settings.group_prefix}-{settings.topic_prefix}worker".replace(".", "-"),
+        broker=f"kafka://{settings.bootstrap}",
+        store="memory://",
+        topic_partitions=settings.topic_partitions,
+        topic_replication_factor=settings.replication_factor,
+        web_enabled=False,
+        consumer_auto_offset_reset="earliest",
+        producer_acks=-1,
+        broker_commit_every=100,
+        broker_commit_interval=0.5,
+        # A dead worker's partitions move on within ~10 s; a model call never needs the
+        # poll loop (steps run as tasks), so these can stay short.
+        broker_session_timeout=10,
+        broker_heartbeat_interval=2,
+    )
+
+
+class WorkerContext:
+    """What every product of one worker shares, and how it plugs in."""
+
+    def __init__(self, settings: VoiceSettings, client: Any = None) -> None:
+        """``client`` replaces the model client for every agent (a ``ModelPort`` fake)."""
+        self.settings = settings
+        self.app = faust_app(settings)
+        self._producer: RecordProducer | None = None
+        self.publisher = Publisher(settings, lambda: self.producer)
+        self.sealer = sealer_for(settings)
+        self.agents = AgentRunner(settings, lambda: self.producer, self.sealer, client=client)
+        self.runtime = WorkflowRuntime(settings, self.table("workflows"), lambda: self.producer)
+        self.writer = Writer(self.publisher, topic_name(settings, COMMANDS))
+        self.products: list[Product] = []
+        self.on_command((WorkflowCommandReceived,), self._forward_workflow_command)
+        self.wire_raw(COMMANDS, self._on_command_record, agent_name="voice_commands_agent")
+        self.wire(WORKFLOWS, self._on_workflow_record, manual_ack=True)
+        self._lifecycle()
+
+    @property
+    def producer(self) -> RecordProducer:
+        if self._producer is None:  # created lazily inside the worker's event loop
+            self._producer = RecordProducer(self.settings)
+        return self._producer
+
+    # --- what products call -------------------------------------------------------------
+
+    def register(self, *products: Product) -> None:
+        """Register products, in order."""
+        for product in products:
+            product.register(self)
+            self.products.append(product)
+
+    def table(self, name: str) -> Any:
+        """A changelog-backed Faust table (default ``None``), partitioned like the topics."""
+        return self.app.Table(name, default=None, partitions=self.settings.topic_partitions)
+
+    def aggregate(self, agg: Aggregate[Any]) -> Any:
+        """Make the writer run ``agg`` for its command types; returns its table."""
+        table = self.table(agg.name)
+        self.writer.register(agg, table)
+        return table
+
+    def workflow(self, *definitions: WorkflowDef) -> None:
+        """Register workflow kinds with the runtime."""
+        for definition in definitions:
+            self.runtime.register(definition)
+
+    def on_command(self, types: tuple[type[Record], ...],
+                   handler: Callable[[Envelope], Awaitable[None]]) -> None:
+        """Hand commands of ``types`` that no aggregate owns to ``handler``."""
+        self.writer.route(types, handler)
+
+    def on_shutdown(self, fn: Callable[[], None]) -> None:
+        """Run ``fn`` when the worker stops."""
+
+        @self.app.on_before_shutdown.connect
+        async def _stop(app: Any, **kw: Any) -> None:  # noqa: ARG001
+            fn()
+
+    def wire(self, spec: TopicSpec, dispatch: Dispatch, manual_ack: bool = False,
+             agent_name: str | None = None, dead_letter: bool = True) -> None:
+        """Run ``dispatch(envelope, event)`` for every decodable record of ``spec``.
+
+        Several agents may read one topic (each names itself); exactly one of them — the
+        topic's first, ``dead_letter=True`` — sends undecodable records to the DLQ.
+        """
+
+        async def on_raw(raw: Raw, event: Any) -> None:
+            if dead_letter:
+                env = await decode_or_dead_letter(self.producer, raw.topic, raw.partition,
+                                                  raw.offset, raw.key, raw.value, raw.headers)
+            else:
+                env = decode_or_none(raw.key, raw.value, raw.headers)
+            if env is not None:
+                await dispatch(env, event)
+            elif manual_ack:
+                event.ack()
+
+        self.wire_raw(spec, on_raw, manual_ack, agent_name)
+
+    def wire_raw(self, spec: TopicSpec, dispatch: RawDispatch, manual_ack: bool = False,
+                 agent_name: str | None = None) -> None:
+        """Run ``dispatch(raw, event)`` for every record of ``spec``, undecoded."""
+        name = topic_name(self.settings, spec)
+        topic = self.app.topic(name, key_type=bytes, value_type=bytes, key_serializer="raw",
+                               value_serializer="raw", partitions=self.settings.topic_partitions)
+
+        async def agent(stream: Any) -> None:
+            source = stream.noack() if manual_ack else stream
+            async for event in source.events():
+                msg = event.message
+                headers = (list(msg.headers.items()) if isinstance(msg.headers, dict)
+                           else msg.headers)
+                try:
+                    await dispatch(Raw(name, msg.partition, msg.offset, msg.key, msg.value,
+                                       headers), event)
+                except Exception:  # one record never stops the consumer
+                    log.exception("record %s[%s]@%s failed", name, msg.partition, msg.offset)
+                    if manual_ack:
+                        event.ack()
+
+        agent.__name__ = agent_name or f"{spec.name.replace('.', '_')}_agent"
+        self.app.agent(topic, name=agent.__name__)(agent)
+
+    # --- what the context itself consumes ---------------------------------------------------
+
+    async def _on_command_record(self, raw: Raw, event: Any) -> None:  # noqa: ARG002
+        await self.writer.receive(raw)
+
+    async def _forward_workflow_command(self, env: Envelope) -> None:
+        rec = env.record
+        assert isinstance(rec, WorkflowCommandReceived)
+        # Forward to the workflow's own log, where its single owner applies it; the runtime
+        # dedupes by command id, so "accepted" means "on the workflow's log".
+        await self.publisher.send(WORKFLOWS, Envelope(
+            record=rec, key=rec.workflow, source=SOURCE, subject=rec.workflow,
+            tenant=env.tenant, correlation=env.correlation, causation=env.id, id=env.id))
+        await self.publisher.send(ACKS, acknowledgement(
+            env, Ack.accepted(None, workflow=rec.workflow, command=rec.command), SOURCE))
+
+    async def _on_workflow_record(self, env: Envelope, event: Any) -> None:
+        await self.runtime.handle(env, event.ack, event.message.tp, event.message.offset)
+
+    def _lifecycle(self) -> None:
+        @self.app.timer(1.0)
+        async def _lease_check() -> None:
+            # Running workflows of our partitions with no local task (their worker died):
+            # probe each through the log, where the agent resumes it.
+            topic = topic_name(self.settings, WORKFLOWS)
+            active = {tp.partition for tp in self.app.assignor.assigned_actives()
+                      if tp.topic == topic}
+            for workflow in self.runtime.unheld(active, self.settings.topic_partitions):
+                await self.publisher.send(WORKFLOWS, Envelope(
+                    record=LeaseCheck(workflow=workflow), key=workflow, source=SOURCE,
+                    subject=workflow, correlation=workflow))
+
+        @self.app.on_partitions_assigned.connect
+        async def _assigned(app: Any, assigned: set[Any], **kw: Any) -> None:  # noqa: ARG001
+            self.runtime.keep_only(set(assigned))
+
+        @self.app.on_before_shutdown.connect
+        async def _close(app: Any, **kw: Any) -> None:  # noqa: ARG001
+            # Running steps stop now: their records stay unacknowledged, so the partitions'
+            # next owner resumes them (a shutdown never waits for a model call).
+            self.runtime.keep_only(set())
+            if self._producer is not None:
+                self._producer.close()

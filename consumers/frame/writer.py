@@ -1,0 +1,176 @@
+"""The single writer of every aggregate: one runner, one order, for all of them.
+
+For each record of ``voice.commands`` (consumed by one agent, key = the aggregate id, so one
+aggregate's commands arrive in order at one writer):
+
+1. **decode** — bytes that are not a record go to ``<topic>.dlq`` with the reason;
+2. **route** — by record type, to the aggregate (or plain handler) that owns it;
+3. **dedupe** — a command id the state remembers is answered again ("duplicate", with the
+   detail it got the first time) and never re-applied;
+4. **decide** — the aggregate's pure ``decide``; if it raises, the command goes to
+   ``<topic>.dlq`` with the reason and the writer goes on;
+5. **produce the records** (seq and id from the command) and **await their acks**;
+6. **write the table** (only once the records are on the log);
+7. **produce the command's acknowledgement** (``CommandAcknowledged`` on ``voice.acks``)
+   and await it;
+8. Faust commits the offset after the agent has moved on.
+
+A crash before 6 redelivers the command against the old state: the same records with the same
+ids and seqs (``decide`` is deterministic), which readers dedupe. A crash between 6 and 7
+redelivers it against the new state: step 3 answers it, so the edge still gets its ack. The
+edge waits on the ack and then on its view of the log, which already holds the records.
+
+It never calls a model and never opens sealed content.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Awaitable, Callable, MutableMapping, Sequence
+from dataclasses import dataclass
+from typing import Any, Protocol
+
+from consumers.frame.aggregate import Ack, Aggregate, Decision
+from consumers.intake import dead_letter, decode_or_dead_letter
+from schemas.base import Record
+from schemas.system import CommandAcknowledged
+from streams.envelope import Envelope
+from streams.producer import RecordProducer
+from streams.topics import ACKS, TopicSpec
+
+log = logging.getLogger(__name__)
+
+Output = tuple[TopicSpec, Envelope]
+Handler = Callable[[Envelope], Awaitable[None]]
+
+
+class Publishing(Protocol):
+    """What the writer needs of ``streams.producer.Publisher`` (tests pass a fake)."""
+
+    @property
+    def producer(self) -> RecordProducer: ...
+
+    def produce(self, spec: TopicSpec, env: Envelope) -> Awaitable[Any]: ...
+
+
+@dataclass(frozen=True)
+class Raw:
+    """One record as it came off the broker."""
+
+    topic: str
+    partition: int | None
+    offset: int | None
+    key: bytes | None
+    value: bytes | None
+    headers: Sequence[tuple[str, bytes | None]] | None
+
+
+def acknowledgement(cmd: Envelope, ack: Ack, source: str) -> Envelope:
+    """The ``CommandAcknowledged`` of ``cmd`` (key = command id) the edge waits on."""
+    rec = CommandAcknowledged(command_id=cmd.id, aggregate=cmd.key, outcome=ack.outcome,
+                              seq=ack.seq, detail=ack.detail)
+    return Envelope(record=rec, key=cmd.id, source=source, subject=cmd.key, tenant=cmd.tenant,
+                    correlation=cmd.correlation, causation=cmd.id, id=f"{cmd.id}-ack")
+
+
+def appended(agg: Aggregate[Any], cmd: Envelope, decision: Decision[Any]) -> list[Output]:
+    """The envelopes of a decision's records: dense seqs ending at ``state.seq``, ids and
+    time from the command, tenant/correlation/causation copied from it."""
+    if not decision.records:
+        return []
+    assert decision.state is not None, "records need a state that counts them"
+    first = decision.state.seq - len(decision.records) + 1
+    return [(agg.log, Envelope(
+        record=record, key=cmd.key, source=agg.source, subject=cmd.key, seq=seq,
+        tenant=cmd.tenant, correlation=cmd.correlation or cmd.id, causation=cmd.id,
+        id=agg.record_id(cmd, seq, record), time=cmd.time))
+        for seq, record in enumerate(decision.records, start=first)]
+
+
+def apply(agg: Aggregate[Any], state: Any, cmd: Envelope
+          ) -> tuple[Any, list[Output], Envelope | None]:
+    """Steps 3–4, pure: (new state, records to append, acknowledgement or None).
+
+    Raises what ``decide`` raises. The given state is not modified.
+    """
+    memo = agg.remembered(state, cmd)
+    if memo is not None:  # a redelivered command: answer it again, apply nothing
+        ack = Ack.again(memo) if agg.acknowledges(cmd) else None
+        return state, [], None if ack is None else acknowledgement(cmd, ack, agg.source)
+    # Reload so ``decide`` may change what it gets without touching the caller's state.
+    copy = None if state is None else agg.load(agg.dump(state))
+    decision = agg.decide(copy, cmd)
+    if decision.remembered and decision.state is not None:
+        agg.remember(decision.state, cmd, decision.ack.memo() if decision.ack else {})
+    ack = None if decision.ack is None else acknowledgement(cmd, decision.ack, agg.source)
+    return decision.state, appended(agg, cmd, decision), ack
+
+
+def outputs(agg: Aggregate[Any], state: Any, cmd: Envelope) -> tuple[Any, list[Output]]:
+    """``apply`` as one list in produce order (records, then the acknowledgement)."""
+    new, records, ack = apply(agg, state, cmd)
+    return new, [*records, *([(ACKS, ack)] if ack is not None else [])]
+
+
+class Writer:
+    """Consumes one commands topic for every registered aggregate (see the module docstring)."""
+
+    def __init__(self, publisher: Publishing, topic: str) -> None:
+        self.publisher = publisher
+        self.topic = topic
+        self._owners: dict[type[Record], tuple[Aggregate[Any], MutableMapping[Any, Any]]] = {}
+        self._handlers: dict[type[Record], Handler] = {}
+
+    def register(self, agg: Aggregate[Any], table: MutableMapping[Any, Any]) -> None:
+        """Make ``agg`` the writer of its command types, its states kept in ``table``."""
+        for type_ in agg.commands:
+            self._claim(type_)
+            self._owners[type_] = (agg, table)
+
+    def route(self, types: tuple[type[Record], ...], handler: Handler) -> None:
+        """Hand commands of ``types`` that no aggregate writes to ``handler``."""
+        for type_ in types:
+            self._claim(type_)
+            self._handlers[type_] = handler
+
+    def _claim(self, type_: type[Record]) -> None:
+        if type_ in self._owners or type_ in self._handlers:
+            raise ValueError(f"command type {type_.__name__!r} already has a writer")
+
+    async def receive(self, raw: Raw) -> None:
+        """Steps 1–2: decode (or dead-letter) and route one record."""
+        env = await decode_or_dead_letter(self.publisher.producer, raw.topic, raw.partition,
+                                          raw.offset, raw.key, raw.value, raw.headers)
+        if env is not None:
+            await self.dispatch(env, raw)
+
+    async def dispatch(self, env: Envelope, raw: Raw | None = None) -> None:
+        """Step 2 for a decoded record; commands nobody owns are left alone."""
+        owner = self._owners.get(type(env.record))
+        if owner is not None:
+            await self.handle(owner[0], owner[1], env, raw)
+            return
+        handler = self._handlers.get(type(env.record))
+        if handler is not None:
+            await handler(env)
+
+    async def handle(self, agg: Aggregate[Any], table: MutableMapping[Any, Any], cmd: Envelope,
+                     raw: Raw | None = None) -> None:
+        """Steps 3–7 for one command of ``agg``."""
+        state = agg.load(table.get(cmd.key))
+        try:
+            new, records, ack = apply(agg, state, cmd)
+        except Exception as exc:  # a command that cannot be decided never stops the writer
+            reason = f"{agg.name} could not decide {cmd.type!r}: {type(exc).__name__}: {exc}"
+            log.exception("dead-lettering command %s (%s)", cmd.id, reason)
+            await dead_letter(self.publisher.producer, self.topic, cmd, reason,
+                              raw.partition if raw else None, raw.offset if raw else None)
+            return
+        # Produce in order (one key, one partition), then wait for every ack of the broker.
+        futures = [self.publisher.produce(spec, env) for spec, env in records]
+        for fut in futures:
+            await fut
+        if new is not None:
+            table[cmd.key] = agg.dump(new)
+        if ack is not None:
+            await self.publisher.produce(ACKS, ack)
