@@ -6,7 +6,8 @@ from __future__ import annotations
 import uuid
 from datetime import UTC, datetime
 
-from consumers.assistant.sequencer import AssistantState, sequence
+from consumers.assistant.sequencer import AssistantSequencer, AssistantState
+from consumers.frame.writer import outputs
 from schemas.assistant import (
     AppendDisplay,
     AssistantChat,
@@ -25,6 +26,11 @@ from streams.topics import ACKS, ASSISTANT
 CONV = str(uuid.UUID(int=1))
 SEALED = Sealed(key_version=1, nonce="AAAA", ciphertext="AAAA")
 T0 = datetime(2026, 1, 1, tzinfo=UTC)
+
+
+def sequence(state: AssistantState | None, c: Envelope) -> tuple[AssistantState | None, list]:
+    """The writer's pure half (dedupe, decide, envelopes) for the assistant aggregate."""
+    return outputs(AssistantSequencer(), state, c)
 
 
 def chat(cid: str, owner: str = "alice", create: bool = False, idem: str | None = None

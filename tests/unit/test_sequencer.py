@@ -2,8 +2,8 @@
 
 from __future__ import annotations
 
-from consumers.sequencer import ConversationState, sequence
-
+from consumers.conversations.sequencer import ConversationSequencer, ConversationState
+from consumers.frame.writer import outputs
 from schemas.base import Sealed
 from schemas.conversation import (
     ConversationStarted,
@@ -20,6 +20,12 @@ from streams.topics import ACKS, CONVERSATIONS
 
 CNV = "cnv-00112233aabbccdd"
 SEALED = Sealed(key_version=1, nonce="bm9uY2U=", ciphertext="Y2lwaGVy")
+
+
+def sequence(state: ConversationState | None, c: Envelope) -> tuple[ConversationState | None,
+                                                                      list]:
+    """The writer's pure half (dedupe, decide, envelopes) for the conversation aggregate."""
+    return outputs(ConversationSequencer(), state, c)
 
 
 def cmd(record, id_: str | None = None) -> Envelope:  # noqa: ANN001

@@ -10,6 +10,7 @@ import anthropic
 import pytest
 
 from consumers.engine import RecordingSink
+from consumers.engine.runner import AgentRunner
 from consumers.staff.delivery import Delivery
 from consumers.staff.research import Research, parse_suggestions
 from consumers.staff.review import Review, agent_flags, outcome
@@ -28,7 +29,7 @@ ISS = "iss-00000000000000aa"
 
 
 class FakeOut:
-    """Collects what a step produces (``Producing``'s shape)."""
+    """Collects what a step produces (``Publisher``'s shape)."""
 
     def __init__(self) -> None:
         self.sent: list[tuple[TopicSpec, Envelope]] = []
@@ -44,8 +45,8 @@ class FakeOut:
 
 
 class MemoryAgents(Agents):
-    def __init__(self, *args: Any, **kw: Any) -> None:
-        super().__init__(*args, **kw)
+    def __init__(self, runner: AgentRunner) -> None:
+        super().__init__(runner)
         self.sinks: list[RecordingSink] = []
 
     def sink_for(self, workflow: str, sealed: bool, tenant: str | None) -> RecordingSink:  # type: ignore[override]
@@ -64,7 +65,8 @@ def parts(simulator: str) -> Iterator[tuple[FakeOut, Sealer, MemoryAgents]]:
     settings = VoiceSettings(env="test", kafka_bootstrap="unused:1", fallback_models=[])
     out, sealer = FakeOut(), Sealer(MemoryKeyStore())
     client = anthropic.AsyncAnthropic(api_key="simulator", base_url=simulator, max_retries=0)
-    yield out, sealer, MemoryAgents(settings, out, sealer, client)  # type: ignore[arg-type]
+    runner = AgentRunner(settings, lambda: None, sealer, client=client)  # type: ignore[arg-type, return-value]
+    yield out, sealer, MemoryAgents(runner)
 
 
 def ctx(workflow: str, kind: str, step: str, input_: dict[str, Any],

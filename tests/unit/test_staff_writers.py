@@ -4,9 +4,10 @@ from __future__ import annotations
 
 from datetime import UTC, datetime
 
+from consumers.frame.writer import outputs
 from consumers.staff.developments import DeliveryQueue, apply_development
-from consumers.staff.inbox import InboxState, apply_inbox
-from consumers.staff.issues import IssueState, apply_issue
+from consumers.staff.inbox import InboxState, InboxWriter
+from consumers.staff.issues import IssueState, IssueWriter
 from schemas.base import Record
 from schemas.staff import (
     AddEvidence,
@@ -29,6 +30,15 @@ T0 = datetime(2026, 3, 5, 10, 0, tzinfo=UTC)
 
 
 _ids = iter(range(1, 1_000_000))
+
+
+def apply_issue(state: IssueState | None, c: Envelope) -> tuple[IssueState | None, list]:
+    """The writer's pure half (dedupe, decide, envelopes) for the issue aggregate."""
+    return outputs(IssueWriter(), state, c)
+
+
+def apply_inbox(state: InboxState | None, c: Envelope) -> tuple[InboxState | None, list]:
+    return outputs(InboxWriter(), state, c)
 
 
 def cmd(record: Record, key: str = ISS, id_: str | None = None) -> Envelope:
