@@ -125,12 +125,14 @@ class Writer:
         """Make ``agg`` the writer of its command types, its states kept in ``table``."""
         for type_ in agg.commands:
             self._claim(type_)
+        for type_ in agg.commands:
             self._owners[type_] = (agg, table)
 
     def route(self, types: tuple[type[Record], ...], handler: Handler) -> None:
         """Hand commands of ``types`` that no aggregate writes to ``handler``."""
         for type_ in types:
             self._claim(type_)
+        for type_ in types:
             self._handlers[type_] = handler
 
     def _claim(self, type_: type[Record]) -> None:

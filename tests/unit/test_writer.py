@@ -1,0 +1,221 @@
+"""The single writer of every aggregate (``consumers.frame.writer``), without a broker: an
+in-memory publisher that journals produces and broker acks, and a dict as the Faust table."""
+
+from __future__ import annotations
+
+import asyncio
+from datetime import UTC, datetime
+from typing import Any
+
+import pytest
+
+from consumers.conversations.sequencer import ConversationSequencer, ConversationState
+from consumers.frame import Aggregate, Decision
+from consumers.frame.writer import Raw, Writer
+from schemas.base import Sealed
+from schemas.conversation import SendMessage, StartConversation
+from schemas.staff import OpenIssue
+from schemas.system import CommandAcknowledged
+from streams.envelope import Envelope, encode
+from streams.topics import ACKS, CONVERSATIONS, TopicSpec
+
+CNV = "cnv-00112233aabbccdd"
+ISS = "iss-0123456789abcdef"
+T0 = datetime(2026, 1, 1, tzinfo=UTC)
+SEALED = Sealed(key_version=1, nonce="bm9uY2U=", ciphertext="Y2lwaGVy")
+TOPIC = "t.voice.commands"
+
+
+class Crash(Exception):
+    """A worker dying at a chosen point."""
+
+
+class FakePublisher:
+    """Journals ``produce`` (when called) and the broker's ack (when awaited); keeps DLQ
+    records. ``fail_on`` names a topic whose next produce raises (a crash right there)."""
+
+    def __init__(self, journal: list[tuple[str, ...]]) -> None:
+        self.journal = journal
+        self.sent: list[tuple[str, Envelope]] = []
+        self.dlq: list[tuple[str, bytes | None, dict[str, bytes]]] = []
+        self.fail_on: str | None = None
+
+    @property
+    def producer(self) -> FakePublisher:
+        return self
+
+    def produce(self, spec: TopicSpec, env: Envelope) -> Any:
+        if self.fail_on == spec.name:
+            self.fail_on = None
+            raise Crash(spec.name)
+        self.journal.append(("produce", spec.name, env.id))
+        self.sent.append((spec.name, env))
+
+        async def acked() -> None:
+            await asyncio.sleep(0)
+            self.journal.append(("acked", spec.name, env.id))
+        return acked()
+
+    def produce_raw(self, topic: str, key: bytes | None, value: bytes | None,
+                    headers: Any = None) -> Any:
+        self.dlq.append((topic, value, dict(headers or [])))
+        fut = asyncio.get_running_loop().create_future()
+        fut.set_result(None)
+        return fut
+
+    def acks(self) -> list[CommandAcknowledged]:
+        return [e.record for t, e in self.sent if t == ACKS.name]  # type: ignore[misc]
+
+    def log(self) -> list[Envelope]:
+        return [e for t, e in self.sent if t == CONVERSATIONS.name]
+
+
+class JournalTable(dict[str, Any]):
+    """A Faust table stand-in that journals its writes and can crash on one."""
+
+    def __init__(self, journal: list[tuple[str, ...]]) -> None:
+        super().__init__()
+        self.journal = journal
+        self.fail = False
+
+    def __setitem__(self, key: str, value: Any) -> None:
+        if self.fail:
+            self.fail = False
+            raise Crash("table")
+        self.journal.append(("table", key))
+        super().__setitem__(key, value)
+
+
+@pytest.fixture
+def parts() -> tuple[list[tuple[str, ...]], FakePublisher, JournalTable, Writer]:
+    journal: list[tuple[str, ...]] = []
+    out, table = FakePublisher(journal), JournalTable(journal)
+    writer = Writer(out, TOPIC)  # type: ignore[arg-type]
+    writer.register(ConversationSequencer(), table)
+    return journal, out, table, writer
+
+
+def start(id_: str = "c-start") -> Envelope:
+    return Envelope(record=StartConversation(conversation=CNV, owner="alice"), key=CNV,
+                    source="/test", id=id_, time=T0)
+
+
+def send(id_: str) -> Envelope:
+    return Envelope(record=SendMessage(conversation=CNV, message_id="m1", text=SEALED),
+                    key=CNV, source="/test", id=id_, time=T0, correlation="req-1",
+                    tenant="t1")
+
+
+def run(coro: Any) -> Any:
+    return asyncio.run(coro)
+
+
+def test_records_are_acked_before_the_table_and_the_command_ack_comes_last(parts) -> None:  # noqa: ANN001
+    journal, out, _, writer = parts
+    run(writer.dispatch(start()))
+    journal.clear()
+    run(writer.dispatch(send("c1")))
+    ids = ["c1-2", "c1-3", "c1-4"]
+    assert journal == [
+        *[("produce", "voice.conversations", i) for i in ids],   # produced in order, at once
+        *[("acked", "voice.conversations", i) for i in ids],     # then every broker ack
+        ("table", CNV),                                            # then the state
+        ("produce", "voice.acks", "c1-ack"), ("acked", "voice.acks", "c1-ack"),
+    ]
+    msg = out.log()[-3]
+    assert (msg.seq, msg.tenant, msg.correlation, msg.causation, msg.time) == (
+        2, "t1", "req-1", "c1", T0)
+
+
+def test_a_redelivered_command_is_answered_again_and_not_reapplied(parts) -> None:  # noqa: ANN001
+    _, out, table, writer = parts
+    run(writer.dispatch(start()))
+    run(writer.dispatch(send("c1")))
+    before = (len(out.log()), dict(table))
+    run(writer.dispatch(send("c1")))
+    assert (len(out.log()), dict(table)) == before
+    first, again = out.acks()[-2:]
+    assert (first.outcome, again.outcome) == ("accepted", "duplicate")
+    assert (again.seq, again.detail) == (first.seq, first.detail)
+
+
+def test_a_crash_between_table_and_ack_still_answers_the_command(parts) -> None:  # noqa: ANN001
+    _, out, _, writer = parts
+    run(writer.dispatch(start()))
+    out.fail_on = "voice.acks"
+    with pytest.raises(Crash):
+        run(writer.dispatch(send("c1")))
+    assert [e.seq for e in out.log()] == [1, 2, 3, 4] and len(out.acks()) == 1
+    run(writer.dispatch(send("c1")))  # redelivered: the state already holds it
+    ack = out.acks()[-1]
+    assert ack.command_id == "c1" and ack.outcome == "duplicate" and ack.seq == 2
+    assert ack.detail["turn"] == f"{CNV}:turn-2" and len(out.log()) == 4
+
+
+def test_a_crash_before_the_table_replays_to_identical_records(parts) -> None:  # noqa: ANN001
+    _, out, table, writer = parts
+    run(writer.dispatch(start()))
+    table.fail = True
+    with pytest.raises(Crash):
+        run(writer.dispatch(send("c1")))
+    first = [(e.id, e.seq, e.record) for e in out.log()]
+    assert len(out.acks()) == 1  # the command was not answered: nothing says it was applied
+    run(writer.dispatch(send("c1")))
+    again = [(e.id, e.seq, e.record) for e in out.log()][len(first):]
+    assert again == first[1:] and out.acks()[-1].outcome == "accepted"
+    assert ConversationState.from_dict(table[CNV]).seq == 4  # type: ignore[union-attr]
+
+
+class Exploding(Aggregate[ConversationState]):
+    name = "exploding"
+    log = CONVERSATIONS
+    source = "/test"
+    commands = (OpenIssue,)
+
+    def load(self, raw: dict[str, Any] | None) -> ConversationState | None:
+        return ConversationState.from_dict(raw)
+
+    def decide(self, state: ConversationState | None, cmd: Envelope
+               ) -> Decision[ConversationState]:
+        raise ValueError(f"cannot decide {cmd.id!r}")
+
+
+def test_a_command_that_cannot_be_decided_is_dead_lettered_and_the_writer_goes_on(parts
+                                                                                  ) -> None:  # noqa: ANN001
+    _, out, table, writer = parts
+    writer.register(Exploding(), table)
+    bad = Envelope(record=OpenIssue(issue=ISS, title="t", by="sam"), key=ISS,
+                   source="/test", id="bad-1")
+    key, value, headers = encode(bad)
+    run(writer.receive(Raw(TOPIC, 2, 41, key, value, headers)))
+    [(topic, dlq_value, dlq_headers)] = out.dlq
+    assert topic == f"{TOPIC}.dlq" and dlq_value == value
+    assert b"cannot decide 'bad-1'" in dlq_headers["voice_dlq_reason"]
+    assert dlq_headers["voice_dlq_offset"] == b"41" and dlq_headers["ce_id"] == b"bad-1"
+    assert out.sent == [] and ISS not in table
+    run(writer.dispatch(start()))  # the next command is applied as usual
+    assert out.acks()[-1].outcome == "accepted"
+
+
+def test_a_record_that_cannot_be_decoded_is_dead_lettered(parts) -> None:  # noqa: ANN001
+    _, out, table, writer = parts
+    run(writer.receive(Raw(TOPIC, 0, 7, b"k", b"{not json", [("ce_type", b"nope")])))
+    [(topic, value, headers)] = out.dlq
+    assert topic == f"{TOPIC}.dlq" and value == b"{not json"
+    assert headers["voice_dlq_reason"] and headers["voice_dlq_topic"] == TOPIC.encode()
+    assert out.sent == [] and dict(table) == {}
+
+
+def test_each_command_type_has_one_writer_and_plain_handlers_get_the_rest(parts) -> None:  # noqa: ANN001
+    _, _, table, writer = parts
+    with pytest.raises(ValueError, match="'StartConversation' already has a writer"):
+        writer.register(ConversationSequencer(), table)
+    seen: list[str] = []
+
+    async def handler(env: Envelope) -> None:
+        seen.append(env.id)
+
+    writer.route((OpenIssue,), handler)
+    run(writer.dispatch(Envelope(record=OpenIssue(issue=ISS, title="t", by="s"),
+                                 key=ISS, source="/test", id="x1")))
+    assert seen == ["x1"]
