@@ -349,8 +349,8 @@ def long_conversation(ctx: Context) -> LongConversation:
     """One conversation of ``CONVERSATION_TURNS`` turns on a topic of its own (made once)."""
     if ctx.run_id in _LONG:
         return _LONG[ctx.run_id]
-    from consumers.sequencer import sequence
-
+    from consumers.conversations.sequencer import ConversationSequencer
+    from consumers.frame.writer import outputs as writer_outputs
     from schemas.conversation import (
         ProposalRecorded,
         ReplyRecorded,
@@ -369,6 +369,11 @@ def long_conversation(ctx: Context) -> LongConversation:
     sealer = Sealer(MemoryKeyStore())
     sealer.create(conv)
     src = "/voice/bench"
+
+    sequencer = ConversationSequencer()
+
+    def sequence(state: Any, env: Envelope) -> tuple[Any, list[Any]]:
+        return writer_outputs(sequencer, state, env)
 
     def cmd(record: Any, cid: str) -> Envelope:
         return Envelope(record=record, key=conv, source=src, subject=conv, id=cid)

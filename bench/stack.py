@@ -5,9 +5,11 @@ Its topics carry the run's own prefix (``<prefix>voice.bench.<run id>.stack.``) 
 consumer groups the run's own group prefix, so a run on an existing cluster touches nothing
 else; ``close_all`` deletes them again there (a throwaway broker simply goes away).
 
-``VOICE_BENCH_WORKER_PATCHES=a,b`` starts the workers through ``bench.patched_worker``, and
-``VOICE_BENCH_EDGE_PATCHES=a`` the edge through ``bench.patched_edge``, with those what-if
-patches applied (see those modules); the figures then say so under ``stack``.
+``VOICE_BENCH_EDGE_PATCHES=a`` starts the edge through ``bench.patched_edge``, with those what-if
+patches applied (see that module); the figures then say so under ``stack``. The workers are
+plain ``voice worker`` processes: the worker patches once measured here (``spinner``,
+``effects_nowait``) are production code now, and a what-if for the worker is a product or an
+agent runner passed through ``consumers.app.create_worker``, not a patch.
 """
 
 from __future__ import annotations
@@ -66,7 +68,6 @@ class Stack:
     simulator_url: str
     procs: dict[str, subprocess.Popen[bytes]] = field(default_factory=dict)
     broker_pid: int | None = None
-    patches: str = ""
     edge_patches: str = ""
     external: bool = False
 
@@ -75,7 +76,6 @@ class Stack:
                 "edges": 1, "simulator_latency_ms": 0,
                 "topic_partitions": self.settings.topic_partitions,
                 "worker_concurrency": self.settings.worker_concurrency,
-                "worker_patches": self.patches.split(",") if self.patches else [],
                 "edge_patches": self.edge_patches.split(",") if self.edge_patches else []}
 
     def cpu(self) -> dict[str, float | None]:
@@ -125,16 +125,6 @@ class Stack:
                             fut.result(timeout=60)
 
 
-def _spawn_worker(settings: VoiceSettings, log: Path, patches: str, **extra: str
-                  ) -> subprocess.Popen[bytes]:
-    if not patches:
-        return spawn_voice(settings, "worker", log=log, **extra)
-    out = open(log, "ab")
-    env = voice_env(settings, VOICE_BENCH_WORKER_PATCHES=patches, **extra)
-    return subprocess.Popen([sys.executable, "-m", "bench.patched_worker"], env=env,
-                            stdout=out, stderr=subprocess.STDOUT, cwd=settings.state_dir)
-
-
 def stack(ctx: Context, workers: int | None = None) -> Stack:
     """The run's stack (started on first use, on the run's broker)."""
     global _STACK
@@ -148,9 +138,10 @@ def stack(ctx: Context, workers: int | None = None) -> Stack:
     ctx.log(f"  starting the stack (state {state})")
     t0 = time.perf_counter()
     create_topics(settings)
-    patches = os.environ.get("VOICE_BENCH_WORKER_PATCHES", "").strip()
+    if os.environ.get("VOICE_BENCH_WORKER_PATCHES", "").strip():
+        raise SystemExit("VOICE_BENCH_WORKER_PATCHES is gone: its patches are production code")
     edge_patches = os.environ.get("VOICE_BENCH_EDGE_PATCHES", "").strip()
-    st = Stack(settings, "", "", broker_pid=getattr(ctx, "broker_pid", None), patches=patches,
+    st = Stack(settings, "", "", broker_pid=getattr(ctx, "broker_pid", None),
                edge_patches=edge_patches, external=getattr(ctx, "external", False))
     _STACK = st
     try:
@@ -162,8 +153,8 @@ def stack(ctx: Context, workers: int | None = None) -> Stack:
         wait_http_ready(f"{st.simulator_url}/health", proc=sim)
         model_env = {"ANTHROPIC_API_KEY": "simulator", "ANTHROPIC_BASE_URL": st.simulator_url}
         for i in range(workers or WORKERS):
-            st.procs[f"worker{i}"] = _spawn_worker(settings, state / f"worker{i}.log", patches,
-                                                   **model_env)
+            st.procs[f"worker{i}"] = spawn_voice(settings, "worker",
+                                                 log=state / f"worker{i}.log", **model_env)
         wait_group_stable(settings, worker_group(settings))
         if edge_patches:
             edge = subprocess.Popen(
@@ -180,7 +171,7 @@ def stack(ctx: Context, workers: int | None = None) -> Stack:
         close_all()
         raise
     ctx.log(f"  stack up in {time.perf_counter() - t0:.1f} s"
-            + (f" (worker patches: {patches})" if patches else ""))
+            + (f" (edge patches: {edge_patches})" if edge_patches else ""))
     return st
 
 
