@@ -80,7 +80,7 @@ class WorkerContext:
         self.publisher = Publisher(settings, lambda: self.producer)
         self.sealer = sealer_for(settings)
         self.agents = AgentRunner(settings, lambda: self.producer, self.sealer, client=client)
-        self.runtime = WorkflowRuntime(settings, self.table("workflows"), lambda: self.producer)
+        self.runtime = WorkflowRuntime(settings, self.table("workflows"), self.publisher)
         self.writer = Writer(self.publisher, topic_name(settings, COMMANDS))
         self.products: list[Product] = []
         self.on_command((WorkflowCommandReceived,), self._forward_workflow_command)

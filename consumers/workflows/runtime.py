@@ -26,8 +26,8 @@ from consumers.engine.cancel import CancelToken
 from consumers.workflows import engine
 from consumers.workflows.engine import Pause, StepContext, Transition, WorkflowDef, WorkflowState
 from schemas.workflow import StepOutcome, WorkflowCommandReceived, WorkflowStarted
-from streams.envelope import Envelope, encode
-from streams.producer import RecordProducer
+from streams.envelope import Envelope
+from streams.producer import Publisher
 from streams.settings import VoiceSettings
 from streams.topics import WORKFLOWS, topic_name
 
@@ -56,11 +56,10 @@ class StepError(Exception):
 class WorkflowRuntime:
     """Runs the registered workflow kinds for the partitions this worker owns."""
 
-    def __init__(self, settings: VoiceSettings, table: Any,
-                 producer: Callable[[], RecordProducer]) -> None:
+    def __init__(self, settings: VoiceSettings, table: Any, publisher: Publisher) -> None:
         self.settings = settings
         self.table = table
-        self._producer = producer
+        self.publisher = publisher
         self.defs: dict[str, WorkflowDef] = {}
         self.tasks: dict[str, asyncio.Task[None]] = {}
         self._locks: dict[str, asyncio.Lock] = {}
@@ -160,8 +159,7 @@ class WorkflowRuntime:
                 await wf.on_end(s)
 
     def _send(self, env: Envelope) -> Any:
-        key, value, headers = encode(env)
-        return self._producer().produce_raw(self.topic, key, value, headers)
+        return self.publisher.produce(WORKFLOWS, env)
 
     def _spawn(self, state: WorkflowState) -> None:
         task = asyncio.get_running_loop().create_task(self._run_step(state))

@@ -10,6 +10,7 @@ from consumers.workflows.engine import StepContext, StepDef, WorkflowDef
 from consumers.workflows.runtime import WorkflowRuntime
 from schemas.workflow import StepStarted, WorkflowStarted
 from streams.envelope import Envelope, decode
+from streams.producer import Publisher
 from streams.settings import VoiceSettings
 
 
@@ -40,7 +41,7 @@ async def test_a_redelivered_lease_record_is_never_acknowledged_twice() -> None:
         return {"ok": True}
 
     producer = FakeProducer()
-    rt = WorkflowRuntime(VoiceSettings(), {}, lambda: producer)  # type: ignore[arg-type]
+    rt = WorkflowRuntime(VoiceSettings(), {}, Publisher(VoiceSettings(), lambda: producer))  # type: ignore[arg-type, return-value]
     rt.register(WorkflowDef("k", (StepDef("s", step),)))
     acks = Acks()
     started = Envelope(record=WorkflowStarted(workflow="w1", kind="k"), key="w1",
@@ -71,11 +72,11 @@ def test_unheld_running_workflows_of_our_partitions_are_probed_once_in_a_while()
 
     table = {"w-run": {"status": "running"}, "w-done": {"status": "completed"},
              "w-held": {"status": "running"}}
-    rt = WorkflowRuntime(VoiceSettings(), table, lambda: FakeProducer())  # type: ignore[arg-type]
+    rt = WorkflowRuntime(VoiceSettings(), table, Publisher(VoiceSettings(), FakeProducer))  # type: ignore[arg-type]
     rt.tasks["w-held"] = None  # type: ignore[assignment]  (a step runs here)
     mine = {partition_of("w-run", 6)}
     assert rt.unheld(mine, 6) == ["w-run"]
     assert rt.unheld(mine, 6) == [], "not probed again at once"
     others = set(range(6)) - mine
-    rt2 = WorkflowRuntime(VoiceSettings(), table, lambda: FakeProducer())  # type: ignore[arg-type]
+    rt2 = WorkflowRuntime(VoiceSettings(), table, Publisher(VoiceSettings(), FakeProducer))  # type: ignore[arg-type]
     assert "w-run" not in rt2.unheld(others, 6), "a standby copy of another's partition"
