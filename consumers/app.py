@@ -22,8 +22,6 @@ from streams.settings import VoiceSettings
 
 log = logging.getLogger(__name__)
 
-Worker = WorkerContext
-
 
 def products(agent: ConcernAgent | None = None) -> list[Product]:
     """The products every worker runs, in registration order."""
