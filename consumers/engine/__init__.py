@@ -1,10 +1,12 @@
-"""The agent engine: one turn loop that runs every agent, as a library.
+"""The agent engine: one turn loop that runs every agent, as a library, and the one owner of
+the model client (``AgentRunner``; nothing outside the engine builds a client).
 
 It never imports Kafka into the loop: the model goes through a ``ModelPort`` (an
 ``anthropic.AsyncAnthropic`` is adapted), and every side effect through ``EffectSink.emit``
 (``KafkaEffectSink`` produces records, ``RecordingSink`` keeps them in memory).
 
-Public names: ``run_turn``, ``AgentSpec``, ``TurnInput``, ``TurnResult``, ``StateView``,
+Public names: ``AgentRunner``, ``ModelSettings``, ``run_turn``, ``AgentSpec``, ``TurnInput``,
+``TurnResult``, ``StateView``,
 ``HistorySummary``, ``Usage``, ``TurnError``, ``CancelToken``, ``Tool``, ``ToolRegistry``,
 ``ToolContext``, ``ToolNotAllowed``, ``Ok``, ``Hint``, ``Err``, ``HintSignal``, ``Card``,
 ``PlanStep``, ``PlanUpdate``, ``ContractViolation``, ``EffectSink``, ``RecordingSink``,
@@ -16,6 +18,7 @@ Public names: ``run_turn``, ``AgentSpec``, ``TurnInput``, ``TurnResult``, ``Stat
 """
 
 from consumers.engine.cancel import CancelToken
+from consumers.engine.client import ModelSettings
 from consumers.engine.display import DisplayFactory
 from consumers.engine.effects import (
     EffectSink,
@@ -36,6 +39,7 @@ from consumers.engine.envelopes import (
 from consumers.engine.loop import run_turn
 from consumers.engine.model import AnthropicModel, ModelError, ModelNotFound, ModelPort
 from consumers.engine.replay import ReplayClient, compare_effects, recorded_tools, rerun
+from consumers.engine.runner import AgentRunner
 from consumers.engine.sanitize import sanitize_json
 from consumers.engine.tools import Tool, ToolContext, ToolNotAllowed, ToolRegistry
 from consumers.engine.types import (
@@ -56,10 +60,11 @@ from consumers.engine.types import (
 )
 
 __all__ = [
-    "AgentSpec", "AnthropicModel", "CancelToken", "Card", "ContractViolation", "DisplayChunk",
+    "AgentRunner", "AgentSpec", "AnthropicModel", "CancelToken", "Card", "ContractViolation",
+    "DisplayChunk",
     "DisplayEvent", "DisplayFactory", "Effect", "EffectSink", "Err", "Hint", "HintSignal",
     "HistorySummary", "KafkaEffectSink", "ModelCallEffect", "ModelError", "ModelNotFound",
-    "ModelPort", "Ok", "PersistMessage", "PlanStep", "PlanUpdate", "RecordingSink",
+    "ModelPort", "ModelSettings", "Ok", "PersistMessage", "PlanStep", "PlanUpdate", "RecordingSink",
     "ReplayClient", "StateView", "TelemetryEffect", "Tool", "ToolCallEffect", "ToolContext",
     "ToolNotAllowed", "ToolRegistry", "TurnError", "TurnInput", "TurnResult", "Usage",
     "compare_effects", "effects_from_envelopes", "recorded_tools", "rerun", "run_turn",

@@ -20,8 +20,8 @@ from typing import Any, Protocol
 import faust
 
 from consumers.engine.runner import AgentRunner
-from consumers.frame.aggregate import Aggregate
-from consumers.frame.writer import Ack, Raw, Writer, acknowledgement
+from consumers.frame.aggregate import Ack, Aggregate
+from consumers.frame.writer import Raw, Writer, acknowledgement
 from consumers.intake import decode_or_dead_letter, decode_or_none
 from consumers.workflows.engine import WorkflowDef
 from consumers.workflows.runtime import WorkflowRuntime
