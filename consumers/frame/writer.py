@@ -76,9 +76,8 @@ def acknowledgement(cmd: Envelope, ack: Ack, source: str) -> Envelope:
 def appended(agg: Aggregate[Any], cmd: Envelope, decision: Decision[Any]) -> list[Output]:
     """The envelopes of a decision's records: dense seqs ending at ``state.seq``, ids and
     time from the command, tenant/correlation/causation copied from it."""
-    if not decision.records:
+    if not decision.records or decision.state is None:
         return []
-    assert decision.state is not None, "records need a state that counts them"
     first = decision.state.seq - len(decision.records) + 1
     return [(agg.log, Envelope(
         record=record, key=cmd.key, source=agg.source, subject=cmd.key, seq=seq,
@@ -100,6 +99,12 @@ def apply(agg: Aggregate[Any], state: Any, cmd: Envelope
     # Reload so ``decide`` may change what it gets without touching the caller's state.
     copy = None if state is None else agg.load(agg.dump(state))
     decision = agg.decide(copy, cmd)
+    if decision.records:
+        before = 0 if state is None else state.seq
+        after = -1 if decision.state is None else decision.state.seq
+        if after != before + len(decision.records):  # a decide that did not ``append`` them
+            raise ValueError(f"{agg.name}: {len(decision.records)} records took seq "
+                             f"{before!r} to {after!r}")
     if decision.remembered and decision.state is not None:
         agg.remember(decision.state, cmd, decision.ack.memo() if decision.ack else {})
     ack = None if decision.ack is None else acknowledgement(cmd, decision.ack, agg.source)

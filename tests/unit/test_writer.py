@@ -219,3 +219,22 @@ def test_each_command_type_has_one_writer_and_plain_handlers_get_the_rest(parts)
     run(writer.dispatch(Envelope(record=OpenIssue(issue=ISS, title="t", by="s"),
                                  key=ISS, source="/test", id="x1")))
     assert seen == ["x1"]
+
+
+class Uncounted(Exploding):
+    """Appends a record without counting it into the state's seq."""
+
+    def decide(self, state: ConversationState | None, cmd: Envelope
+               ) -> Decision[ConversationState]:
+        rec = StartConversation(conversation=CNV, owner="x")
+        return Decision(ConversationState(owner="x"), (rec,))
+
+
+def test_records_a_decide_did_not_count_are_refused_not_given_wrong_seqs(parts) -> None:  # noqa: ANN001
+    _, out, table, writer = parts
+    writer.register(Uncounted(), table)
+    bad = Envelope(record=OpenIssue(issue=ISS, title="t", by="sam"), key=ISS, source="/test",
+                   id="bad-2")
+    run(writer.dispatch(bad))
+    assert out.sent == [] and len(out.dlq) == 1 and ISS not in table
+    assert b"took seq 0 to 0" in out.dlq[0][2]["voice_dlq_reason"]
