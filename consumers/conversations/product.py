@@ -19,7 +19,7 @@ from consumers.conversations.concern import (
 )
 from consumers.conversations.sequencer import ConversationSequencer
 from consumers.conversations.turns import ConcernAgent, Turns
-from consumers.engine.cancel import CancelToken
+from consumers.engine import AgentSpec, CancelToken
 from consumers.frame.context import WorkerContext
 from streams.envelope import Envelope
 from streams.topics import CONVERSATIONS
@@ -37,6 +37,7 @@ class Conversations:
         self.issues: IssueCatalog = issues or MemoryIssueCatalog()
         self.ctx: WorkerContext | None = None
         self.turns: Turns | None = None
+        self.spec: AgentSpec | None = None
 
     def register(self, ctx: WorkerContext) -> None:
         """Add the sequencer, the transcript table and consumer, and the turn workflow."""
@@ -55,7 +56,7 @@ class Conversations:
     async def concern_agent(self, conversation: str, turn: str, attempt: int,
                             history: list[dict[str, Any]], cancel: CancelToken) -> ConcernReply:
         """One concern-extraction turn; its effects become records keyed by the turn."""
-        assert self.ctx is not None
+        assert self.ctx is not None and self.spec is not None, "register() first"
         agents = self.ctx.agents
         return await run_concern_extraction(self.spec, agents.client,
                                             agents.sink(turn, sealed=True), conversation, turn,
