@@ -263,6 +263,17 @@ def test_dockerfile_installs_the_project(instructions) -> None:
     assert re.search(r"pip install(?: -\S+)* \.(?:\s|$)", runs), runs
 
 
+def test_dockerfile_installs_the_lock_make_installs(instructions) -> None:
+    # The image runs the versions the tests ran with: the lock the Makefile installs from.
+    lock = re.search(r"^LOCK := (\S+)$", (ROOT / "Makefile").read_text(), re.MULTILINE)
+    assert lock and (ROOT / lock[1]).is_file(), "the Makefile names no lock file"
+    copied = [p for args in args_of(instructions, "COPY") for p in args.split()[:-1]]
+    assert lock[1] in copied, f"{lock[1]} is not copied into the image"
+    runs = " && ".join(args_of(instructions, "RUN"))
+    assert f"pip install --require-hashes -r {lock[1]}" in runs, runs
+    assert re.search(r"pip install --no-deps \.(?:\s|$)", runs), "the project resolves again"
+
+
 def test_dockerfile_runs_voice_as_non_root(instructions) -> None:
     entrypoints = args_of(instructions, "ENTRYPOINT")
     assert entrypoints and json.loads(entrypoints[-1]) == ["voice"]
