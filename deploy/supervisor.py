@@ -17,7 +17,7 @@ from pathlib import Path
 
 from deploy.kafka_local import LocalKafka, LocalKafkaSettings
 from deploy.simulator import SimulatorSettings
-from streams.model_settings import SIMULATOR_KEY, ModelApiSettings
+from streams.model_settings import SIMULATOR_KEY, ModelSettings
 from streams.settings import VoiceSettings
 from streams.topics import create_topics
 
@@ -60,7 +60,7 @@ def up(settings: VoiceSettings, with_simulator: bool | None = None) -> int:
         print(f"voice up: topics ready ({sum(v == 'created' for v in created.values())} created, "
               f"{sum(v == 'exists' for v in created.values())} existed)", flush=True)
         if with_simulator is None:
-            with_simulator = ModelApiSettings().api_key is None
+            with_simulator = ModelSettings().api_key is None
         if with_simulator:
             env["ANTHROPIC_BASE_URL"] = f"http://127.0.0.1:{SimulatorSettings().port}"
             if not env.get("ANTHROPIC_API_KEY"):

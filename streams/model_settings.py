@@ -3,8 +3,10 @@ or to the bundled simulator, read by the worker's model client and by ``voice up
 they live here, beside ``streams.settings``, on neither side of the wall).
 
 The variables keep the Anthropic SDK's own names (no ``VOICE_`` prefix) so a key set for the SDK
-works unchanged. Build ``ModelApiSettings()`` in a factory, never at import. This module must
-never import the SDK: only the engine does.
+works unchanged. Build ``ModelSettings()`` in a factory, never at import. This module must
+never import the SDK: only the engine does (``consumers.engine.client`` builds the client from
+these settings; ``voice up`` reads them to decide whether to start the simulator, and may not
+import the engine's client).
 """
 
 from __future__ import annotations
@@ -16,7 +18,7 @@ SIMULATOR_KEY = "simulator"
 """The key the stack hands to children that talk to the simulator (it checks none)."""
 
 
-class ModelApiSettings(BaseSettings):
+class ModelSettings(BaseSettings):
     """``ANTHROPIC_API_KEY`` and ``ANTHROPIC_BASE_URL``; an empty variable counts as unset."""
 
     model_config = SettingsConfigDict(env_prefix="ANTHROPIC_", extra="ignore",

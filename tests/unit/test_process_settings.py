@@ -8,7 +8,7 @@ import pytest
 
 from deploy.kafka_local import KAFKA_VERSION, LocalKafkaSettings, default_cache_dir
 from deploy.simulator import SimulatorSettings
-from streams.model_settings import ModelApiSettings
+from streams.model_settings import ModelSettings
 
 
 @pytest.fixture(autouse=True)
@@ -19,17 +19,20 @@ def clean_env(monkeypatch: pytest.MonkeyPatch) -> None:
 
 
 def test_without_a_key_model_calls_go_to_the_simulator(monkeypatch: pytest.MonkeyPatch) -> None:
-    assert ModelApiSettings().uses_simulator and ModelApiSettings().api_key is None
+    assert ModelSettings().uses_simulator and ModelSettings().api_key is None
+    monkeypatch.setenv("API_KEY", "someone-elses")  # only the SDK's own names count
+    monkeypatch.setenv("BASE_URL", "http://elsewhere")
+    assert ModelSettings().api_key is None and ModelSettings().base_url is None
     monkeypatch.setenv("ANTHROPIC_API_KEY", "")  # an empty variable counts as unset
-    assert ModelApiSettings().api_key is None
+    assert ModelSettings().api_key is None
     monkeypatch.setenv("ANTHROPIC_API_KEY", "simulator")
-    assert ModelApiSettings().uses_simulator
+    assert ModelSettings().uses_simulator
 
 
 def test_a_real_key_is_a_secret(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv("ANTHROPIC_API_KEY", "sk-ant-real")
     monkeypatch.setenv("ANTHROPIC_BASE_URL", "https://api.anthropic.com")
-    s = ModelApiSettings()
+    s = ModelSettings()
     assert not s.uses_simulator and s.base_url == "https://api.anthropic.com"
     assert s.api_key is not None and s.api_key.get_secret_value() == "sk-ant-real"
     assert "sk-ant-real" not in repr(s) and "sk-ant-real" not in s.model_dump_json()
