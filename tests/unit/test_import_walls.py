@@ -37,7 +37,8 @@ PENDING = {
     "anthropic-only-in-engine": "consumers.model_client imports anthropic outside the engine",
 }
 
-# One violation per contract in HOLDS: (module file in the copy, the line appended to it).
+# One violation per contract: (module file in the copy, the line appended to it). Those of
+# HOLDS are applied together and each contract must then be broken.
 VIOLATIONS = {
     "schemas-import-nothing-of-ours": ("schemas/__init__.py", "import streams.ids"),
     "edge-apart-from-workers": ("api/__init__.py", "import consumers"),
@@ -46,6 +47,8 @@ VIOLATIONS = {
     "simulator-only-from-deploy": ("telemetry/__init__.py", "import deploy.simulator"),
     "runtime-never-imports-deploy": ("schemas/__init__.py", "import deploy"),
     "runtime-never-imports-harness": ("deploy/__init__.py", "import tests.support"),
+    "model-client-only-in-engine": ("consumers/__init__.py", "import consumers.engine.client"),
+    "anthropic-only-in-engine": ("streams/__init__.py", "import anthropic"),
 }
 
 
@@ -80,7 +83,7 @@ def tree(tmp_path: Path) -> Path:
 def test_every_contract_is_either_holding_or_pending() -> None:
     assert not set(HOLDS) & set(PENDING)
     assert set(HOLDS) | set(PENDING) == set(CONTRACTS)
-    assert set(VIOLATIONS) == set(HOLDS)
+    assert set(VIOLATIONS) == set(CONTRACTS)
 
 
 def test_the_holding_contracts_hold_on_the_copy(tree: Path) -> None:
@@ -90,7 +93,7 @@ def test_the_holding_contracts_hold_on_the_copy(tree: Path) -> None:
 
 
 def test_each_holding_contract_fails_on_its_violation(tree: Path) -> None:
-    for path, line in VIOLATIONS.values():
+    for path, line in (VIOLATIONS[c] for c in HOLDS):
         with open(tree / path, "a") as f:
             f.write(f"\n{line}\n")
     run = lint_imports(tree, *HOLDS)
