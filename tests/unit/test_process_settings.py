@@ -55,3 +55,52 @@ def test_simulator_host_and_port(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv("VOICE_SIMULATOR_HOST", "0.0.0.0")
     monkeypatch.setenv("VOICE_SIMULATOR_PORT", "8101")
     assert (SimulatorSettings().host, SimulatorSettings().port) == ("0.0.0.0", 8101)
+
+
+class ExitedChild:
+    """A child of ``voice up`` that has already exited (so ``up`` stops at once)."""
+
+    returncode = 0
+
+    def poll(self) -> int:
+        return 0
+
+    def wait(self, timeout: float | None = None) -> int:
+        return 0
+
+
+def spawned_by_up(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> dict[str, dict[str, str]]:
+    """The children ``voice up`` starts against an external cluster, with their environment."""
+    from deploy import supervisor
+    from streams.settings import VoiceSettings
+
+    children: dict[str, dict[str, str]] = {}
+
+    def spawn(name: str, args: list[str], env: dict[str, str]) -> ExitedChild:
+        children[args[0]] = dict(env)
+        return ExitedChild()
+
+    monkeypatch.setattr(supervisor, "create_topics", lambda settings: {})
+    monkeypatch.setattr(supervisor, "_spawn", spawn)
+    settings = VoiceSettings(kafka_bootstrap="127.0.0.1:1", state_dir=tmp_path, env="test")
+    assert supervisor.up(settings) == 1  # a child exited: the stack stops
+    return children
+
+
+def test_voice_up_starts_the_simulator_without_a_key(monkeypatch: pytest.MonkeyPatch,
+                                                     tmp_path: Path) -> None:
+    monkeypatch.setenv("VOICE_SIMULATOR_PORT", "8123")
+    monkeypatch.setenv("ANTHROPIC_API_KEY", "")
+    children = spawned_by_up(monkeypatch, tmp_path)
+    assert set(children) == {"simulator", "worker", "telemetry", "edge"}
+    assert children["worker"]["ANTHROPIC_BASE_URL"] == "http://127.0.0.1:8123"
+    assert children["worker"]["ANTHROPIC_API_KEY"] == "simulator"
+
+
+def test_voice_up_leaves_a_real_key_to_the_real_api(monkeypatch: pytest.MonkeyPatch,
+                                                    tmp_path: Path) -> None:
+    monkeypatch.setenv("ANTHROPIC_API_KEY", "sk-ant-real")
+    children = spawned_by_up(monkeypatch, tmp_path)
+    assert set(children) == {"worker", "telemetry", "edge"}
+    assert children["worker"]["ANTHROPIC_API_KEY"] == "sk-ant-real"
+    assert "ANTHROPIC_BASE_URL" not in children["worker"]
