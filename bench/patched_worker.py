@@ -22,7 +22,6 @@ Each patch replaces a function at import time; nothing on disk changes.
 from __future__ import annotations
 
 import asyncio
-import os
 import sys
 from typing import Any
 
@@ -117,8 +116,9 @@ def _patch_submit_together() -> None:
 
 
 def main() -> None:
-    patches = {p.strip() for p in os.environ.get("VOICE_BENCH_WORKER_PATCHES", "").split(",")
-               if p.strip()}
+    from bench.settings import BenchSettings, patch_names
+
+    patches = patch_names(BenchSettings().worker_patches)
     unknown = patches - {"spinner", "effects_nowait", "submit_together"}
     if unknown:
         raise SystemExit(f"unknown patches: {sorted(unknown)}")
