@@ -12,7 +12,6 @@ suggested change to production code before anyone makes it. Never used by ``voic
 
 from __future__ import annotations
 
-import os
 import sys
 from typing import Any
 
@@ -32,8 +31,9 @@ def _patch_inline_deps() -> None:
 
 
 def main() -> None:
-    patches = {p.strip() for p in os.environ.get("VOICE_BENCH_EDGE_PATCHES", "").split(",")
-               if p.strip()}
+    from bench.settings import BenchSettings, patch_names
+
+    patches = patch_names(BenchSettings().edge_patches)
     unknown = patches - {"inline_deps"}
     if unknown:
         raise SystemExit(f"unknown patches: {sorted(unknown)}")

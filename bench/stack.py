@@ -29,6 +29,7 @@ from confluent_kafka import Consumer, TopicPartition
 from confluent_kafka.admin import AdminClient
 
 from bench.harness import Context
+from bench.settings import BenchSettings
 from deploy.kafka_local import free_port
 from deploy.processes import (
     spawn_voice,
@@ -43,8 +44,6 @@ from streams.topics import create_topics
 
 _STACK: Stack | None = None
 _CLK = os.sysconf("SC_CLK_TCK")
-WORKERS = int(os.environ.get("VOICE_BENCH_WORKERS", "1"))
-"""Worker processes of the stack (one per core is the sensible most; default 1)."""
 
 
 def cpu_seconds(pid: int) -> float | None:
@@ -113,7 +112,7 @@ class Stack:
         for name in reversed(list(self.procs)):
             stop(self.procs[name])
         self.procs.clear()
-        if not os.environ.get("VOICE_BENCH_KEEP_STATE"):  # logs, keys, Faust's data
+        if not BenchSettings().keep_state:  # logs, keys, Faust's data
             shutil.rmtree(self.settings.state_dir, ignore_errors=True)
         if self.external:  # leave nothing behind on someone else's cluster
             with contextlib.suppress(Exception):
@@ -138,9 +137,10 @@ def stack(ctx: Context, workers: int | None = None) -> Stack:
     ctx.log(f"  starting the stack (state {state})")
     t0 = time.perf_counter()
     create_topics(settings)
-    if os.environ.get("VOICE_BENCH_WORKER_PATCHES", "").strip():
+    bench = BenchSettings()
+    if bench.worker_patches.strip():
         raise SystemExit("VOICE_BENCH_WORKER_PATCHES is gone: its patches are production code")
-    edge_patches = os.environ.get("VOICE_BENCH_EDGE_PATCHES", "").strip()
+    edge_patches = bench.edge_patches.strip()
     st = Stack(settings, "", "", broker_pid=getattr(ctx, "broker_pid", None),
                edge_patches=edge_patches, external=getattr(ctx, "external", False))
     _STACK = st
@@ -152,7 +152,7 @@ def stack(ctx: Context, workers: int | None = None) -> Stack:
         st.simulator_url = f"http://127.0.0.1:{sim_port}"
         wait_http_ready(f"{st.simulator_url}/health", proc=sim)
         model_env = {"ANTHROPIC_API_KEY": "simulator", "ANTHROPIC_BASE_URL": st.simulator_url}
-        for i in range(workers or WORKERS):
+        for i in range(workers or bench.workers):
             st.procs[f"worker{i}"] = spawn_voice(settings, "worker",
                                                  log=state / f"worker{i}.log", **model_env)
         wait_group_stable(settings, worker_group(settings))

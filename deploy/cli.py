@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import os
 import signal
 import sys
 from pathlib import Path
@@ -81,10 +80,10 @@ def edge(host: str = typer.Option(None), port: int = typer.Option(None)) -> None
 @app.command()
 def simulator(port: int = typer.Option(None, help="Default VOICE_SIMULATOR_PORT or 8100.")) -> None:
     """Run the local model simulator that speaks the Anthropic Messages API."""
-    from deploy.simulator import run_simulator
+    from deploy.simulator import SimulatorSettings, run_simulator
 
-    run_simulator(os.environ.get("VOICE_SIMULATOR_HOST", "127.0.0.1"),
-                  port or int(os.environ.get("VOICE_SIMULATOR_PORT", "8100")))
+    settings = SimulatorSettings()
+    run_simulator(settings.host, port or settings.port)
 
 
 @app.command()

@@ -7,7 +7,6 @@ it says exactly what to install instead of failing somewhere deeper.
 
 from __future__ import annotations
 
-import os
 import shutil
 import signal
 import socket
@@ -16,6 +15,9 @@ import time
 import uuid
 from dataclasses import dataclass
 from pathlib import Path
+
+from pydantic import Field
+from pydantic_settings import BaseSettings, SettingsConfigDict
 
 HERE = Path(__file__).resolve().parent
 POM = HERE / "kafka-pom.xml"
@@ -27,11 +29,23 @@ class LocalKafkaError(RuntimeError):
     """The local broker cannot be fetched or started; the message says what to do."""
 
 
-def default_cache_dir() -> Path:
+class LocalKafkaSettings(BaseSettings):
+    """``VOICE_*`` variables of the local broker (``voice up``, ``voice kafka fetch``, tests)."""
+
+    model_config = SettingsConfigDict(env_prefix="VOICE_", extra="ignore", env_ignore_empty=True)
+
+    kafka_cache: Path | None = None
+    """Folder of the Kafka jars; unset is ``~/.cache/voice/kafka-<version>``."""
+
+    local_kafka_port: int = Field(default=9092, ge=1, le=65535)
+    """Port of the broker ``voice up`` starts."""
+
+
+def default_cache_dir(settings: LocalKafkaSettings | None = None) -> Path:
     """Where the Kafka jars live: ``VOICE_KAFKA_CACHE`` or ``~/.cache/voice/kafka-<version>``."""
-    env = os.environ.get("VOICE_KAFKA_CACHE")
-    if env:
-        return Path(env)
+    settings = settings or LocalKafkaSettings()
+    if settings.kafka_cache is not None:
+        return settings.kafka_cache
     return Path.home() / ".cache" / "voice" / f"kafka-{KAFKA_VERSION}"
 
 

@@ -15,7 +15,9 @@ import sys
 import time
 from pathlib import Path
 
-from deploy.kafka_local import LocalKafka
+from deploy.kafka_local import LocalKafka, LocalKafkaSettings
+from deploy.simulator import SimulatorSettings
+from streams.model_settings import SIMULATOR_KEY, ModelSettings
 from streams.settings import VoiceSettings
 from streams.topics import create_topics
 
@@ -42,12 +44,12 @@ def up(settings: VoiceSettings, with_simulator: bool | None = None) -> int:
 
     broker: LocalKafka | None = None
     children: dict[str, subprocess.Popen[bytes]] = {}
-    env = dict(os.environ)
+    env = dict(os.environ)  # handed down to the children, which read their own settings
     try:
         if settings.kafka_bootstrap:
             print(f"voice up: using the Kafka cluster at {settings.kafka_bootstrap}", flush=True)
         else:
-            port = int(os.environ.get("VOICE_LOCAL_KAFKA_PORT", "9092"))
+            port = LocalKafkaSettings().local_kafka_port
             broker = LocalKafka(data_dir=settings.state_dir / "kafka", port=port)
             print(f"voice up: starting the local Kafka broker (KRaft) on 127.0.0.1:{port}; "
                   f"data in {broker.data_dir}", flush=True)
@@ -58,11 +60,11 @@ def up(settings: VoiceSettings, with_simulator: bool | None = None) -> int:
         print(f"voice up: topics ready ({sum(v == 'created' for v in created.values())} created, "
               f"{sum(v == 'exists' for v in created.values())} existed)", flush=True)
         if with_simulator is None:
-            with_simulator = not os.environ.get("ANTHROPIC_API_KEY")
+            with_simulator = ModelSettings().api_key is None
         if with_simulator:
-            sim_port = os.environ.get("VOICE_SIMULATOR_PORT", "8100")
-            env["ANTHROPIC_BASE_URL"] = f"http://127.0.0.1:{sim_port}"
-            env.setdefault("ANTHROPIC_API_KEY", "simulator")
+            env["ANTHROPIC_BASE_URL"] = f"http://127.0.0.1:{SimulatorSettings().port}"
+            if not env.get("ANTHROPIC_API_KEY"):
+                env["ANTHROPIC_API_KEY"] = SIMULATOR_KEY
             children["simulator"] = _spawn("the model simulator (replies come from it, "
                                            "not from a real model)", ["simulator"], env)
         children["worker"] = _spawn("the worker", ["worker"], env)

@@ -1,14 +1,21 @@
-"""Helpers the tests share: the Kafka fixture's broker choice and process runners."""
+"""Helpers the tests share: the Kafka fixture's broker choice, process runners, and the one SSE
+reader every integration test reads a stream with."""
 
 from __future__ import annotations
 
+import asyncio
+import json
 import shutil
 import subprocess
 import time
 import uuid
-from collections.abc import Iterator
+from collections.abc import AsyncIterator, Callable, Iterable, Iterator
 from contextlib import contextmanager
+from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
+
+import httpx
 
 from deploy.processes import (  # noqa: F401  (re-exported for the tests)
     spawn_voice,
@@ -71,3 +78,126 @@ def wait_for(predicate, timeout: float = 20, interval: float = 0.1, what: str = 
             return value
         time.sleep(interval)
     raise TimeoutError(f"{what} not reached in {timeout}s")
+
+
+# --- SSE ------------------------------------------------------------------------------------
+
+
+@dataclass
+class SseFrame:
+    """One SSE frame as it was on the wire (a blank line ends it): its fields and comments."""
+
+    event: str | None = None
+    id: str | None = None
+    text: str | None = None
+    """The data field as sent (several ``data:`` lines joined by newlines)."""
+    comments: list[str] = field(default_factory=list)
+    """Comment lines (``: keep-alive``), without the colon and the space after it."""
+
+    @property
+    def data(self) -> Any:
+        """The data field decoded as JSON (every Voice stream sends JSON), or None without one."""
+        return None if self.text is None else json.loads(self.text)
+
+
+@dataclass
+class SseRead:
+    """What one request to an SSE route got: status, headers, the frames, how it ended."""
+
+    status: int
+    headers: httpx.Headers
+    frames: list[SseFrame]
+    ended: bool
+    """The server closed the stream (rather than ``until`` ending the read early)."""
+    elapsed: float
+    body: Any = None
+    """The body of an answer other than 200, decoded if JSON (then there are no frames)."""
+
+    @property
+    def events(self) -> list[SseFrame]:
+        """The frames that carry an event (not the comment-only ones)."""
+        return [f for f in self.frames if f.event is not None]
+
+
+def sse_frames(lines: Iterable[str]) -> Iterator[SseFrame]:
+    """Frames from the lines of an ``text/event-stream`` body (the WHATWG field rules)."""
+    cur, seen, data = SseFrame(), False, []
+    for line in lines:
+        if line == "":
+            if seen:
+                cur.text = "\n".join(data) if data else None
+                yield cur
+            cur, seen, data = SseFrame(), False, []
+            continue
+        seen = True
+        if line.startswith(":"):
+            cur.comments.append(line[1:].removeprefix(" "))
+            continue
+        name, _, value = line.partition(":")
+        value = value.removeprefix(" ")
+        if name == "data":
+            data.append(value)
+        elif name == "event":
+            cur.event = value
+        elif name == "id":
+            cur.id = value
+    if seen:  # the server closed without the blank line: the frame still counts here
+        cur.text = "\n".join(data) if data else None
+        yield cur
+
+
+def read_sse(method: str, url: str, *, headers: dict[str, str] | None = None,
+             deadline: float = 30.0,
+             until: Callable[[list[SseFrame]], bool] | None = None,
+             during: Callable[[], object] | None = None,
+             transport: httpx.AsyncBaseTransport | None = None,
+             **request: Any) -> SseRead:
+    """Read an SSE response until the server ends it or ``until(events so far)`` holds.
+
+    The whole exchange must finish within ``deadline`` seconds, or ``TimeoutError`` says what
+    had arrived: every Voice stream ends within the gateway bound, so a stream still open is a
+    failure, not a wait. ``during`` runs once, after the first frame arrived, while the
+    connection stays open (in a thread, so it may block or run its own event loop).
+    """
+    async def read() -> SseRead:
+        t0 = time.monotonic()
+        got: list[SseFrame] = []
+        pending = during
+        async with httpx.AsyncClient(transport=transport, timeout=deadline) as client:
+            try:
+                async with asyncio.timeout(deadline):
+                    async with client.stream(method, url, headers=headers, **request) as r:
+                        if r.status_code != 200:
+                            await r.aread()
+                            try:
+                                body = r.json()
+                            except ValueError:
+                                body = r.text
+                            return SseRead(r.status_code, r.headers, [], True,
+                                           time.monotonic() - t0, body)
+                        async for frame in _aframes(r.aiter_lines()):
+                            got.append(frame)
+                            if pending is not None:
+                                await asyncio.to_thread(pending)
+                                pending = None
+                            if until is not None and until([f for f in got if f.event is not None]):
+                                return SseRead(200, r.headers, got, False,
+                                               time.monotonic() - t0)
+                        return SseRead(200, r.headers, got, True, time.monotonic() - t0)
+            except TimeoutError:
+                raise TimeoutError(f"{method} {url}: the stream was still open after "
+                                   f"{deadline}s; frames so far: {got}") from None
+
+    return asyncio.run(read())
+
+
+async def _aframes(lines: AsyncIterator[str]) -> AsyncIterator[SseFrame]:
+    buffered: list[str] = []
+    async for line in lines:
+        buffered.append(line)
+        if line == "":
+            for frame in sse_frames(buffered):
+                yield frame
+            buffered = []
+    for frame in sse_frames(buffered):
+        yield frame

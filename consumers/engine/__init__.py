@@ -18,7 +18,6 @@ Public names: ``AgentRunner``, ``ModelSettings``, ``run_turn``, ``AgentSpec``, `
 """
 
 from consumers.engine.cancel import CancelToken
-from consumers.engine.client import ModelSettings
 from consumers.engine.display import DisplayFactory
 from consumers.engine.effects import (
     EffectSink,
@@ -58,6 +57,7 @@ from consumers.engine.types import (
     TurnResult,
     Usage,
 )
+from streams.model_settings import ModelSettings
 
 __all__ = [
     "AgentRunner", "AgentSpec", "AnthropicModel", "CancelToken", "Card", "ContractViolation",

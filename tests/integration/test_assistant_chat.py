@@ -4,11 +4,9 @@ Louisiana map example end to end with its patterns, ownership, and no plaintext 
 
 from __future__ import annotations
 
-import json
 import socket
 import time
 from collections.abc import Callable, Iterator
-from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -21,7 +19,7 @@ from schemas.workflow import StepSucceeded
 from streams.envelope import decode
 from streams.settings import VoiceSettings
 from streams.topics import ASSISTANT, DATASETS, WORKFLOWS, all_specs, topic_name
-from tests.support import read_all, wait_for
+from tests.support import SseFrame, SseRead, read_all, read_sse, wait_for
 
 pytestmark = pytest.mark.integration
 
@@ -48,22 +46,11 @@ def chat(url: str, settings: VoiceSettings, body: dict[str, Any], sub: str = "al
                       headers=auth(settings, sub), timeout=10)
 
 
-@dataclass
-class Frame:
-    event: str | None = None
-    id: str | None = None
-    data: dict | None = None
-    comments: list[str] = field(default_factory=list)
-
-
-@dataclass
-class Streamed:
-    status: int
-    headers: httpx.Headers
-    frames: list[Frame]
+class Streamed(SseRead):
+    """A read of the assistant's stream, seen through its ``display`` events."""
 
     @property
-    def events(self) -> list[Frame]:
+    def events(self) -> list[SseFrame]:
         return [f for f in self.frames if f.event == "display"]
 
     @property
@@ -76,28 +63,7 @@ class Streamed:
 
 
 def read_stream(method: str, url: str, headers: dict[str, str], **kw: Any) -> Streamed:
-    frames, cur, seen = [], Frame(), False
-    with httpx.stream(method, url, headers=headers, timeout=30, **kw) as resp:
-        if resp.status_code != 200:
-            resp.read()
-            return Streamed(resp.status_code, resp.headers, [])
-        for line in resp.iter_lines():
-            if line == "":
-                if seen:
-                    frames.append(cur)
-                cur, seen = Frame(), False
-                continue
-            seen = True
-            if line.startswith(":"):
-                cur.comments.append(line[1:].strip())
-                continue
-            name, _, value = line.partition(":")
-            value = value[1:] if value.startswith(" ") else value
-            if name == "data":
-                cur.data = json.loads(value)
-            elif name in ("event", "id"):
-                setattr(cur, name, value)
-        return Streamed(resp.status_code, resp.headers, frames)
+    return Streamed(**vars(read_sse(method, url, headers=headers, **kw)))
 
 
 def chat_stream(url: str, settings: VoiceSettings, body: dict[str, Any], sub: str = "alice"

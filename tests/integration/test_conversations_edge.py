@@ -10,13 +10,11 @@ Seqs of a conversation here: 1 started; a message at n, its TurnRequested n+1, T
 from __future__ import annotations
 
 import asyncio
-import json
 import random
 import socket
 import time
 import uuid
 from collections.abc import Callable, Iterator
-from dataclasses import dataclass, field
 
 import httpx
 import pytest
@@ -29,7 +27,8 @@ from streams.producer import RecordProducer
 from streams.sealing import KeyErased, sealer_for
 from streams.settings import VoiceSettings
 from streams.topics import COMMANDS, CONVERSATIONS, topic_name
-from tests.support import read_all, wait_for
+from tests.support import SseFrame as Frame
+from tests.support import SseRead, read_all, read_sse, wait_for
 
 pytestmark = pytest.mark.integration
 
@@ -97,80 +96,21 @@ def turn_state(url: str, settings: VoiceSettings, turn: str, want: str) -> dict 
 # --- SSE ------------------------------------------------------------------------------------
 
 
-@dataclass
-class Frame:
-    """One SSE frame as it was on the wire: fields and comment lines."""
-
-    event: str | None = None
-    id: str | None = None
-    data: dict | None = None
-    comments: list[str] = field(default_factory=list)
-
-
-def frames(resp: httpx.Response) -> Iterator[Frame]:
-    cur, seen = Frame(), False
-    for line in resp.iter_lines():
-        if line == "":
-            if seen:
-                yield cur
-            cur, seen = Frame(), False
-            continue
-        seen = True
-        if line.startswith(":"):
-            cur.comments.append(line[1:].lstrip())
-            continue
-        name, _, value = line.partition(":")
-        value = value[1:] if value.startswith(" ") else value
-        if name == "data":
-            cur.data = json.loads(value)
-        elif name == "event":
-            cur.event = value
-        elif name == "id":
-            cur.id = value
-    if seen:
-        yield cur
-
-
-@dataclass
-class StreamRead:
-    status: int
-    frames: list[Frame]
-    ended: bool
-    """The server closed the stream (rather than the client stopping early)."""
-    elapsed: float
-    body: dict | None = None
-
-    @property
-    def events(self) -> list[Frame]:
-        return [f for f in self.frames if f.event is not None]
-
-
 def read_stream(url: str, settings: VoiceSettings, cnv: str, *, sub: str = "alice",
                 after: int | None = None, last_event_id: str | None = None,
                 stop: Callable[[list[Frame]], bool] | None = None,
-                during: Callable[[], None] | None = None) -> StreamRead:
+                during: Callable[[], None] | None = None) -> SseRead:
     """Read ``…/stream`` until the server ends it or ``stop(events so far)`` holds.
 
     ``during`` runs once, after the first frame arrived, while the connection stays open.
     """
     headers = auth(settings, sub) | ({"Last-Event-ID": last_event_id} if last_event_id else {})
     params = {"after": after} if after is not None else {}
-    t0 = time.monotonic()
-    got: list[Frame] = []
-    with httpx.stream("GET", f"{url}/me/conversations/{cnv}/stream", params=params,
-                      headers=headers, timeout=httpx.Timeout(30.0)) as r:
-        if r.status_code != 200:
-            r.read()
-            return StreamRead(r.status_code, [], True, time.monotonic() - t0, r.json())
-        assert r.headers["content-type"].startswith("text/event-stream")
-        for f in frames(r):
-            got.append(f)
-            if during is not None:
-                during()
-                during = None
-            if stop is not None and stop([g for g in got if g.event is not None]):
-                return StreamRead(200, got, False, time.monotonic() - t0)
-    return StreamRead(200, got, True, time.monotonic() - t0)
+    s = read_sse("GET", f"{url}/me/conversations/{cnv}/stream", params=params, headers=headers,
+                 until=stop, during=during)
+    if s.status == 200:
+        assert s.headers["content-type"].startswith("text/event-stream")
+    return s
 
 
 def resume_to_end(url: str, settings: VoiceSettings, cnv: str, last: int, *,

@@ -16,7 +16,7 @@ from streams.envelope import Envelope
 from streams.settings import VoiceSettings
 from streams.topics import INBOX, WORKFLOWS, topic_name
 from tests.integration.test_staff_helpers import Api, envelopes, kill, produce
-from tests.support import read_all, wait_for
+from tests.support import read_all, read_sse, wait_for
 
 pytestmark = pytest.mark.integration
 
@@ -40,21 +40,14 @@ def inbox(api: Api, sub: str, n: int, timeout: float = 60) -> dict:
 
 def sse(api: Api, sub: str, **headers: str) -> list[tuple[str | None, str | None, str]]:
     """(id, event, data) of each event and (None, None, comment) of each comment, to the end."""
+    s = read_sse("GET", f"{api.url}/me/inbox/stream",
+                 headers=api.headers(sub, "participant", **headers))
+    assert s.status == 200, s.body
     out: list[tuple[str | None, str | None, str]] = []
-    with httpx.stream("GET", f"{api.url}/me/inbox/stream", timeout=30,
-                      headers=api.headers(sub, "participant", **headers)) as r:
-        assert r.status_code == 200, r.read()
-        ev: dict[str, str] = {}
-        for line in r.iter_lines():
-            if line.startswith(":"):
-                out.append((None, None, line[1:].strip()))
-            elif line == "":
-                if ev:
-                    out.append((ev.get("id"), ev.get("event"), ev.get("data", "")))
-                ev = {}
-            else:
-                k, _, v = line.partition(":")
-                ev[k] = v.lstrip()
+    for f in s.frames:
+        out += [(None, None, c) for c in f.comments]
+        if (f.id, f.event, f.text) != (None, None, None):
+            out.append((f.id, f.event, f.text or ""))
     return out
 
 

@@ -14,23 +14,18 @@ import tomllib
 from pathlib import Path
 
 import pytest
+import typer
 import yaml
+
+from deploy import cli
 
 ROOT = Path(__file__).resolve().parents[2]
 COMPOSE = ROOT / "docker-compose.yml"
 DOCKERFILE = ROOT / "deploy" / "Dockerfile"
+README = ROOT / "README.md"
 
 VOICE_SERVICES = {"topics", "simulator", "worker", "edge", "telemetry"}
 ALL_SERVICES = VOICE_SERVICES | {"kafka", "clickhouse"}
-
-# Used only while deploy/cli.py cannot be imported yet; the CLI itself is the truth otherwise.
-FALLBACK_COMMANDS = {
-    "edge": None,
-    "worker": None,
-    "topics": {"create": None},
-    "telemetry": None,
-    "simulator": None,
-}
 
 
 @pytest.fixture(scope="module")
@@ -64,27 +59,19 @@ def argv_of(service: dict) -> list[str]:
     return shlex.split(command) if isinstance(command, str) else [str(c) for c in command]
 
 
-def cli_tree() -> tuple[dict, str]:
-    """The CLI's command tree as nested dicts (leaf commands map to None), and its source."""
-    try:
-        import typer
+def cli_tree() -> dict:
+    """The ``voice`` command tree, from the Typer app itself (leaf commands map to None)."""
+    assert isinstance(cli.app, typer.Typer), "deploy.cli.app must be the voice Typer app"
 
-        from deploy import cli
-    except Exception:  # the CLI is written concurrently; until it imports, use the known list
-        return FALLBACK_COMMANDS, "fallback list"
-    app = getattr(cli, "app", None)
-    if not isinstance(app, typer.Typer):
-        return FALLBACK_COMMANDS, "fallback list"
-
-    def walk(command) -> dict | None:
+    def walk(command) -> dict | None:  # noqa: ANN001
         subcommands = getattr(command, "commands", None)
         if subcommands is None:
             return None
         return {name: walk(sub) for name, sub in subcommands.items()}
 
-    tree = walk(typer.main.get_command(app))
+    tree = walk(typer.main.get_command(cli.app))
     assert isinstance(tree, dict), "deploy.cli.app must be a command group (voice <command>)"
-    return tree, "deploy.cli.app"
+    return tree
 
 
 def resolves(tree: dict, argv: list[str]) -> bool:
@@ -165,10 +152,36 @@ def test_voice_service_builds_the_image_and_reaches_the_stack(services: dict, na
 
 @pytest.mark.parametrize("name", sorted(VOICE_SERVICES))
 def test_voice_service_command_is_a_real_subcommand(services: dict, name: str) -> None:
-    tree, source = cli_tree()
     argv = argv_of(services[name])
     assert argv, f"{name} has no command; the image's default only prints help"
-    assert resolves(tree, argv), f"`voice {' '.join(argv)}` is not a command of the {source}"
+    assert resolves(cli_tree(), argv), f"`voice {' '.join(argv)}` is not a command of deploy.cli"
+
+
+def test_every_service_using_the_voice_image_runs_a_real_subcommand(services: dict) -> None:
+    # Found from the compose file, so a service added later is checked too.
+    voice_image = {name for name, s in services.items() if "build" in s}
+    assert voice_image == VOICE_SERVICES
+    tree = cli_tree()
+    wrong = [name for name in voice_image if not resolves(tree, argv_of(services[name]))]
+    assert not wrong, f"not commands of deploy.cli: {[argv_of(services[n]) for n in wrong]}"
+
+
+def readme_commands() -> list[list[str]]:
+    """The argv of each ``voice …`` in the README's table of the ``voice`` command."""
+    section = README.read_text().split("## The `voice` command", 1)[1].split("\n## ", 1)[0]
+    rows = [re.split(r"(?<!\\)\|", line)[1] for line in section.splitlines()
+            if line.startswith("| `voice")]
+    spans = [span for row in rows for span in re.findall(r"`voice ([^`]+)`", row)]
+    return [shlex.split(span.replace("\\|", "|")) for span in spans]
+
+
+def test_the_readme_table_and_the_cli_name_the_same_commands() -> None:
+    tree, documented = cli_tree(), readme_commands()
+    assert documented, "README.md has no table of `voice` commands"
+    unknown = [argv for argv in documented if not resolves(tree, argv)]
+    assert not unknown, f"in README.md but not in deploy.cli: {unknown}"
+    undocumented = set(tree) - {argv[0] for argv in documented}
+    assert not undocumented, f"in deploy.cli but not in README.md: {sorted(undocumented)}"
 
 
 def test_topics_runs_once_after_kafka_is_healthy(services: dict) -> None:
@@ -248,6 +261,17 @@ def test_dockerfile_copies_what_pyproject_packages(instructions) -> None:
 def test_dockerfile_installs_the_project(instructions) -> None:
     runs = " && ".join(args_of(instructions, "RUN"))
     assert re.search(r"pip install(?: -\S+)* \.(?:\s|$)", runs), runs
+
+
+def test_dockerfile_installs_the_lock_make_installs(instructions) -> None:
+    # The image runs the versions the tests ran with: the lock the Makefile installs from.
+    lock = re.search(r"^LOCK := (\S+)$", (ROOT / "Makefile").read_text(), re.MULTILINE)
+    assert lock and (ROOT / lock[1]).is_file(), "the Makefile names no lock file"
+    copied = [p for args in args_of(instructions, "COPY") for p in args.split()[:-1]]
+    assert lock[1] in copied, f"{lock[1]} is not copied into the image"
+    runs = " && ".join(args_of(instructions, "RUN"))
+    assert f"pip install --require-hashes -r {lock[1]}" in runs, runs
+    assert re.search(r"pip install --no-deps \.(?:\s|$)", runs), "the project resolves again"
 
 
 def test_dockerfile_runs_voice_as_non_root(instructions) -> None:

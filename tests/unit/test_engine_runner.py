@@ -8,10 +8,16 @@ import asyncio
 import pytest
 
 from consumers.engine import RecordingSink, TurnInput
-from consumers.engine.client import ModelSettings, model_client
 from consumers.engine.runner import AgentRunner
 from consumers.engine.testing import ScriptedModel, text
+from streams.model_settings import ModelSettings
 from streams.settings import VoiceSettings
+
+
+def model_client(settings: VoiceSettings, model: ModelSettings):  # noqa: ANN201
+    """The client the runner builds from ``model`` (the client module is the engine's own)."""
+    return AgentRunner(settings, lambda: None, model=model).client  # type: ignore[arg-type, return-value]
+
 
 SETTINGS = VoiceSettings(env="test", kafka_bootstrap="unused:1", fallback_models=[],
                          simulator_url="http://127.0.0.1:8199")
