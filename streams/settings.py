@@ -75,6 +75,10 @@ class VoiceSettings(BaseSettings):
     worker_concurrency: int = Field(default=64, ge=1)
     """Workflow steps (turns) one worker runs at once."""
 
+    staff_step_delay_ms: str = ""
+    """Tests only: ``step=ms,step=ms``; the named staff workflow steps sleep that long at their
+    midpoint, so a test can kill a worker in the middle of them. Unset in every deployment."""
+
     @model_validator(mode="after")
     def _refuse_default_secrets(self) -> VoiceSettings:
         if self.env == "prod" and self.jwt_secret.get_secret_value() == DEV_JWT_SECRET:

@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import asyncio
 import json
-import os
 import re
 from typing import Any
 
@@ -26,15 +25,16 @@ _FENCED = re.compile(r"```(?:json)?\s*(\{.*?\})\s*```", re.S)
 
 
 class StepDelays:
-    """Per-step sleeps at a step's midpoint (see ``DELAY_ENV``)."""
+    """Per-step sleeps at a step's midpoint (tests only: ``VOICE_STAFF_STEP_DELAY_MS``)."""
 
     def __init__(self, delays: dict[str, float] | None = None) -> None:
         self.delays = delays or {}
 
     @classmethod
-    def from_env(cls) -> StepDelays:
+    def parse(cls, spec: str) -> StepDelays:
+        """``step=ms,step=ms`` (``VoiceSettings.staff_step_delay_ms``) as delays."""
         out: dict[str, float] = {}
-        for part in (os.environ.get(DELAY_ENV) or "").split(","):
+        for part in spec.split(","):
             name, _, ms = part.partition("=")
             if name.strip() and ms.strip():
                 out[name.strip()] = float(ms) / 1000

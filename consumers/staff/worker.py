@@ -36,7 +36,7 @@ class Staff:
         ctx.aggregate(IssueWriter())
         ctx.aggregate(InboxWriter())
         self.deliveries = ctx.table("staff_deliveries")
-        delays = StepDelays.from_env()
+        delays = StepDelays.parse(ctx.settings.staff_step_delay_ms)
         agents = Agents(ctx.agents)
         self.research = Research(self.out, agents, delays)
         self.review = Review(self.out, ctx.sealer, agents, delays)

@@ -214,3 +214,13 @@ async def test_notify_sends_one_notification_per_follower_with_fixed_ids() -> No
     assert [(k, i) for k, i, _ in sent] == [("a", f"{dev}:a"), ("b", f"{dev}:b")]
     assert all(isinstance(r, DeliverNotification) and r.body == rendered["body"]
                for _k, _i, r in sent)
+
+
+def test_step_delays_come_from_settings(monkeypatch) -> None:
+    from streams.settings import VoiceSettings
+
+    monkeypatch.setenv("VOICE_STAFF_STEP_DELAY_MS", "flag=1500, publish=20")
+    delays = StepDelays.parse(VoiceSettings(env="test").staff_step_delay_ms)
+    assert delays.delays == {"flag": 1.5, "publish": 0.02}
+    assert StepDelays.parse(VoiceSettings(env="test", staff_step_delay_ms="").staff_step_delay_ms
+                            ).delays == {}
