@@ -58,14 +58,6 @@ class ReplyOut(BaseModel):
     text: str
 
 
-class CancelRequested(BaseModel):
-    """A cancel was recorded for a running turn (``state`` is what the edge knows now)."""
-
-    turn: str
-    state: str
-    cancel: str = "requested"
-
-
 class TurnOut(BaseModel):
     turn: str
     state: TurnState
@@ -101,14 +93,6 @@ class ConversationOut(BaseModel):
     messages: list[TranscriptMessage]
     proposals: list[ProposalOut]
     turns: list[TurnSummary]
-
-
-class CursorTooOldOut(BaseModel):
-    """``409`` of ``…/stream``: reconnect with ``after=oldest_cursor`` (events before it are
-    gone from this edge) or read the conversation instead."""
-
-    detail: str
-    oldest_cursor: int
 
 
 # --- SSE event data ---------------------------------------------------------------------------

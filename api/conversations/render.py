@@ -9,7 +9,7 @@ from __future__ import annotations
 from fastapi.sse import ServerSentEvent
 from pydantic import JsonValue
 
-from api.models import (
+from api.conversations.models import (
     AgentMessageEvent,
     ConversationOut,
     ParticipantMessageEvent,
@@ -21,7 +21,7 @@ from api.models import (
     TurnOut,
     TurnSummary,
 )
-from api.views import ConversationView, TurnView
+from api.conversations.views import ConversationView, TurnView
 from schemas.conversation import (
     MessageRecorded,
     ProposalRecorded,
