@@ -2,8 +2,6 @@
 roles, the caller's own resource (404 for anyone else's), views that must catch up with the
 log, and the byte limit of a text field."""
 
-from __future__ import annotations
-
 from collections.abc import Awaitable, Callable
 from typing import Annotated, Any, TypeVar
 

@@ -10,8 +10,6 @@ falls that far behind while connected gets a final comment instead. Streams diff
 their ``Feed``: what they render per event and when they end early.
 """
 
-from __future__ import annotations
-
 import asyncio
 import json
 from collections.abc import AsyncIterator, Awaitable, Callable
