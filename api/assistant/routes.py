@@ -27,35 +27,29 @@ from api.assistant.views import (
     AssistantViews,
     display_event,
 )
-from api.frame.commands import CommandsDep, refused
+from api.frame.commands import CommandsDep, conversation_refused
 from api.frame.deps import (
     VIEW_WAIT_S,
     PrincipalDep,
     SealerDep,
     SettingsDep,
     check_text_size,
+    check_turn,
     find_owned,
     known,
+    no_turn,
+    not_found,
 )
 from api.frame.models import CancelRequested
 from api.frame.sse import SSE_HEADERS, TOO_OLD, Feed, sse_bytes, sse_stream
 from schemas.assistant import AssistantChat, AssistantDisplayRecorded, ChatOptions, DatasetRef
 from schemas.workflow import WorkflowCommandReceived
 from streams.envelope import new_id
-from streams.ids import turn_conversation
 from streams.sealing import KeyErased, Sealer
 
 router = APIRouter(prefix="/api/v1/assistant", tags=["assistant"])
 
 _ID_IN_CONTEXT = re.compile(r"\bID:\s*([0-9a-fA-F]{32})\b")
-
-
-def no_conversation(conversation: str) -> HTTPException:
-    return HTTPException(404, f"no conversation {conversation!r}")
-
-
-def no_turn(turn: str, conversation: str) -> HTTPException:
-    return HTTPException(404, f"no turn {turn!r} in {conversation!r}")
 
 
 def display_stream(conversations: AssistantConversations, sealer: Sealer, conversation: str,
@@ -141,7 +135,7 @@ async def chat(
     if body.conversation_id is not None:
         conversation, create = str(body.conversation_id), False
         if await find_owned(views.conversations, conversation, principal.sub) is None:
-            raise no_conversation(conversation)
+            raise not_found("conversation", conversation)
     else:
         conversation, create = str(uuid.uuid4()), True
         await asyncio.to_thread(sealer.create, conversation)
@@ -164,7 +158,7 @@ async def chat(
         if ack.detail.get("reason") == "busy":
             raise HTTPException(409, f"conversation {conversation!r} is busy with turn "
                                      f"{ack.detail.get('turn')!r}; wait for it to end")
-        raise refused(ack, f"conversation {conversation!r}", no_conversation(conversation))
+        raise conversation_refused(ack, conversation)
     turn, after = str(ack.detail["turn"]), int(ack.detail.get("after") or 0)
     if not body.stream:
         accepted = ChatAccepted(turn=turn, conversation_id=conversation, after=after)
@@ -192,8 +186,7 @@ async def stream(view: OwnedDep, cursor: CursorDep, settings: SettingsDep, views
 async def known_turn(conversations: AssistantConversations, conversation: str, turn: str
                      ) -> AssistantTurnView:
     """The turn of ``conversation`` (waiting briefly for this edge to see it); 404 if none."""
-    if turn_conversation(turn) != conversation:
-        raise no_turn(turn, conversation)
+    check_turn(turn, conversation)
     await conversations.wait(conversation, lambda v: v is not None and turn in v.turns,
                              VIEW_WAIT_S)
     view = conversations.get(conversation)
@@ -217,7 +210,7 @@ async def get_turn(turn: str, view: OwnedDep, views: AssistantDep, sealer: Seale
             text = sealer.open_json(conversation, f"{rid}/chain", tv.reply.chain).get("text")
             cards = sealer.open_json(conversation, f"{rid}/cards", tv.reply.cards).get("cards")
         except KeyErased:
-            raise no_conversation(conversation) from None
+            raise not_found("conversation", conversation) from None
         cost = tv.reply.cost_usd
     return AssistantTurnOut(turn=turn, conversation_id=conversation, state=tv.state,  # type: ignore[arg-type]
                             text=text, cards=cards or [], end_reason=tv.end_reason,

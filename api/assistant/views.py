@@ -16,7 +16,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
-from api.frame.projection import AggregateView, KeptEvents, Projection
+from api.frame.projection import AggregateView, KeptEvents, Projection, StreamProjection
 from schemas.assistant import (
     AssistantConversationStarted,
     AssistantDisplayRecorded,
@@ -98,12 +98,8 @@ class Datasets(Projection[DatasetView]):
             self.notify(rec.dataset_id)
 
 
-class AssistantConversations(Projection[AssistantConversationView]):
+class AssistantConversations(StreamProjection[AssistantConversationView]):
     """Every assistant conversation this edge has seen, by id."""
-
-    def __init__(self, kept: int) -> None:
-        super().__init__()
-        self.kept = kept
 
     def apply(self, env: Envelope) -> None:
         rec = env.record

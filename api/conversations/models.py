@@ -4,8 +4,9 @@ from __future__ import annotations
 
 from typing import Literal
 
-from pydantic import BaseModel, ConfigDict, Field, JsonValue, field_validator
+from pydantic import BaseModel, ConfigDict, Field, JsonValue
 
+from api.frame.models import NonBlank
 from schemas.conversation import TurnState
 
 # --- requests ---------------------------------------------------------------------------------
@@ -17,16 +18,8 @@ class MessageIn(BaseModel):
 
     model_config = ConfigDict(extra="forbid")
 
-    text: str = Field(description="The participant's message: non-blank, at most "
+    text: NonBlank = Field(description="The participant's message: non-blank, at most "
                                   "VOICE_MAX_MESSAGE_BYTES UTF-8 bytes (16 KiB by default).")
-
-    @field_validator("text")
-    @classmethod
-    def _not_blank(cls, v: str) -> str:
-        if not v.strip():
-            raise ValueError("text must not be empty or whitespace only")
-        return v
-
 
 # --- responses --------------------------------------------------------------------------------
 

@@ -30,14 +30,17 @@ from api.conversations.models import (
     TurnOut,
 )
 from api.conversations.views import ConversationView, ConversationViews
-from api.frame.commands import CommandsDep, refused
+from api.frame.commands import CommandsDep, conversation_refused
 from api.frame.deps import (
     VIEW_WAIT_S,
     PrincipalDep,
     SealerDep,
     SettingsDep,
     check_text_size,
+    check_turn,
     known,
+    no_turn,
+    not_found,
     owned_dependency,
 )
 from api.frame.models import CancelRequested
@@ -45,7 +48,6 @@ from api.frame.sse import TOO_OLD, Feed, StreamEnd, cursor_dependency, sse_strea
 from schemas.conversation import EraseConversation, MessageRecorded, SendMessage, StartConversation
 from schemas.workflow import WorkflowCommandReceived
 from streams.envelope import Envelope, new_id
-from streams.ids import parse_turn
 from streams.sealing import KeyErased, Sealer
 
 router = APIRouter(prefix="/me/conversations", tags=["conversations"])
@@ -67,14 +69,6 @@ OwnedDep = Annotated[ConversationView, Depends(owned_conversation)]
 CursorDep = Annotated[int, Depends(cursor_dependency(owned_conversation))]
 
 
-def not_found(conversation: str) -> HTTPException:
-    return HTTPException(404, f"no conversation {conversation!r}")
-
-
-def no_turn(turn: str, conversation: str) -> HTTPException:
-    return HTTPException(404, f"no turn {turn!r} in {conversation!r}")
-
-
 @contextmanager
 def opening(views: ConversationViews, conversation: str) -> Iterator[None]:
     """Turn ``KeyErased`` (erased by another edge, not yet on this edge's view) into 404."""
@@ -82,7 +76,7 @@ def opening(views: ConversationViews, conversation: str) -> Iterator[None]:
         yield
     except KeyErased:
         views.mark_erased(conversation)
-        raise not_found(conversation) from None
+        raise not_found("conversation", conversation) from None
 
 
 @router.post("", status_code=201)
@@ -133,7 +127,7 @@ async def send_message(
         conversation=conversation, message_id=message_id, text=sealed,
         idempotency_key=idempotency_key))
     if ack.outcome == "rejected" or ack.seq is None:
-        raise refused(ack, f"conversation {conversation!r}", not_found(conversation))
+        raise conversation_refused(ack, conversation)
     text = body.text
     if ack.outcome == "duplicate":
         text = await original_text(views, sealer, conversation, ack.seq, default=body.text)
@@ -159,10 +153,7 @@ async def get_turn(
 ) -> TurnOut:
     """A turn's state (``Thinking`` | ``Replied`` | ``CouldNotInterpret``), reply and proposal."""
     conversation = view.conversation
-    parsed = parse_turn(turn)
-    if parsed is None or parsed[0] != conversation:
-        raise no_turn(turn, conversation)
-    message_seq = parsed[1]
+    message_seq = check_turn(turn, conversation)
 
     def decided(v: ConversationView | None) -> bool:
         # The sequencer records Thinking two seqs after the message: past it, the view knows.
@@ -174,7 +165,7 @@ async def get_turn(
     await views.wait(conversation, decided, VIEW_WAIT_S)
     tv = view.turns.get(turn)
     if view.erased:
-        raise not_found(conversation)
+        raise not_found("conversation", conversation)
     if tv is None or tv.state is None:
         raise no_turn(turn, conversation)
     with opening(views, conversation):
@@ -190,9 +181,7 @@ async def cancel_turn(
     The turn then ends ``CouldNotInterpret`` with a reason saying it was cancelled; a turn that
     already ended is left as it is."""
     conversation = view.conversation
-    parsed = parse_turn(turn)
-    if parsed is None or parsed[0] != conversation:
-        raise no_turn(turn, conversation)
+    check_turn(turn, conversation)
     tv = view.turns.get(turn)
     if tv is None or tv.state is None:
         raise no_turn(turn, conversation)
@@ -201,7 +190,7 @@ async def cancel_turn(
     ack = await commands.submit(turn, WorkflowCommandReceived(
         workflow=turn, command="cancel", command_id=new_id(), by=principal.sub))
     if ack.outcome == "rejected":
-        raise refused(ack, f"conversation {conversation!r}", not_found(conversation))
+        raise conversation_refused(ack, conversation)
     return CancelRequested(turn=turn, state="Thinking")
 
 
@@ -224,7 +213,7 @@ async def erase_conversation(
     views.mark_erased(conversation)
     ack = await commands.submit(conversation, EraseConversation(conversation=conversation))
     if ack.outcome == "rejected":
-        raise refused(ack, f"conversation {conversation!r}", not_found(conversation))
+        raise conversation_refused(ack, conversation)
     return Response(status_code=204)
 
 

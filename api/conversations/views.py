@@ -12,7 +12,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from api.frame.projection import DEFAULT_KEPT, KeptEvents, Projection
+from api.frame.projection import KeptEvents, StreamProjection
 from schemas.conversation import (
     ConversationErased,
     ConversationStarted,
@@ -78,14 +78,8 @@ class ConversationView(KeptEvents[Envelope]):
         self.turns.clear()
 
 
-class ConversationViews(Projection[ConversationView]):
+class ConversationViews(StreamProjection[ConversationView]):
     """Every conversation this edge has seen, by id and by owner."""
-
-    def __init__(self, kept: int = DEFAULT_KEPT) -> None:
-        if kept < 1:
-            raise ValueError("kept must be at least 1")
-        super().__init__()
-        self.kept = kept
 
     def apply(self, env: Envelope) -> ConversationView | None:
         """Apply one record; returns the view it changed, or None for a duplicate/unknown."""

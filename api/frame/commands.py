@@ -14,7 +14,7 @@ from confluent_kafka import Message
 from fastapi import Depends, HTTPException
 
 from api.frame.auth import Principal
-from api.frame.deps import PrincipalDep, ProducerDep, SettingsDep, TailDep
+from api.frame.deps import PrincipalDep, ProducerDep, SettingsDep, TailDep, not_found
 from api.frame.tail import AckTimeout, EdgeTail
 from schemas.base import Record
 from schemas.system import CommandAcknowledged
@@ -79,6 +79,11 @@ def refused(ack: CommandAcknowledged, what: str,
     if reason.startswith("no such"):
         return not_found or HTTPException(404, f"{what}: {reason}")
     return HTTPException(409, f"{what}: {reason}")
+
+
+def conversation_refused(ack: CommandAcknowledged, conversation: str) -> HTTPException:
+    """``refused`` for a command to a conversation (either product's)."""
+    return refused(ack, f"conversation {conversation!r}", not_found("conversation", conversation))
 
 
 async def get_commands(settings: SettingsDep, producer: ProducerDep, tail: TailDep,

@@ -12,6 +12,7 @@ from fastapi.security import HTTPAuthorizationCredentials, HTTPBearer
 from api.frame.auth import AuthError, Principal, decode_token
 from api.frame.projection import Projection
 from api.frame.tail import EdgeTail
+from streams.ids import parse_turn
 from streams.producer import RecordProducer
 from streams.sealing import Sealer
 from streams.settings import VoiceSettings
@@ -72,6 +73,23 @@ PrincipalDep = Annotated[Principal, Depends(get_principal)]
 ParticipantDep = Annotated[Principal, Depends(require_role("participant"))]
 
 
+def not_found(what: str, key: str) -> HTTPException:
+    """The 404 of an unknown (or someone else's) ``what``: ``no {what} {key!r}``."""
+    return HTTPException(404, f"no {what} {key!r}")
+
+
+def check_turn(turn: str, conversation: str) -> int:
+    """The seq that requested ``turn`` if it is a turn id of ``conversation``; else 404."""
+    parsed = parse_turn(turn)
+    if parsed is None or parsed[0] != conversation:
+        raise no_turn(turn, conversation)
+    return parsed[1]
+
+
+def no_turn(turn: str, conversation: str) -> HTTPException:
+    return HTTPException(404, f"no turn {turn!r} in {conversation!r}")
+
+
 async def known(projection: Projection[V], key: str, timeout: float = VIEW_WAIT_S) -> V | None:
     """The view of ``key``, waiting at most ``timeout`` for this edge to catch up with the log;
     None when it still does not know it."""
@@ -83,7 +101,7 @@ async def known_or_404(projection: Projection[V], key: str, what: str) -> V:
     """The view of ``key`` (waiting briefly for this edge to catch up); 404 naming ``what``."""
     view = await known(projection, key)
     if view is None:
-        raise HTTPException(404, f"no {what} {key!r}")
+        raise not_found(what, key)
     return view
 
 
@@ -111,7 +129,7 @@ def owned_dependency(projection_of: Callable[..., Any], *, valid: Callable[[str]
         view = (await find_owned(projection, conversation, principal.sub)
                 if valid(conversation) else None)
         if view is None:
-            raise HTTPException(404, f"no {what} {conversation!r}")
+            raise not_found(what, conversation)
         return view
 
     return owned

@@ -1,8 +1,21 @@
-"""Response bodies every product's routes share: the 409 of a too-old cursor, a cancel."""
+"""Bodies every product's routes share: a non-blank text field, the 409 of a too-old cursor,
+a cancel."""
 
 from __future__ import annotations
 
-from pydantic import BaseModel
+from typing import Annotated
+
+from pydantic import AfterValidator, BaseModel, ValidationInfo
+
+
+def _not_blank(value: str, info: ValidationInfo) -> str:
+    if not value.strip():
+        raise ValueError(f"{info.field_name} must not be empty or whitespace only")
+    return value
+
+
+NonBlank = Annotated[str, AfterValidator(_not_blank)]
+"""A text field that must not be empty or whitespace only (the 422 names the field)."""
 
 
 class CursorTooOldOut(BaseModel):

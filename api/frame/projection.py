@@ -21,7 +21,7 @@ import asyncio
 from collections import deque
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
-from typing import Generic, TypeVar
+from typing import Any, Generic, TypeVar
 
 from streams.envelope import Envelope
 
@@ -30,6 +30,7 @@ DEFAULT_KEPT = 10_000
 
 E = TypeVar("E")
 V = TypeVar("V")
+K = TypeVar("K", bound="KeptEvents[Any]")
 
 
 class CursorTooOld(Exception):
@@ -200,3 +201,13 @@ class Projection(Generic[V]):
     def waiting(self, key: str) -> int:
         """How many waiters a key has (for tests and diagnostics)."""
         return self._changes.waiting(key)
+
+
+class StreamProjection(Projection[K]):
+    """A ``Projection`` of views that stream: each keeps its last ``kept`` events."""
+
+    def __init__(self, kept: int = DEFAULT_KEPT) -> None:
+        if kept < 1:
+            raise ValueError("kept must be at least 1")
+        super().__init__()
+        self.kept = kept

@@ -11,11 +11,13 @@ from __future__ import annotations
 import asyncio
 import secrets
 from datetime import UTC, datetime
+from typing import Annotated
 
 from fastapi import APIRouter
-from pydantic import BaseModel, ConfigDict, field_validator
+from pydantic import AfterValidator, BaseModel, ConfigDict
 
-from api.frame.commands import CommandsDep, refused
+from api.frame.auth import Principal
+from api.frame.commands import Commands, CommandsDep, refused
 from api.frame.deps import (
     ParticipantDep,
     PrincipalDep,
@@ -24,7 +26,9 @@ from api.frame.deps import (
     check_text_size,
     known_or_404,
 )
+from api.frame.models import NonBlank
 from api.staff.deps import NOT_FOUND, StaffViewsDep
+from api.staff.views import StaffViews
 from schemas.staff import ContributionRecorded, FollowIssue, UnfollowIssue
 from schemas.workflow import WorkflowStarted
 from streams.topics import CONTRIBUTIONS
@@ -39,14 +43,7 @@ class ContributionIn(BaseModel):
 
     model_config = ConfigDict(extra="forbid")
 
-    text: str
-
-    @field_validator("text")
-    @classmethod
-    def _not_blank(cls, v: str) -> str:
-        if not v.strip():
-            raise ValueError("text must not be empty or whitespace only")
-        return v.strip()
+    text: Annotated[NonBlank, AfterValidator(str.strip)]
 
 
 class ContributionAccepted(BaseModel):
@@ -99,26 +96,29 @@ async def published_contributions(issue: str, _p: PrincipalDep, views: StaffView
     return out
 
 
+async def set_following(issue: str, following: bool, principal: Principal,
+                        commands: Commands, views: StaffViews) -> FollowOut:
+    """Record that ``principal`` follows ``issue`` (or no longer does)."""
+    await known_or_404(views.issues, issue, "issue")
+    command = FollowIssue if following else UnfollowIssue
+    ack = await commands.submit(issue, command(issue=issue, participant=principal.sub))
+    if ack.outcome == "rejected":
+        raise refused(ack, f"issue {issue!r}")
+    return FollowOut(issue=issue, following=following)
+
+
 @mine.post("/{issue}/follow", responses=NOT_FOUND)
 async def follow(issue: str, principal: PrincipalDep, commands: CommandsDep,
                  views: StaffViewsDep) -> FollowOut:
     """Follow an issue: its updates come to the caller's inbox."""
-    await known_or_404(views.issues, issue, "issue")
-    ack = await commands.submit(issue, FollowIssue(issue=issue, participant=principal.sub))
-    if ack.outcome == "rejected":
-        raise refused(ack, f"issue {issue!r}")
-    return FollowOut(issue=issue, following=True)
+    return await set_following(issue, True, principal, commands, views)
 
 
 @mine.delete("/{issue}/follow", responses=NOT_FOUND)
 async def unfollow(issue: str, principal: PrincipalDep, commands: CommandsDep,
                    views: StaffViewsDep) -> FollowOut:
     """Stop following an issue (no error if the caller did not follow it)."""
-    await known_or_404(views.issues, issue, "issue")
-    ack = await commands.submit(issue, UnfollowIssue(issue=issue, participant=principal.sub))
-    if ack.outcome == "rejected":
-        raise refused(ack, f"issue {issue!r}")
-    return FollowOut(issue=issue, following=False)
+    return await set_following(issue, False, principal, commands, views)
 
 
 @mine.post("/{issue}/contributions", status_code=202, responses=NOT_FOUND)

@@ -20,7 +20,13 @@ from collections import deque
 from dataclasses import dataclass, field
 from typing import Any
 
-from api.frame.projection import DEFAULT_KEPT, AggregateView, KeptEvents, Projection
+from api.frame.projection import (
+    DEFAULT_KEPT,
+    AggregateView,
+    KeptEvents,
+    Projection,
+    StreamProjection,
+)
 from api.frame.tail import RecordHandler
 from schemas.staff import (
     ContributionRecorded,
@@ -214,12 +220,8 @@ class Contributions(Projection[ContributionRecorded]):
         self.notify(env.key)
 
 
-class Inboxes(Projection[InboxView]):
+class Inboxes(StreamProjection[InboxView]):
     """Each recipient's inbox."""
-
-    def __init__(self, kept: int) -> None:
-        super().__init__()
-        self.kept = kept
 
     def apply(self, env: Envelope) -> None:
         rec = env.record
