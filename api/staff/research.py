@@ -78,9 +78,7 @@ def run_state(view: WorkflowView) -> Literal["Running", "Done", "Failed"]:
 
 
 def investigation_out(inv: InvestigationView) -> InvestigationOut:
-    return InvestigationOut(investigation=inv.investigation, issue=inv.issue, run=inv.run,
-                            title=inv.title, reason=inv.reason, read=inv.read,
-                            state=inv.state, opened_by=inv.opened_by)  # type: ignore[arg-type]
+    return InvestigationOut.model_validate(inv, from_attributes=True)
 
 
 @router.post("/issues/{issue}/research", status_code=202, responses=NOT_FOUND)
