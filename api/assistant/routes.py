@@ -43,7 +43,6 @@ from api.frame.deps import (
 from api.frame.models import CancelRequested
 from api.frame.sse import SSE_HEADERS, TOO_OLD, Feed, sse_bytes, sse_stream
 from schemas.assistant import AssistantChat, AssistantDisplayRecorded, ChatOptions, DatasetRef
-from schemas.workflow import WorkflowCommandReceived
 from streams.envelope import new_id
 from streams.sealing import KeyErased, Sealer
 
@@ -219,16 +218,15 @@ async def get_turn(turn: str, view: OwnedDep, views: AssistantDep, sealer: Seale
 
 @router.post("/conversations/{conversation}/turns/{turn}/cancel", status_code=202,
              responses=NOT_FOUND)
-async def cancel_turn(turn: str, view: OwnedDep, views: AssistantDep, commands: CommandsDep,
-                      principal: PrincipalDep) -> CancelRequested:
+async def cancel_turn(turn: str, view: OwnedDep, views: AssistantDep, commands: CommandsDep
+                      ) -> CancelRequested:
     """Ask a running turn to stop (before its next model call, or while a tool runs); it then
     ends ``Cancelled``. A turn that already ended records nothing and answers its state."""
     conversation = view.conversation
     tv = await known_turn(views.conversations, conversation, turn)
     if tv.state != "Thinking":
         return CancelRequested(turn=turn, state=tv.state)
-    ack = await commands.submit(turn, WorkflowCommandReceived(
-        workflow=turn, command="cancel", command_id=new_id(), by=principal.sub))
+    ack = await commands.cancel(turn)
     if ack.outcome == "rejected":
         raise HTTPException(409, f"turn {turn!r} cannot be cancelled: {ack.detail}")
     return CancelRequested(turn=turn, state="Thinking")

@@ -46,7 +46,6 @@ from api.frame.deps import (
 from api.frame.models import CancelRequested
 from api.frame.sse import TOO_OLD, Feed, StreamEnd, cursor_dependency, sse_stream
 from schemas.conversation import EraseConversation, MessageRecorded, SendMessage, StartConversation
-from schemas.workflow import WorkflowCommandReceived
 from streams.envelope import Envelope, new_id
 from streams.sealing import KeyErased, Sealer
 
@@ -174,7 +173,7 @@ async def get_turn(
 
 @router.post("/{conversation}/turns/{turn}/cancel", status_code=202, responses=NOT_FOUND)
 async def cancel_turn(
-    turn: str, view: OwnedDep, commands: CommandsDep, principal: PrincipalDep,
+    turn: str, view: OwnedDep, commands: CommandsDep,
 ) -> CancelRequested:
     """Ask a running turn to stop: honoured before its next model call and while a tool runs.
 
@@ -187,8 +186,7 @@ async def cancel_turn(
         raise no_turn(turn, conversation)
     if tv.state != "Thinking":
         return CancelRequested(turn=turn, state=tv.state)
-    ack = await commands.submit(turn, WorkflowCommandReceived(
-        workflow=turn, command="cancel", command_id=new_id(), by=principal.sub))
+    ack = await commands.cancel(turn)
     if ack.outcome == "rejected":
         raise conversation_refused(ack, conversation)
     return CancelRequested(turn=turn, state="Thinking")

@@ -18,7 +18,7 @@ from api.frame.deps import PrincipalDep, ProducerDep, SettingsDep, TailDep, not_
 from api.frame.tail import AckTimeout, EdgeTail
 from schemas.base import Record
 from schemas.system import CommandAcknowledged
-from schemas.workflow import WorkflowStarted
+from schemas.workflow import WorkflowCommandReceived, WorkflowStarted
 from streams.envelope import Envelope, new_id
 from streams.producer import ProduceError, Publisher
 from streams.settings import VoiceSettings
@@ -63,6 +63,11 @@ class Commands:
             return await self.tail.wait_ack(cmd_id, fut, self.settings.gateway_bound_s / 3)
         except AckTimeout as exc:
             raise HTTPException(503, f"{exc}; retry with the same Idempotency-Key") from None
+
+    async def cancel(self, workflow: str) -> CommandAcknowledged:
+        """Ask a running workflow (a turn) to stop, on behalf of the caller."""
+        return await self.submit(workflow, WorkflowCommandReceived(
+            workflow=workflow, command="cancel", command_id=new_id(), by=self.principal.sub))
 
     async def start_workflow(self, started: WorkflowStarted) -> None:
         """Produce a workflow's first record (seq 1, id ``{workflow}:1``): the engine takes it."""
