@@ -1,4 +1,4 @@
-"""Views → JSON for their owner: the only place the edge opens sealed content.
+"""A conversation's views → JSON for their owner: where the edge opens a conversation's content.
 
 Every function here may raise ``streams.sealing.KeyErased`` (the conversation was erased,
 perhaps by another edge whose record this edge has not read yet); routes turn it into 404.
