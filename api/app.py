@@ -1,4 +1,5 @@
-"""The edge's FastAPI app, built in a factory; producer and tail start in the lifespan."""
+"""The edge's FastAPI app, built in a factory (``create_app``); producer and tail start in the
+lifespan, and every product's views are fed by the one tail."""
 
 from __future__ import annotations
 
@@ -10,12 +11,13 @@ from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse
 from pydantic import BaseModel
 
-from api import assistant, conversations, inbox, issues, staff, stream
-from api.assistant_views import AssistantViews
-from api.models import CursorTooOldOut
-from api.staff_views import StaffViews
-from api.tail import EdgeTail
-from api.views import ConversationViews, CursorTooOld
+from api import assistant, conversations, staff
+from api.assistant import AssistantViews
+from api.conversations import ConversationViews
+from api.frame.models import CursorTooOldOut
+from api.frame.projection import CursorTooOld
+from api.frame.tail import EdgeTail
+from api.staff import StaffViews
 from schemas.conversation import ConversationErased
 from streams.assistant_settings import assistant_settings
 from streams.envelope import Envelope
@@ -67,11 +69,7 @@ def create_app(settings: VoiceSettings | None = None) -> FastAPI:
 
     app = FastAPI(title="Voice edge", version="0.1.0", lifespan=lifespan)
     app.include_router(conversations.router)
-    app.include_router(stream.router)
     app.include_router(staff.router)
-    app.include_router(issues.public)
-    app.include_router(issues.mine)
-    app.include_router(inbox.router)
     app.include_router(assistant.router)
 
     @app.exception_handler(CursorTooOld)

@@ -4,9 +4,9 @@ suggested change to production code before anyone makes it. Never used by ``voic
 ``VOICE_BENCH_EDGE_PATCHES`` names the patches (comma-separated):
 
 * ``inline_deps`` — FastAPI runs every plain ``def`` dependency in a thread pool
-  (``fastapi.dependencies.utils.run_in_threadpool``). ``api/deps.py`` has six of them on the
+  (``fastapi.dependencies.utils.run_in_threadpool``). ``api/frame/deps.py`` has six of them on the
   message route (settings, producer, tail, views, sealer, principal), none of which blocks, so
-  each request pays six thread hops. The patch calls the dependencies defined in ``api.deps``
+  each request pays six thread hops. The patch calls the dependencies defined in ``api.frame.deps``
   inline instead, which is what making them ``async def`` would do.
 """
 
@@ -22,7 +22,7 @@ def _patch_inline_deps() -> None:
     original = fdu.run_in_threadpool
 
     async def run(call: Any, *args: Any, **kwargs: Any) -> Any:
-        if getattr(call, "__module__", "") == "api.deps" or \
+        if getattr(call, "__module__", "") == "api.frame.deps" or \
                 getattr(call, "__qualname__", "").startswith("require_role"):
             return call(*args, **kwargs)
         return await original(call, *args, **kwargs)

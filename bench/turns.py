@@ -26,7 +26,7 @@ from typing import Any
 
 import httpx
 
-from api.auth import mint_token
+from api.frame.auth import mint_token
 from bench.harness import Context, Result, benchmark, latency_summary, percentile
 from bench.stack import Stack, stack
 from deploy.processes import worker_group

@@ -8,7 +8,7 @@ import json
 from collections.abc import Iterator
 from typing import Any
 
-from api.render import sse_event
+from api.conversations.render import sse_event
 from streams.envelope import DecodeError, Envelope, decode
 from streams.ids import turn_conversation
 from streams.reading import read_topic

@@ -13,7 +13,7 @@ from typing import Any
 import httpx
 import pytest
 
-from api.auth import mint_token
+from api.frame.auth import mint_token
 from schemas.assistant import AssistantPatternRecorded
 from schemas.workflow import StepSucceeded
 from streams.envelope import decode

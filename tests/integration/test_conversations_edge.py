@@ -20,7 +20,7 @@ import httpx
 import pytest
 from confluent_kafka.admin import AdminClient
 
-from api.auth import mint_token
+from api.frame.auth import mint_token
 from schemas.conversation import ProposalRecorded, ReplyRecorded, TurnState, TurnStateChanged
 from streams.envelope import Envelope, decode
 from streams.producer import RecordProducer

@@ -10,7 +10,7 @@ import time
 import httpx
 import pytest
 
-from api.auth import mint_token
+from api.frame.auth import mint_token
 from schemas.conversation import StartConversation
 from streams.envelope import Envelope, decode, encode
 from streams.producer import RecordProducer

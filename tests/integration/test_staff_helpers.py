@@ -15,7 +15,7 @@ from typing import Any
 
 import httpx
 
-from api.auth import mint_token
+from api.frame.auth import mint_token
 from schemas.base import Record
 from streams.envelope import Envelope, decode
 from streams.producer import RecordProducer

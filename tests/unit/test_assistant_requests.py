@@ -10,9 +10,9 @@ from fastapi import FastAPI
 from fastapi.testclient import TestClient
 
 from api import assistant
-from api.assistant_models import ChatRequest, CsvRejected, check_csv
-from api.assistant_views import AssistantViews
-from api.auth import mint_token
+from api.assistant.models import ChatRequest, CsvRejected, check_csv
+from api.assistant.views import AssistantViews
+from api.frame.auth import mint_token
 from streams.assistant_settings import AssistantSettings
 from streams.sealing import MemoryKeyStore, Sealer
 

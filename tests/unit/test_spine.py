@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 from typer.testing import CliRunner
 
-from api.auth import AuthError, decode_token, mint_token
+from api.frame.auth import AuthError, decode_token, mint_token
 from schemas import registry
 from streams.settings import VoiceSettings
 from streams.topics import TOPICS, all_specs, topic_name

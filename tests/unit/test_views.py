@@ -6,7 +6,8 @@ import asyncio
 
 import pytest
 
-from api.views import ConversationViews, CursorTooOld
+from api.conversations.views import ConversationViews
+from api.frame.projection import CursorTooOld
 from schemas.base import Sealed
 from schemas.conversation import (
     ConversationErased,
@@ -58,7 +59,7 @@ def test_redelivered_records_change_nothing() -> None:
         assert views.apply(e) is not None
     for e in turn_records(2):  # a replayed command yields the same seqs: all ignored
         assert views.apply(e) is None
-    view = views.by_id[CNV]
+    view = views[CNV]
     assert view.last_seq == 4 and [e.seq for e in view.events] == [1, 2, 3, 4]
     assert list(view.content) == [2]
 
@@ -68,7 +69,7 @@ def test_records_of_unknown_conversations_and_without_seq_are_ignored() -> None:
     assert views.apply(turn_records(2, key="cnv-ffffffffffffffff")[0]) is None
     views.apply(started())
     no_seq = Envelope(record=ConversationErased(conversation=CNV), key=CNV, source="/t")
-    assert views.apply(no_seq) is None and not views.by_id[CNV].erased
+    assert views.apply(no_seq) is None and not views[CNV].erased
 
 
 def test_turn_state_reply_and_proposal() -> None:
@@ -77,7 +78,7 @@ def test_turn_state_reply_and_proposal() -> None:
     for e in turn_records(2):
         views.apply(e)
     turn = turn_id(CNV, 2)
-    tv = views.by_id[CNV].turns[turn]
+    tv = views[CNV].turns[turn]
     assert (tv.state, tv.message_seq, tv.reply, tv.proposal) == ("Thinking", 2, None, None)
     reply = env(ReplyRecorded(conversation=CNV, turn=turn, reply_id="r", text=SEALED), 5)
     proposal = env(ProposalRecorded(conversation=CNV, turn=turn, proposal_id="p",
@@ -86,11 +87,11 @@ def test_turn_state_reply_and_proposal() -> None:
     for e in (reply, proposal, done):
         views.apply(e)
     assert (tv.state, tv.reply, tv.proposal) == ("Replied", reply, proposal)
-    assert sorted(views.by_id[CNV].content) == [2, 5, 6]
+    assert sorted(views[CNV].content) == [2, 5, 6]
     failed = env(TurnStateChanged(conversation=CNV, turn=turn_id(CNV, 8), state="CouldNotInterpret",
                                   reason="no concern found"), 8)
     views.apply(failed)
-    other = views.by_id[CNV].turns[turn_id(CNV, 8)]
+    other = views[CNV].turns[turn_id(CNV, 8)]
     assert (other.state, other.reason, other.message_seq) == ("CouldNotInterpret",
                                                               "no concern found", 8)
 
@@ -101,7 +102,7 @@ def test_events_after_a_cursor_and_the_bounded_list() -> None:
     for n in (2, 5, 8):
         for e in turn_records(n):
             views.apply(e)
-    view = views.by_id[CNV]
+    view = views[CNV]
     assert view.last_seq == 10 and [e.seq for e in view.events] == [6, 7, 8, 9, 10]
     assert view.oldest_cursor() == 5
     assert [e.seq for e in view.events_after(5)] == [6, 7, 8, 9, 10]
@@ -117,7 +118,7 @@ def test_events_after_a_cursor_and_the_bounded_list() -> None:
 def test_a_trimmed_log_makes_the_first_seen_seq_the_oldest_cursor() -> None:
     views = ConversationViews()
     views.apply(started(seq=4))  # the first records were trimmed by retention
-    view = views.by_id[CNV]
+    view = views[CNV]
     assert view.first_seen == 4 and view.oldest_cursor() == 3
     with pytest.raises(CursorTooOld):
         view.events_after(0)
@@ -133,7 +134,7 @@ def test_erasure_forgets_content_and_hides_the_conversation() -> None:
     assert views.owned(CNV, "alice") is not None and views.owned(CNV, "bob") is None
     assert [v.conversation for v in views.list_for("alice")] == [CNV]
     views.apply(env(ConversationErased(conversation=CNV), 5))
-    view = views.by_id[CNV]
+    view = views[CNV]
     assert view.erased and not view.events and not view.content and not view.turns
     assert views.owned(CNV, "alice") is None and views.list_for("alice") == []
     # A turn result that was already in flight is counted, not kept.
@@ -149,10 +150,10 @@ def test_marking_erased_locally_before_the_log_says_so() -> None:
     for e in turn_records(2):
         views.apply(e)
     views.mark_erased(CNV)
-    assert views.owned(CNV, "alice") is None and not views.by_id[CNV].content
+    assert views.owned(CNV, "alice") is None and not views[CNV].content
     views.mark_erased("cnv-ffffffffffffffff")  # unknown: nothing happens
     assert views.apply(env(ConversationErased(conversation=CNV), 5)) is not None
-    assert views.by_id[CNV].erased
+    assert views[CNV].erased
 
 
 async def test_waiters_wake_on_a_change_and_time_out_otherwise() -> None:

@@ -4,8 +4,9 @@ from __future__ import annotations
 
 from typing import Literal
 
-from pydantic import BaseModel, ConfigDict, Field, JsonValue, field_validator
+from pydantic import BaseModel, ConfigDict, Field, JsonValue
 
+from api.frame.models import NonBlank
 from schemas.conversation import TurnState
 
 # --- requests ---------------------------------------------------------------------------------
@@ -17,16 +18,8 @@ class MessageIn(BaseModel):
 
     model_config = ConfigDict(extra="forbid")
 
-    text: str = Field(description="The participant's message: non-blank, at most "
+    text: NonBlank = Field(description="The participant's message: non-blank, at most "
                                   "VOICE_MAX_MESSAGE_BYTES UTF-8 bytes (16 KiB by default).")
-
-    @field_validator("text")
-    @classmethod
-    def _not_blank(cls, v: str) -> str:
-        if not v.strip():
-            raise ValueError("text must not be empty or whitespace only")
-        return v
-
 
 # --- responses --------------------------------------------------------------------------------
 
@@ -56,14 +49,6 @@ class MessageAccepted(BaseModel):
 class ReplyOut(BaseModel):
     seq: int
     text: str
-
-
-class CancelRequested(BaseModel):
-    """A cancel was recorded for a running turn (``state`` is what the edge knows now)."""
-
-    turn: str
-    state: str
-    cancel: str = "requested"
 
 
 class TurnOut(BaseModel):
@@ -101,14 +86,6 @@ class ConversationOut(BaseModel):
     messages: list[TranscriptMessage]
     proposals: list[ProposalOut]
     turns: list[TurnSummary]
-
-
-class CursorTooOldOut(BaseModel):
-    """``409`` of ``…/stream``: reconnect with ``after=oldest_cursor`` (events before it are
-    gone from this edge) or read the conversation instead."""
-
-    detail: str
-    oldest_cursor: int
 
 
 # --- SSE event data ---------------------------------------------------------------------------

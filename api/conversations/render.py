@@ -1,4 +1,4 @@
-"""Views → JSON for their owner: the only place the edge opens sealed content.
+"""A conversation's views → JSON for their owner: where the edge opens a conversation's content.
 
 Every function here may raise ``streams.sealing.KeyErased`` (the conversation was erased,
 perhaps by another edge whose record this edge has not read yet); routes turn it into 404.
@@ -9,7 +9,7 @@ from __future__ import annotations
 from fastapi.sse import ServerSentEvent
 from pydantic import JsonValue
 
-from api.models import (
+from api.conversations.models import (
     AgentMessageEvent,
     ConversationOut,
     ParticipantMessageEvent,
@@ -21,7 +21,7 @@ from api.models import (
     TurnOut,
     TurnSummary,
 )
-from api.views import ConversationView, TurnView
+from api.conversations.views import ConversationView, TurnView
 from schemas.conversation import (
     MessageRecorded,
     ProposalRecorded,

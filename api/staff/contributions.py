@@ -13,24 +13,28 @@ import secrets
 from datetime import UTC, datetime
 from typing import Annotated
 
-from fastapi import APIRouter, Depends, HTTPException
-from fastapi.exceptions import RequestValidationError
-from pydantic import BaseModel, ConfigDict, field_validator
+from fastapi import APIRouter
+from pydantic import AfterValidator, BaseModel, ConfigDict
 
-from api.auth import Principal
-from api.commands import submit
-from api.deps import PrincipalDep, ProducerDep, SealerDep, SettingsDep, TailDep, require_role
-from api.staff import StaffViewsDep, known_issue, refused, start_workflow
+from api.frame.auth import Principal
+from api.frame.commands import Commands, CommandsDep, refused
+from api.frame.deps import (
+    ParticipantDep,
+    PrincipalDep,
+    SealerDep,
+    SettingsDep,
+    check_text_size,
+    known_or_404,
+)
+from api.frame.models import NonBlank
+from api.staff.deps import NOT_FOUND, StaffViewsDep
+from api.staff.views import StaffViews
 from schemas.staff import ContributionRecorded, FollowIssue, UnfollowIssue
 from schemas.workflow import WorkflowStarted
-from streams.envelope import Envelope
-from streams.producer import ProduceError
-from streams.topics import CONTRIBUTIONS, topic_name
+from streams.topics import CONTRIBUTIONS
 
 public = APIRouter(prefix="/issues", tags=["issues"])
 mine = APIRouter(prefix="/me/issues", tags=["issues"])
-ParticipantDep = Annotated[Principal, Depends(require_role("participant"))]
-NOT_FOUND = {404: {"description": "No such issue."}}
 
 
 class ContributionIn(BaseModel):
@@ -39,14 +43,7 @@ class ContributionIn(BaseModel):
 
     model_config = ConfigDict(extra="forbid")
 
-    text: str
-
-    @field_validator("text")
-    @classmethod
-    def _not_blank(cls, v: str) -> str:
-        if not v.strip():
-            raise ValueError("text must not be empty or whitespace only")
-        return v.strip()
+    text: Annotated[NonBlank, AfterValidator(str.strip)]
 
 
 class ContributionAccepted(BaseModel):
@@ -78,7 +75,7 @@ class PublishedContribution(BaseModel):
 @public.get("/{issue}", responses=NOT_FOUND)
 async def get_issue(issue: str, _p: PrincipalDep, views: StaffViewsDep) -> PublicIssueOut:
     """An issue's public face."""
-    v = await known_issue(issue, views)
+    v = await known_or_404(views.issues, issue, "issue")
     published = sum(1 for c in views.contributions_of(issue) if c.state == "published")
     return PublicIssueOut(issue=v.issue, title=v.title, summary=v.summary,
                           published_contributions=published, followers=len(v.followers))
@@ -88,7 +85,7 @@ async def get_issue(issue: str, _p: PrincipalDep, views: StaffViewsDep) -> Publi
 async def published_contributions(issue: str, _p: PrincipalDep, views: StaffViewsDep,
                                   sealer: SealerDep) -> list[PublishedContribution]:
     """The issue's published contributions, oldest first (nothing in review or rejected)."""
-    await known_issue(issue, views)
+    await known_or_404(views.issues, issue, "issue")
     out = []
     for c in sorted(views.contributions_of(issue), key=lambda c: c.updated_at):
         if c.state != "published" or c.published_text is None:
@@ -99,56 +96,49 @@ async def published_contributions(issue: str, _p: PrincipalDep, views: StaffView
     return out
 
 
-@mine.post("/{issue}/follow", responses=NOT_FOUND)
-async def follow(issue: str, principal: PrincipalDep, settings: SettingsDep,
-                 producer: ProducerDep, tail: TailDep, views: StaffViewsDep) -> FollowOut:
-    """Follow an issue: its updates come to the caller's inbox."""
-    await known_issue(issue, views)
-    ack = await submit(settings, producer, tail, principal, issue,
-                       FollowIssue(issue=issue, participant=principal.sub))
+async def set_following(issue: str, following: bool, principal: Principal,
+                        commands: Commands, views: StaffViews) -> FollowOut:
+    """Record that ``principal`` follows ``issue`` (or no longer does)."""
+    await known_or_404(views.issues, issue, "issue")
+    command = FollowIssue if following else UnfollowIssue
+    ack = await commands.submit(issue, command(issue=issue, participant=principal.sub))
     if ack.outcome == "rejected":
         raise refused(ack, f"issue {issue!r}")
-    return FollowOut(issue=issue, following=True)
+    return FollowOut(issue=issue, following=following)
+
+
+@mine.post("/{issue}/follow", responses=NOT_FOUND)
+async def follow(issue: str, principal: PrincipalDep, commands: CommandsDep,
+                 views: StaffViewsDep) -> FollowOut:
+    """Follow an issue: its updates come to the caller's inbox."""
+    return await set_following(issue, True, principal, commands, views)
 
 
 @mine.delete("/{issue}/follow", responses=NOT_FOUND)
-async def unfollow(issue: str, principal: PrincipalDep, settings: SettingsDep,
-                   producer: ProducerDep, tail: TailDep, views: StaffViewsDep) -> FollowOut:
+async def unfollow(issue: str, principal: PrincipalDep, commands: CommandsDep,
+                   views: StaffViewsDep) -> FollowOut:
     """Stop following an issue (no error if the caller did not follow it)."""
-    await known_issue(issue, views)
-    ack = await submit(settings, producer, tail, principal, issue,
-                       UnfollowIssue(issue=issue, participant=principal.sub))
-    if ack.outcome == "rejected":
-        raise refused(ack, f"issue {issue!r}")
-    return FollowOut(issue=issue, following=False)
+    return await set_following(issue, False, principal, commands, views)
 
 
 @mine.post("/{issue}/contributions", status_code=202, responses=NOT_FOUND)
 async def contribute(issue: str, body: ContributionIn, principal: ParticipantDep,
-                     settings: SettingsDep, producer: ProducerDep, sealer: SealerDep,
+                     settings: SettingsDep, commands: CommandsDep, sealer: SealerDep,
                      views: StaffViewsDep) -> ContributionAccepted:
     """Contribute to an issue; a disclosure review decides whether (and how) it is published."""
-    size = len(body.text.encode("utf-8"))
-    if size > settings.max_message_bytes:
-        raise RequestValidationError([{
-            "type": "string_too_long", "loc": ("body", "text"), "input": None,
-            "msg": f"text is {size} UTF-8 bytes; the limit is {settings.max_message_bytes}",
-            "ctx": {"max_bytes": settings.max_message_bytes}}])
-    await known_issue(issue, views)
+    check_text_size(settings, body.text)
+    await known_or_404(views.issues, issue, "issue")
     contribution = f"ctb-{secrets.token_hex(8)}"
     # Its own data key: erasing the contribution erases every copy of its words.
     sealed = await asyncio.to_thread(sealer.seal, contribution, "text", body.text)
     now = datetime.now(UTC).isoformat()
     record = ContributionRecorded(contribution=contribution, issue=issue, author=principal.sub,
                                   text=sealed, submitted_at=now, updated_at=now)
-    env = Envelope(record=record, key=contribution, source="/voice/edge", subject=contribution,
-                   tenant=principal.tenant, correlation=contribution,
-                   id=f"{contribution}:submitted")
-    try:  # the contribution's record first, so its workflow never runs ahead of it
-        await producer.send(topic_name(settings, CONTRIBUTIONS), env)
-    except ProduceError as exc:
-        raise HTTPException(503, f"could not record the contribution: {exc}") from None
-    await start_workflow(settings, producer, principal, contribution, WorkflowStarted(
+    env = commands.envelope(record, contribution, correlation=contribution,
+                            id=f"{contribution}:submitted")
+    # The contribution's record first, so its workflow never runs ahead of it.
+    await commands.record(CONTRIBUTIONS, env, "record the contribution")
+    await commands.start_workflow(WorkflowStarted(
         workflow=contribution, kind="disclosure-review", input={
             "contribution": contribution, "issue": issue, "author": principal.sub,
             "text": sealed.model_dump(), "submitted_at": now, "tenant": principal.tenant}))

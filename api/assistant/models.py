@@ -10,8 +10,9 @@ from dataclasses import dataclass
 from typing import Annotated, Literal
 from uuid import UUID
 
-from pydantic import BaseModel, ConfigDict, Field, JsonValue, field_validator
+from pydantic import BaseModel, ConfigDict, Field, JsonValue
 
+from api.frame.models import NonBlank
 from schemas.assistant import DATASET_ID
 
 DatasetId = Annotated[str, Field(pattern=DATASET_ID, description="A dataset id (32 lower-case "
@@ -42,7 +43,7 @@ class ChatRequest(BaseModel):
 
     model_config = ConfigDict(extra="forbid")
 
-    message: str = Field(description="The user's typed text (non-blank; at most "
+    message: NonBlank = Field(description="The user's typed text (non-blank; at most "
                                      "VOICE_MAX_MESSAGE_BYTES UTF-8 bytes).")
     conversation_id: UUID | None = Field(default=None, description="A conversation of the "
                                          "caller's; omitted, a new one is opened.")
@@ -67,14 +68,6 @@ class ChatRequest(BaseModel):
     namespace_id: str | None = Field(default=None, pattern=r"^[A-Za-z0-9_.-]{1,64}$")
     stream: bool = Field(default=True, description="true: a display-event SSE stream; "
                          "false: 202 with the turn to read later.")
-
-    @field_validator("message")
-    @classmethod
-    def _not_blank(cls, v: str) -> str:
-        if not v.strip():
-            raise ValueError("message must not be empty or whitespace only")
-        return v
-
 
 # --- responses --------------------------------------------------------------------------------
 

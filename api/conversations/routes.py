@@ -1,35 +1,26 @@
-"""Participant routes over conversations (``/me/conversations``); the stream is in ``api.stream``.
+"""Participant routes over conversations (``/me/conversations``), the stream included.
 
 Every route answers at once from a Kafka ack or this edge's view of the log; none waits for
 a model. Content is sealed here before it is produced and opened here only for its owner.
+The stream is the frame's SSE loop (``api.frame.sse``) rendering records with
+``render.sse_event``: records clients do not see (``ConversationStarted``, ``TurnRequested``)
+are skipped, so ids have gaps.
 """
 
 from __future__ import annotations
 
 import asyncio
+import re
 import secrets
-from collections.abc import Iterator
+from collections.abc import AsyncIterator, Iterator
 from contextlib import contextmanager
 from typing import Annotated
 
-from fastapi import APIRouter, Header, HTTPException, Response
-from fastapi.exceptions import RequestValidationError
+from fastapi import APIRouter, Depends, Header, HTTPException, Request, Response
+from fastapi.sse import EventSourceResponse, ServerSentEvent
 
-from api import render
-from api.commands import submit
-from api.deps import (
-    VIEW_WAIT_S,
-    OwnedDep,
-    PrincipalDep,
-    ProducerDep,
-    SealerDep,
-    SettingsDep,
-    TailDep,
-    ViewsDep,
-    not_found,
-)
-from api.models import (
-    CancelRequested,
+from api.conversations import render
+from api.conversations.models import (
     ConversationCreated,
     ConversationOut,
     ConversationSummary,
@@ -38,17 +29,45 @@ from api.models import (
     MessageOut,
     TurnOut,
 )
-from api.views import ConversationView, ConversationViews
+from api.conversations.views import ConversationView, ConversationViews
+from api.frame.commands import CommandsDep, conversation_refused
+from api.frame.deps import (
+    VIEW_WAIT_S,
+    PrincipalDep,
+    SealerDep,
+    SettingsDep,
+    check_text_size,
+    check_turn,
+    known,
+    no_turn,
+    not_found,
+    owned_dependency,
+)
+from api.frame.models import CancelRequested
+from api.frame.sse import TOO_OLD, Feed, StreamEnd, cursor_dependency, sse_stream
 from schemas.conversation import EraseConversation, MessageRecorded, SendMessage, StartConversation
-from schemas.system import CommandAcknowledged
-from schemas.workflow import WorkflowCommandReceived
-from streams.envelope import new_id
-from streams.ids import parse_turn
+from streams.envelope import Envelope, new_id
 from streams.sealing import KeyErased, Sealer
 
 router = APIRouter(prefix="/me/conversations", tags=["conversations"])
 
+CONVERSATION_ID = re.compile(r"^cnv-[0-9a-f]{8,32}$")
 NOT_FOUND = {404: {"description": "No such conversation of the caller's (or it was erased)."}}
+
+
+async def get_views(request: Request) -> ConversationViews:
+    return request.app.state.views
+
+
+owned_conversation = owned_dependency(
+    get_views, valid=lambda c: CONVERSATION_ID.match(c) is not None,
+    description="The conversation id (cnv-…).")
+
+ViewsDep = Annotated[ConversationViews, Depends(get_views)]
+OwnedDep = Annotated[ConversationView, Depends(owned_conversation)]
+CursorDep = Annotated[int, Depends(cursor_dependency(owned_conversation))]
+
+
 @contextmanager
 def opening(views: ConversationViews, conversation: str) -> Iterator[None]:
     """Turn ``KeyErased`` (erased by another edge, not yet on this edge's view) into 404."""
@@ -56,31 +75,23 @@ def opening(views: ConversationViews, conversation: str) -> Iterator[None]:
         yield
     except KeyErased:
         views.mark_erased(conversation)
-        raise not_found(conversation) from None
-
-
-def refused(ack: CommandAcknowledged, conversation: str) -> HTTPException:
-    reason = str(ack.detail.get("reason") or "refused")
-    if reason == "no such conversation":
-        return not_found(conversation)
-    return HTTPException(409, f"conversation {conversation!r}: {reason}")
+        raise not_found("conversation", conversation) from None
 
 
 @router.post("", status_code=201)
 async def create_conversation(
-    settings: SettingsDep, producer: ProducerDep, tail: TailDep, views: ViewsDep,
-    sealer: SealerDep, principal: PrincipalDep,
+    commands: CommandsDep, views: ViewsDep, sealer: SealerDep, principal: PrincipalDep,
 ) -> ConversationCreated:
     """Open a conversation owned by the caller."""
     conversation = f"cnv-{secrets.token_hex(8)}"
     # The data key exists before the conversation does, so its first message can be sealed.
     await asyncio.to_thread(sealer.create, conversation)
-    ack = await submit(settings, producer, tail, principal, conversation,
-                       StartConversation(conversation=conversation, owner=principal.sub))
+    ack = await commands.submit(
+        conversation, StartConversation(conversation=conversation, owner=principal.sub))
     if ack.outcome != "accepted":
         raise HTTPException(409, f"conversation not opened: {ack.detail.get('reason')}")
     # Read-your-writes on this edge: the ack may overtake the log record by a moment.
-    await views.wait(conversation, lambda v: v is not None, VIEW_WAIT_S)
+    await known(views, conversation)
     return ConversationCreated(conversation=conversation)
 
 
@@ -96,8 +107,8 @@ async def list_conversations(
 @router.post("/{conversation}/messages", status_code=202,
              responses={**NOT_FOUND, 409: {"description": "The conversation refused it."}})
 async def send_message(
-    body: MessageIn, view: OwnedDep, settings: SettingsDep, producer: ProducerDep,
-    tail: TailDep, views: ViewsDep, sealer: SealerDep, principal: PrincipalDep,
+    body: MessageIn, view: OwnedDep, settings: SettingsDep, commands: CommandsDep,
+    views: ViewsDep, sealer: SealerDep,
     idempotency_key: Annotated[str | None, Header(
         alias="Idempotency-Key", min_length=1, max_length=200,
         description="Sending again with the same key returns the first answer; "
@@ -106,22 +117,16 @@ async def send_message(
     """Record a message; its turn runs later. Read it at ``…/turns/{turn}`` or on the stream.
 
     422 (at ``body.text``) for empty, blank or oversized text (``VOICE_MAX_MESSAGE_BYTES``)."""
-    size = len(body.text.encode("utf-8"))
-    if size > settings.max_message_bytes:
-        raise RequestValidationError([{
-            "type": "string_too_long", "loc": ("body", "text"), "input": None,
-            "msg": f"text is {size} UTF-8 bytes; the limit is {settings.max_message_bytes}",
-            "ctx": {"max_bytes": settings.max_message_bytes},
-        }])
+    check_text_size(settings, body.text)
     conversation = view.conversation
     message_id = new_id()
     with opening(views, conversation):
         sealed = sealer.seal(conversation, message_id, body.text)
-    ack = await submit(settings, producer, tail, principal, conversation,
-                       SendMessage(conversation=conversation, message_id=message_id,
-                                   text=sealed, idempotency_key=idempotency_key))
+    ack = await commands.submit(conversation, SendMessage(
+        conversation=conversation, message_id=message_id, text=sealed,
+        idempotency_key=idempotency_key))
     if ack.outcome == "rejected" or ack.seq is None:
-        raise refused(ack, conversation)
+        raise conversation_refused(ack, conversation)
     text = body.text
     if ack.outcome == "duplicate":
         text = await original_text(views, sealer, conversation, ack.seq, default=body.text)
@@ -133,7 +138,7 @@ async def original_text(views: ConversationViews, sealer: Sealer, conversation: 
                         seq: int, default: str) -> str:
     """The text of the message recorded at ``seq`` (the first of a repeated request)."""
     await views.wait(conversation, lambda v: v is None or v.erased or v.last_seq >= seq, 1.0)
-    view = views.by_id.get(conversation)
+    view = views.get(conversation)
     env = view.content.get(seq) if view is not None else None
     if env is None or not isinstance(env.record, MessageRecorded):
         return default
@@ -147,50 +152,43 @@ async def get_turn(
 ) -> TurnOut:
     """A turn's state (``Thinking`` | ``Replied`` | ``CouldNotInterpret``), reply and proposal."""
     conversation = view.conversation
-    parsed = parse_turn(turn)
-    if parsed is None or parsed[0] != conversation:
-        raise HTTPException(404, f"no turn {turn!r} in {conversation!r}")
-    message_seq = parsed[1]
+    message_seq = check_turn(turn, conversation)
 
-    def known(v: ConversationView | None) -> bool:
+    def decided(v: ConversationView | None) -> bool:
         # The sequencer records Thinking two seqs after the message: past it, the view knows.
         if v is None or v.erased:
             return True
         tv = v.turns.get(turn)
         return (tv is not None and tv.state is not None) or v.last_seq >= message_seq + 2
 
-    await views.wait(conversation, known, VIEW_WAIT_S)
+    await views.wait(conversation, decided, VIEW_WAIT_S)
     tv = view.turns.get(turn)
     if view.erased:
-        raise not_found(conversation)
+        raise not_found("conversation", conversation)
     if tv is None or tv.state is None:
-        raise HTTPException(404, f"no turn {turn!r} in {conversation!r}")
+        raise no_turn(turn, conversation)
     with opening(views, conversation):
         return render.turn_out(sealer, tv)
 
 
 @router.post("/{conversation}/turns/{turn}/cancel", status_code=202, responses=NOT_FOUND)
 async def cancel_turn(
-    turn: str, view: OwnedDep, views: ViewsDep, settings: SettingsDep, producer: ProducerDep,
-    tail: TailDep, principal: PrincipalDep,
+    turn: str, view: OwnedDep, commands: CommandsDep,
 ) -> CancelRequested:
     """Ask a running turn to stop: honoured before its next model call and while a tool runs.
 
     The turn then ends ``CouldNotInterpret`` with a reason saying it was cancelled; a turn that
     already ended is left as it is."""
     conversation = view.conversation
-    parsed = parse_turn(turn)
-    if parsed is None or parsed[0] != conversation:
-        raise HTTPException(404, f"no turn {turn!r} in {conversation!r}")
+    check_turn(turn, conversation)
     tv = view.turns.get(turn)
     if tv is None or tv.state is None:
-        raise HTTPException(404, f"no turn {turn!r} in {conversation!r}")
+        raise no_turn(turn, conversation)
     if tv.state != "Thinking":
         return CancelRequested(turn=turn, state=tv.state)
-    ack = await submit(settings, producer, tail, principal, turn, WorkflowCommandReceived(
-        workflow=turn, command="cancel", command_id=new_id(), by=principal.sub))
+    ack = await commands.cancel(turn)
     if ack.outcome == "rejected":
-        raise refused(ack, conversation)
+        raise conversation_refused(ack, conversation)
     return CancelRequested(turn=turn, state="Thinking")
 
 
@@ -204,16 +202,39 @@ async def get_conversation(view: OwnedDep, views: ViewsDep, sealer: SealerDep
 
 @router.delete("/{conversation}", status_code=204, responses=NOT_FOUND)
 async def erase_conversation(
-    view: OwnedDep, settings: SettingsDep, producer: ProducerDep, tail: TailDep,
-    views: ViewsDep, sealer: SealerDep, principal: PrincipalDep,
+    view: OwnedDep, commands: CommandsDep, views: ViewsDep, sealer: SealerDep,
 ) -> Response:
     """Erase the conversation: its key is destroyed first, so every copy of its content, on
     every topic and store, is unreadable at once; then the log records the erasure."""
     conversation = view.conversation
     await asyncio.to_thread(sealer.erase, conversation)
     views.mark_erased(conversation)
-    ack = await submit(settings, producer, tail, principal, conversation,
-                       EraseConversation(conversation=conversation))
+    ack = await commands.submit(conversation, EraseConversation(conversation=conversation))
     if ack.outcome == "rejected":
-        raise refused(ack, conversation)
+        raise conversation_refused(ack, conversation)
     return Response(status_code=204)
+
+
+@router.get("/{conversation}/stream", response_class=EventSourceResponse,
+            responses={**NOT_FOUND, **TOO_OLD})
+async def stream(view: OwnedDep, cursor: CursorDep, settings: SettingsDep, views: ViewsDep,
+                 sealer: SealerDep) -> AsyncIterator[ServerSentEvent]:
+    """Events: ``message`` (participant's or agent's), ``proposal``, ``turn``; ``id:`` = seq."""
+    conversation = view.conversation
+    erased = "end; the conversation was erased"
+
+    def current() -> ConversationView | None:
+        v = views.get(conversation)
+        return None if v is None or v.erased else v
+
+    def render_event(env: Envelope) -> ServerSentEvent | None:
+        try:
+            return render.sse_event(sealer, env)
+        except KeyErased:  # erased by another edge, not yet on this edge's view
+            views.mark_erased(conversation)
+            raise StreamEnd(erased) from None
+
+    feed = Feed(view=current, render=render_event, gone=erased,
+                wait=lambda until, timeout: views.wait(conversation, lambda _v: until(), timeout))
+    async for sse in sse_stream(feed, cursor, settings.gateway_bound_s):
+        yield sse

@@ -1,0 +1,232 @@
+"""The assistant chat routes (``/api/v1/assistant``): chat, a conversation's stream, its turns.
+
+No route calls a model. A chat message is sealed with the conversation's key and recorded as a
+command, whose turn runs on a worker; ``stream: true`` then streams that turn's display events
+(SSE ``id:`` = the conversation's display seq) and ends before the gateway bound, and
+``…/stream?after=N`` resumes. Both are the frame's SSE loop (``api.frame.sse``) rendering
+display events. Everyone else's conversations and datasets answer 404.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import re
+import uuid
+from collections.abc import AsyncIterator
+from typing import Annotated, Any
+
+from fastapi import APIRouter, Header, HTTPException, Request
+from fastapi.responses import JSONResponse
+from fastapi.sse import EventSourceResponse, ServerSentEvent
+
+from api.assistant.deps import NOT_FOUND, AssistantDep, CursorDep, OwnedDep
+from api.assistant.models import AssistantTurnOut, ChatAccepted, ChatRequest, DisplayEventOut
+from api.assistant.views import (
+    AssistantConversations,
+    AssistantTurnView,
+    AssistantViews,
+    display_event,
+)
+from api.frame.commands import CommandsDep, conversation_refused
+from api.frame.deps import (
+    VIEW_WAIT_S,
+    PrincipalDep,
+    SealerDep,
+    SettingsDep,
+    check_text_size,
+    check_turn,
+    find_owned,
+    known,
+    no_turn,
+    not_found,
+)
+from api.frame.models import CancelRequested
+from api.frame.sse import SSE_HEADERS, TOO_OLD, Feed, sse_bytes, sse_stream
+from schemas.assistant import AssistantChat, AssistantDisplayRecorded, ChatOptions, DatasetRef
+from streams.envelope import new_id
+from streams.sealing import KeyErased, Sealer
+
+router = APIRouter(prefix="/api/v1/assistant", tags=["assistant"])
+
+_ID_IN_CONTEXT = re.compile(r"\bID:\s*([0-9a-fA-F]{32})\b")
+
+
+def display_stream(conversations: AssistantConversations, sealer: Sealer, conversation: str,
+                   cursor: int, bound_s: float, until_done: str | None = None
+                   ) -> AsyncIterator[ServerSentEvent]:
+    """The conversation's display events after ``cursor``, then live ones. Ends after
+    ``until_done``'s ``done`` event when given, else once nothing runs and all is sent."""
+
+    def render(rec: AssistantDisplayRecorded) -> ServerSentEvent:
+        return ServerSentEvent(event="display", id=str(rec.display_seq),
+                               data=display_event(sealer, conversation, rec.event))
+
+    def ends_after(rec: AssistantDisplayRecorded, cursor: int) -> str | None:
+        done = (until_done is not None and rec.event.type == "done"
+                and rec.event.message_id == until_done)
+        return f"end; turn done; resume with after={cursor}" if done else None
+
+    def idle() -> bool:
+        v = conversations.get(conversation)
+        if v is None:
+            return False
+        return v.running is None if until_done is None else v.ended(until_done)
+
+    feed = Feed(view=lambda: conversations.get(conversation), render=render,
+                wait=lambda until, timeout: conversations.wait(
+                    conversation, lambda _v: until(), timeout),
+                gone="end; no such conversation", ends_after=ends_after, idle=idle)
+    return sse_stream(feed, cursor, bound_s)
+
+
+async def _attach(views: AssistantViews, sealer: Sealer, owner: str, body: ChatRequest
+                  ) -> list[tuple[DatasetRef, dict[str, Any]]]:
+    """The datasets the request names (404 naming the field for one not the caller's), plus
+    those an ``ID: …`` in ``file_context`` names, when they are the caller's."""
+    wanted: list[tuple[str, str, bool]] = []
+    if body.dataset_id:
+        wanted.append(("dataset_id", body.dataset_id, True))
+    wanted += [(f"data_refs[{i}]", d, True) for i, d in enumerate(body.data_refs)]
+    for i, text in enumerate(body.file_context):
+        wanted += [(f"file_context[{i}]", m.lower(), False) for m in _ID_IN_CONTEXT.findall(text)]
+    out: dict[str, tuple[DatasetRef, dict[str, Any]]] = {}
+    for where, dataset_id, required in wanted:
+        if dataset_id in out:
+            continue
+        # Uploaded through another edge a moment ago? Wait for it, briefly unless required.
+        ds = await find_owned(views.datasets, dataset_id, owner,
+                              VIEW_WAIT_S if required else 0.2)
+        meta = None
+        if ds is not None:
+            try:
+                meta = sealer.open_json(dataset_id, "meta", ds.meta)
+            except KeyErased:
+                meta = None
+        if ds is None or meta is None:
+            if required:
+                raise HTTPException(404, f"{where}: no dataset {dataset_id!r}")
+            continue
+        out[dataset_id] = (DatasetRef(dataset_id=dataset_id, partition=ds.partition,
+                                      offset=ds.offset),
+                           {"dataset_id": dataset_id, "name": meta.get("name"),
+                            "rows": ds.rows, "columns": meta.get("columns") or []})
+    return list(out.values())
+
+
+@router.post("/chat", response_model=None, responses={
+    200: {"description": "stream: true: the turn's display events, then a final comment.",
+          "content": {"text/event-stream": {"schema": DisplayEventOut.model_json_schema()}}},
+    202: {"description": "stream: false: the turn runs; read it later.",
+          "model": ChatAccepted},
+    **NOT_FOUND,
+    409: {"description": "The conversation is busy with another turn."},
+    422: {"description": "A field is invalid (the detail names it)."}})
+async def chat(
+    body: ChatRequest, request: Request, settings: SettingsDep, commands: CommandsDep,
+    views: AssistantDep, sealer: SealerDep, principal: PrincipalDep,
+    idempotency_key: Annotated[str | None, Header(
+        alias="Idempotency-Key", min_length=1, max_length=200,
+        description="Sending again with the same key returns the first turn.")] = None,
+) -> EventSourceResponse | JSONResponse:
+    """Record a chat message; its turn runs on a worker. Streams the turn or answers 202."""
+    started = asyncio.get_running_loop().time()
+    check_text_size(settings, body.message, "message")
+    if body.conversation_id is not None:
+        conversation, create = str(body.conversation_id), False
+        if await find_owned(views.conversations, conversation, principal.sub) is None:
+            raise not_found("conversation", conversation)
+    else:
+        conversation, create = str(uuid.uuid4()), True
+        await asyncio.to_thread(sealer.create, conversation)
+    attached = await _attach(views, sealer, principal.sub, body)
+    message_id = new_id()
+    request_doc = {"message": body.message, "file_context": body.file_context,
+                   "datasets": [summary for _, summary in attached],
+                   "focus_context": body.focus_context, "selection_state": body.selection_state}
+    params = body.inference_params.model_dump(exclude_none=True) if body.inference_params else {}
+    options = ChatOptions(model_override=body.model_override, agentic_mode=body.agentic_mode,
+                          skip_history=body.skip_history,
+                          data_isolation=body.advanced.data_isolation,
+                          namespace_id=body.namespace_id, inference_params=params)
+    ack = await commands.submit(conversation, AssistantChat(
+        conversation=conversation, owner=principal.sub, create=create, message_id=message_id,
+        request=sealer.seal_json(conversation, message_id, request_doc),
+        datasets=[ref for ref, _ in attached], options=options,
+        idempotency_key=idempotency_key))
+    if ack.outcome == "rejected":
+        if ack.detail.get("reason") == "busy":
+            raise HTTPException(409, f"conversation {conversation!r} is busy with turn "
+                                     f"{ack.detail.get('turn')!r}; wait for it to end")
+        raise conversation_refused(ack, conversation)
+    turn, after = str(ack.detail["turn"]), int(ack.detail.get("after") or 0)
+    if not body.stream:
+        accepted = ChatAccepted(turn=turn, conversation_id=conversation, after=after)
+        return JSONResponse(accepted.model_dump(), status_code=202, headers={
+            "Location": f"{router.prefix}/conversations/{conversation}/turns/{turn}"})
+    await known(views.conversations, conversation)
+    bound = settings.gateway_bound_s - (asyncio.get_running_loop().time() - started)
+    events = display_stream(views.conversations, sealer, conversation, after, max(bound, 0.5),
+                            until_done=turn)
+    return EventSourceResponse(sse_bytes(events), headers={
+        **SSE_HEADERS, "X-Conversation-Id": conversation, "X-Turn-Id": turn})
+
+
+@router.get("/conversations/{conversation}/stream", response_class=EventSourceResponse,
+            responses={**NOT_FOUND, **TOO_OLD})
+async def stream(view: OwnedDep, cursor: CursorDep, settings: SettingsDep, views: AssistantDep,
+                 sealer: SealerDep) -> AsyncIterator[ServerSentEvent]:
+    """``event: display`` after ``after``, in order; ends when no turn runs and all is sent,
+    or before the gateway bound (a final comment says where to resume)."""
+    async for sse in display_stream(views.conversations, sealer, view.conversation, cursor,
+                                    settings.gateway_bound_s):
+        yield sse
+
+
+async def known_turn(conversations: AssistantConversations, conversation: str, turn: str
+                     ) -> AssistantTurnView:
+    """The turn of ``conversation`` (waiting briefly for this edge to see it); 404 if none."""
+    check_turn(turn, conversation)
+    await conversations.wait(conversation, lambda v: v is not None and turn in v.turns,
+                             VIEW_WAIT_S)
+    view = conversations.get(conversation)
+    tv = view.turns.get(turn) if view is not None else None
+    if tv is None:
+        raise no_turn(turn, conversation)
+    return tv
+
+
+@router.get("/conversations/{conversation}/turns/{turn}", responses=NOT_FOUND)
+async def get_turn(turn: str, view: OwnedDep, views: AssistantDep, sealer: SealerDep
+                   ) -> AssistantTurnOut:
+    """A turn's state (``Thinking`` | ``Replied`` | ``Failed`` | ``Cancelled``), its final text
+    and its cards."""
+    conversation = view.conversation
+    tv = await known_turn(views.conversations, conversation, turn)
+    text, cards, cost = None, [], None
+    if tv.reply is not None:
+        rid = tv.reply.reply_id
+        try:
+            text = sealer.open_json(conversation, f"{rid}/chain", tv.reply.chain).get("text")
+            cards = sealer.open_json(conversation, f"{rid}/cards", tv.reply.cards).get("cards")
+        except KeyErased:
+            raise not_found("conversation", conversation) from None
+        cost = tv.reply.cost_usd
+    return AssistantTurnOut(turn=turn, conversation_id=conversation, state=tv.state,  # type: ignore[arg-type]
+                            text=text, cards=cards or [], end_reason=tv.end_reason,
+                            reason=tv.reason, cost_usd=cost)
+
+
+@router.post("/conversations/{conversation}/turns/{turn}/cancel", status_code=202,
+             responses=NOT_FOUND)
+async def cancel_turn(turn: str, view: OwnedDep, views: AssistantDep, commands: CommandsDep
+                      ) -> CancelRequested:
+    """Ask a running turn to stop (before its next model call, or while a tool runs); it then
+    ends ``Cancelled``. A turn that already ended records nothing and answers its state."""
+    conversation = view.conversation
+    tv = await known_turn(views.conversations, conversation, turn)
+    if tv.state != "Thinking":
+        return CancelRequested(turn=turn, state=tv.state)
+    ack = await commands.cancel(turn)
+    if ack.outcome == "rejected":
+        raise HTTPException(409, f"turn {turn!r} cannot be cancelled: {ack.detail}")
+    return CancelRequested(turn=turn, state="Thinking")

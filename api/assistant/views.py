@@ -1,0 +1,161 @@
+"""What the edge derives from ``voice.assistant`` and ``voice.datasets`` (rebuilt at start).
+
+- Datasets: owner, counts, sealed metadata and the record's position (partition, offset), which
+  a chat turn hands to the worker so it can fetch exactly that record. Deduped by id.
+- Assistant conversations: ``KeptEvents`` of ``api.frame.projection`` whose cursor is the
+  display seq (the SSE ``id:``): records are deduped by the conversation's seq, the last
+  ``kept`` display records are kept (sealed) for resume; besides, each turn's state and reply,
+  and the turn in progress.
+
+Also here: how a display event looks to its owner (``display_event``).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+from api.frame.projection import AggregateView, KeptEvents, Projection, StreamProjection
+from schemas.assistant import (
+    AssistantConversationStarted,
+    AssistantDisplayRecorded,
+    AssistantReplyRecorded,
+    AssistantTurnEnded,
+    AssistantTurnRequested,
+    DatasetRecorded,
+    DisplayPayload,
+)
+from schemas.base import Sealed
+from streams.assistant_settings import AssistantSettings
+from streams.envelope import Envelope
+from streams.sealing import Sealer
+from streams.topics import ASSISTANT, DATASETS, TopicSpec
+
+OPTIONAL = ("group_id", "parent_id", "display_id")
+
+
+@dataclass(kw_only=True)
+class DatasetView(AggregateView):
+    dataset_id: str
+    owner: str
+    rows: int
+    columns: int
+    meta: Sealed
+    partition: int
+    offset: int
+
+    def owned_by(self, owner: str) -> bool:
+        return self.owner == owner
+
+
+@dataclass
+class AssistantTurnView:
+    turn: str
+    state: str = "Thinking"
+    reply: AssistantReplyRecorded | None = None
+    end_reason: str | None = None
+    reason: str | None = None
+
+
+@dataclass(kw_only=True)
+class AssistantConversationView(KeptEvents[AssistantDisplayRecorded]):
+    conversation: str
+    owner: str
+    display_seq: int = 0
+    running: str | None = None
+    turns: dict[str, AssistantTurnView] = field(default_factory=dict)
+
+    @property
+    def stream_name(self) -> str:
+        return self.conversation
+
+    @staticmethod
+    def cursor_of(event: AssistantDisplayRecorded) -> int:
+        return event.display_seq
+
+    def head(self) -> int:
+        return self.display_seq
+
+    def owned_by(self, owner: str) -> bool:
+        return self.owner == owner
+
+    def ended(self, turn: str) -> bool:
+        """Whether ``turn`` has ended (replied, failed or cancelled)."""
+        tv = self.turns.get(turn)
+        return tv is not None and tv.state != "Thinking"
+
+
+class Datasets(Projection[DatasetView]):
+    """Every dataset uploaded through any edge, by id."""
+
+    def apply(self, env: Envelope, partition: int, offset: int) -> None:
+        rec = env.record
+        if isinstance(rec, DatasetRecorded) and rec.dataset_id not in self.by_key:
+            self.by_key[rec.dataset_id] = DatasetView(
+                dataset_id=rec.dataset_id, owner=rec.owner, rows=rec.rows, columns=rec.columns,
+                meta=rec.meta, partition=partition, offset=offset)
+            self.notify(rec.dataset_id)
+
+
+class AssistantConversations(StreamProjection[AssistantConversationView]):
+    """Every assistant conversation this edge has seen, by id."""
+
+    def apply(self, env: Envelope) -> None:
+        rec = env.record
+        if isinstance(rec, AssistantConversationStarted):
+            if env.key in self.by_key:
+                return
+            view = AssistantConversationView(conversation=env.key, owner=rec.owner,
+                                             kept=self.kept)
+            self.by_key[env.key] = view
+        else:
+            view = self.by_key.get(env.key)
+            if view is None:
+                return
+        if not view.accept(env):
+            return
+        if isinstance(rec, AssistantTurnRequested):
+            view.turns[rec.turn] = AssistantTurnView(rec.turn)
+            view.running = rec.turn
+        elif isinstance(rec, AssistantDisplayRecorded):
+            view.display_seq = rec.display_seq
+            view.keep(rec)
+        elif isinstance(rec, AssistantReplyRecorded):
+            view.turns.setdefault(rec.turn, AssistantTurnView(rec.turn)).reply = rec
+        elif isinstance(rec, AssistantTurnEnded):
+            tv = view.turns.setdefault(rec.turn, AssistantTurnView(rec.turn))
+            tv.state, tv.end_reason, tv.reason = rec.state, rec.end_reason, rec.reason
+            if view.running == rec.turn:
+                view.running = None
+        self.notify(env.key)
+
+
+class AssistantViews:
+    """Every assistant conversation and dataset this edge has seen."""
+
+    def __init__(self, settings: AssistantSettings) -> None:
+        self.settings = settings
+        self.conversations = AssistantConversations(settings.edge_events_kept)
+        self.datasets = Datasets()
+
+    def tail_handlers(self) -> dict[TopicSpec, Callable[[Envelope, int, int], None]]:
+        """What the edge's tail feeds (``EdgeTail(located=…)``)."""
+        return {ASSISTANT: lambda env, _p, _o: self.conversations.apply(env),
+                DATASETS: self.datasets.apply}
+
+
+def display_event(sealer: Sealer, conversation: str, payload: DisplayPayload) -> dict[str, Any]:
+    """The engine's display event as its owner sees it (data opened)."""
+    out: dict[str, Any] = {
+        "id": payload.event_id, "type": payload.type, "channel": payload.channel,
+        "scope": payload.scope, "message_id": payload.message_id, "verb": payload.verb,
+        "priority": payload.priority,
+        "data": sealer.open_json(conversation, f"{payload.event_id}/data", payload.data),
+        "persistent": payload.persistent, "ts": payload.ts}
+    for name in OPTIONAL:
+        if getattr(payload, name) is not None:
+            out[name] = getattr(payload, name)
+    if payload.metadata:
+        out["metadata"] = payload.metadata
+    return out

@@ -1,0 +1,133 @@
+"""Views the edge derives from the conversation log (rebuilt from Kafka at every start).
+
+A ``ConversationView`` is a ``KeptEvents`` of ``api.frame.projection``: records apply in log
+order and are deduped by seq, and the last ``kept`` records (any type) are kept for SSE resume
+(``id:`` = seq). Besides, per conversation: its content records (messages, replies, proposals)
+by seq, for the transcript and turns, and each turn's state, reason, reply and proposal.
+
+Content stays sealed here; routes open it for the owner (``api.conversations.render``).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from api.frame.projection import KeptEvents, StreamProjection
+from schemas.conversation import (
+    ConversationErased,
+    ConversationStarted,
+    MessageRecorded,
+    ProposalRecorded,
+    ReplyRecorded,
+    TurnRequested,
+    TurnState,
+    TurnStateChanged,
+)
+from streams.envelope import Envelope
+from streams.ids import parse_turn
+
+
+@dataclass
+class TurnView:
+    turn: str
+    message_seq: int
+    state: TurnState | None = None
+    reason: str | None = None
+    reply: Envelope | None = None
+    """The turn's ``ReplyRecorded`` (sealed), once recorded."""
+    proposal: Envelope | None = None
+    """The turn's ``ProposalRecorded`` (sealed), once recorded."""
+
+
+@dataclass(kw_only=True)
+class ConversationView(KeptEvents[Envelope]):
+    conversation: str
+    owner: str
+    first_seen: int = 0
+    """Seq of the first record this edge saw (above 1 if retention trimmed the log)."""
+    erased: bool = False
+    content: dict[int, Envelope] = field(default_factory=dict)
+    """Messages, replies and proposals by seq (sealed)."""
+    turns: dict[str, TurnView] = field(default_factory=dict)
+
+    @property
+    def stream_name(self) -> str:
+        return self.conversation
+
+    @staticmethod
+    def cursor_of(event: Envelope) -> int:
+        assert event.seq is not None
+        return event.seq
+
+    def owned_by(self, owner: str) -> bool:
+        return self.owner == owner and not self.erased
+
+    def turn(self, turn: str) -> TurnView:
+        tv = self.turns.get(turn)
+        if tv is None:
+            parsed = parse_turn(turn)
+            tv = TurnView(turn=turn, message_seq=parsed[1] if parsed else 0)
+            self.turns[turn] = tv
+        return tv
+
+    def forget(self) -> None:
+        """Drop everything but identity: the conversation is erased."""
+        self.erased = True
+        self.events.clear()
+        self.content.clear()
+        self.turns.clear()
+
+
+class ConversationViews(StreamProjection[ConversationView]):
+    """Every conversation this edge has seen, by id and by owner."""
+
+    def apply(self, env: Envelope) -> ConversationView | None:
+        """Apply one record; returns the view it changed, or None for a duplicate/unknown."""
+        rec = env.record
+        if isinstance(rec, ConversationStarted):
+            if env.key in self.by_key:
+                return None
+            view = ConversationView(conversation=env.key, owner=rec.owner, kept=self.kept)
+            self.by_key[env.key] = view
+        else:
+            view = self.by_key.get(env.key)
+            if view is None:
+                return None
+        if not view.accept(env):
+            return None
+        if not view.first_seen:
+            view.first_seen = view.last_seq
+        if isinstance(rec, ConversationErased):
+            view.forget()
+        elif not view.erased:
+            self._record(view, env)
+        self.notify(env.key)
+        return view
+
+    def _record(self, view: ConversationView, env: Envelope) -> None:
+        view.keep(env)
+        rec = env.record
+        assert env.seq is not None
+        if isinstance(rec, MessageRecorded):
+            view.content[env.seq] = env
+        elif isinstance(rec, TurnRequested):
+            view.turn(rec.turn).message_seq = rec.message_seq
+        elif isinstance(rec, TurnStateChanged):
+            tv = view.turn(rec.turn)
+            tv.state, tv.reason = rec.state, rec.reason
+        elif isinstance(rec, ReplyRecorded):
+            view.content[env.seq] = env
+            view.turn(rec.turn).reply = env
+        elif isinstance(rec, ProposalRecorded):
+            view.content[env.seq] = env
+            view.turn(rec.turn).proposal = env
+
+    def mark_erased(self, conversation: str) -> None:
+        """Forget a conversation's content now (its key is gone), before the log says so."""
+        view = self.by_key.get(conversation)
+        if view is not None and not view.erased:
+            view.forget()
+            self.notify(conversation)
+
+    def list_for(self, owner: str) -> list[ConversationView]:
+        return [v for v in self.by_key.values() if v.owned_by(owner)]

@@ -1,0 +1,147 @@
+"""Typed dependencies every product's routes share: settings, tail, sealer, principal and
+roles, the caller's own resource (404 for anyone else's), views that must catch up with the
+log, and the byte limit of a text field."""
+
+from collections.abc import Awaitable, Callable
+from typing import Annotated, Any, TypeVar
+
+from fastapi import Depends, HTTPException, Path, Request
+from fastapi.exceptions import RequestValidationError
+from fastapi.security import HTTPAuthorizationCredentials, HTTPBearer
+
+from api.frame.auth import AuthError, Principal, decode_token
+from api.frame.projection import Projection
+from api.frame.tail import EdgeTail
+from streams.ids import parse_turn
+from streams.producer import RecordProducer
+from streams.sealing import Sealer
+from streams.settings import VoiceSettings
+
+V = TypeVar("V")
+
+_bearer = HTTPBearer(auto_error=False)
+
+VIEW_WAIT_S = 2.0
+"""How long a route waits for this edge's view to catch up with the log (an aggregate made,
+or changed, through another edge a moment ago) before it answers 404."""
+
+
+async def get_settings(request: Request) -> VoiceSettings:
+    return request.app.state.settings
+
+
+async def get_producer(request: Request) -> RecordProducer:
+    return request.app.state.producer
+
+
+async def get_tail(request: Request) -> EdgeTail:
+    return request.app.state.tail
+
+
+async def get_sealer(request: Request) -> Sealer:
+    return request.app.state.sealer
+
+
+async def get_principal(
+    request: Request,
+    creds: Annotated[HTTPAuthorizationCredentials | None, Depends(_bearer)],
+) -> Principal:
+    if creds is None:
+        raise HTTPException(401, "missing bearer token (Authorization: Bearer …)")
+    try:
+        return decode_token(request.app.state.settings, creds.credentials)
+    except AuthError as exc:
+        raise HTTPException(401, str(exc)) from None
+
+
+def require_role(*roles: str) -> Callable[..., Awaitable[Principal]]:
+    """A dependency that answers 403 unless the caller has one of ``roles``."""
+
+    async def check(principal: Annotated[Principal, Depends(get_principal)]) -> Principal:
+        if principal.role not in roles:
+            raise HTTPException(403, f"role {principal.role!r} may not call this route")
+        return principal
+
+    return check
+
+
+SettingsDep = Annotated[VoiceSettings, Depends(get_settings)]
+ProducerDep = Annotated[RecordProducer, Depends(get_producer)]
+TailDep = Annotated[EdgeTail, Depends(get_tail)]
+SealerDep = Annotated[Sealer, Depends(get_sealer)]
+PrincipalDep = Annotated[Principal, Depends(get_principal)]
+ParticipantDep = Annotated[Principal, Depends(require_role("participant"))]
+
+
+def not_found(what: str, key: str) -> HTTPException:
+    """The 404 of an unknown (or someone else's) ``what``: ``no {what} {key!r}``."""
+    return HTTPException(404, f"no {what} {key!r}")
+
+
+def check_turn(turn: str, conversation: str) -> int:
+    """The seq that requested ``turn`` if it is a turn id of ``conversation``; else 404."""
+    parsed = parse_turn(turn)
+    if parsed is None or parsed[0] != conversation:
+        raise no_turn(turn, conversation)
+    return parsed[1]
+
+
+def no_turn(turn: str, conversation: str) -> HTTPException:
+    return HTTPException(404, f"no turn {turn!r} in {conversation!r}")
+
+
+async def known(projection: Projection[V], key: str, timeout: float = VIEW_WAIT_S) -> V | None:
+    """The view of ``key``, waiting at most ``timeout`` for this edge to catch up with the log;
+    None when it still does not know it."""
+    await projection.wait(key, lambda v: v is not None, timeout)
+    return projection.get(key)
+
+
+async def known_or_404(projection: Projection[V], key: str, what: str) -> V:
+    """The view of ``key`` (waiting briefly for this edge to catch up); 404 naming ``what``."""
+    view = await known(projection, key)
+    if view is None:
+        raise not_found(what, key)
+    return view
+
+
+async def find_owned(projection: Projection[V], key: str, owner: str,
+                     timeout: float = VIEW_WAIT_S) -> V | None:
+    """The view of ``key`` if ``owner`` may read it, waiting for this edge to catch up."""
+    await known(projection, key, timeout)
+    return projection.owned(key, owner)
+
+
+def owned_dependency(projection_of: Callable[..., Any], *, valid: Callable[[str], bool],
+                     description: str, what: str = "conversation"
+                     ) -> Callable[..., Awaitable[Any]]:
+    """A dependency giving the caller's own ``{conversation}`` of ``projection_of``'s views.
+
+    404 if the id is malformed, unknown, erased, or someone else's — never 403: the answer
+    must not reveal that another caller's resource exists.
+    """
+
+    async def owned(
+        conversation: Annotated[str, Path(description=description)],
+        projection: Annotated[Projection[Any], Depends(projection_of)],
+        principal: PrincipalDep,
+    ) -> Any:
+        view = (await find_owned(projection, conversation, principal.sub)
+                if valid(conversation) else None)
+        if view is None:
+            raise not_found(what, conversation)
+        return view
+
+    return owned
+
+
+def check_text_size(settings: VoiceSettings, text: str, field: str = "text") -> None:
+    """422 at ``body.{field}`` when ``text`` is over ``VOICE_MAX_MESSAGE_BYTES`` UTF-8 bytes
+    (the same shape as the body's own validation errors)."""
+    size = len(text.encode("utf-8"))
+    if size > settings.max_message_bytes:
+        raise RequestValidationError([{
+            "type": "string_too_long", "loc": ("body", field), "input": None,
+            "msg": f"{field} is {size} UTF-8 bytes; the limit is {settings.max_message_bytes}",
+            "ctx": {"max_bytes": settings.max_message_bytes},
+        }])

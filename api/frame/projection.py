@@ -1,0 +1,213 @@
+"""The one read model of the edge: per-aggregate views fed by the tail, and waiting on them.
+
+Every product's views are built the same way (rebuilt from Kafka at every start):
+
+- a ``Projection`` holds one aggregate kind's views by key and wakes waiters per key
+  (``notify`` / ``wait``), so a route or a stream that must see a write waits for it without
+  polling;
+- each view is an ``AggregateView``: it keeps the last seq it applied, so a record whose seq is
+  not above it is a redelivery (``accept`` says no) and changes nothing;
+- a view that streams to clients is a ``KeptEvents``: the last ``kept`` events for SSE resume,
+  the oldest cursor it can still serve, and ``events_after(cursor)``, which raises the one
+  ``CursorTooOld`` (→ 409 with the oldest cursor) when some of them are gone.
+
+Everything runs on the edge's event loop (the tail hands records over with
+``call_soon_threadsafe``). Nothing here does I/O.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections import deque
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass, field
+from typing import Any, Generic, TypeVar
+
+from streams.envelope import Envelope
+
+DEFAULT_KEPT = 10_000
+"""Events kept per stream for resume when the settings do not say (``VOICE_EDGE_EVENTS_KEPT``)."""
+
+E = TypeVar("E")
+V = TypeVar("V")
+K = TypeVar("K", bound="KeptEvents[Any]")
+
+
+class CursorTooOld(Exception):
+    """The events after ``cursor`` are no longer all kept; ``oldest`` is the oldest cursor
+    that can still be served."""
+
+    def __init__(self, stream: str, cursor: int, oldest: int) -> None:
+        super().__init__(f"cursor {cursor} of {stream} is older than this edge keeps; "
+                         f"the oldest cursor it can serve is {oldest}")
+        self.stream = stream
+        self.cursor = cursor
+        self.oldest = oldest
+
+
+class Changes:
+    """Futures waiting per key, woken together when the key changes."""
+
+    def __init__(self) -> None:
+        self._waiters: dict[str, list[asyncio.Future[None]]] = {}
+
+    def notify(self, key: str) -> None:
+        for fut in self._waiters.pop(key, ()):
+            if not fut.done():
+                fut.set_result(None)
+
+    async def wait(self, key: str, until: Callable[[], bool], timeout: float) -> bool:
+        """Wait at most ``timeout`` s until ``until()`` holds; returns whether it does."""
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + timeout
+        while not until():
+            remaining = deadline - loop.time()
+            if remaining <= 0:
+                return False
+            fut: asyncio.Future[None] = loop.create_future()
+            self._waiters.setdefault(key, []).append(fut)
+            try:
+                await asyncio.wait({fut}, timeout=remaining)
+            finally:
+                if not fut.done():
+                    fut.cancel()
+                    waiters = self._waiters.get(key)
+                    if waiters is not None and fut in waiters:
+                        waiters.remove(fut)
+                        if not waiters:
+                            del self._waiters[key]
+        return True
+
+    def waiting(self, key: str) -> int:
+        """How many waiters a key has (for tests and diagnostics)."""
+        return len(self._waiters.get(key, ()))
+
+
+@dataclass(kw_only=True)
+class AggregateView:
+    """What every view of one aggregate has: the last seq applied (its writer's dense seq)."""
+
+    last_seq: int = 0
+
+    def accept(self, env: Envelope) -> bool:
+        """Whether ``env`` is new here (its seq above the last one); a redelivery is not."""
+        if env.seq is None or env.seq <= self.last_seq:
+            return False
+        self.last_seq = env.seq
+        return True
+
+    def owned_by(self, owner: str) -> bool:
+        """Whether ``owner`` may read this view (views without an owner say no)."""
+        return False
+
+
+@dataclass(kw_only=True)
+class KeptEvents(AggregateView, Generic[E]):
+    """A view whose events are streamed to clients: the last ``kept`` ones, for resume.
+
+    A cursor is the position of the last event a client has (``cursor_of``: the seq, or the
+    display seq of an assistant conversation); 0 reads from the start.
+    """
+
+    kept: int = DEFAULT_KEPT
+    events: deque[E] = field(default_factory=deque)
+    """The last ``kept`` events, in cursor order."""
+
+    @property
+    def stream_name(self) -> str:
+        """What ``CursorTooOld`` calls this stream."""
+        raise NotImplementedError
+
+    @staticmethod
+    def cursor_of(event: E) -> int:
+        """The cursor position of ``event`` (its ``id:`` on the SSE stream)."""
+        raise NotImplementedError
+
+    def head(self) -> int:
+        """The position the stream has reached (a client there has everything)."""
+        return self.last_seq
+
+    def keep(self, event: E) -> None:
+        """Keep ``event`` for resume, dropping the oldest past ``kept``."""
+        self.events.append(event)
+        while len(self.events) > self.kept:
+            self.events.popleft()
+
+    def oldest_cursor(self) -> int:
+        """The smallest ``after`` this view can serve every later event for."""
+        return self.cursor_of(self.events[0]) - 1 if self.events else self.head()
+
+    def events_after(self, cursor: int) -> list[E]:
+        """Every kept event after ``cursor``, in order; ``CursorTooOld`` when some of them
+        are no longer kept."""
+        oldest = self.oldest_cursor()
+        if cursor < oldest:
+            raise CursorTooOld(self.stream_name, cursor, oldest)
+        out: list[E] = []
+        # From the newest back: a live reader asks for the last few, whatever is kept.
+        for event in reversed(self.events):
+            if self.cursor_of(event) <= cursor:
+                break
+            out.append(event)
+        out.reverse()
+        return out
+
+
+class Projection(Generic[V]):
+    """One aggregate kind's views at the edge, by key, with wait/notify per key.
+
+    Views are usually ``AggregateView``s; a compacted topic without seqs (contributions) keeps
+    its latest records here instead and uses only the wait/notify.
+    """
+
+    def __init__(self) -> None:
+        self.by_key: dict[str, V] = {}
+        self._changes = Changes()
+
+    def get(self, key: str) -> V | None:
+        return self.by_key.get(key)
+
+    def __getitem__(self, key: str) -> V:
+        return self.by_key[key]
+
+    def __contains__(self, key: object) -> bool:
+        return key in self.by_key
+
+    def __iter__(self) -> Iterator[str]:
+        return iter(self.by_key)
+
+    def __len__(self) -> int:
+        return len(self.by_key)
+
+    def values(self) -> list[V]:
+        return list(self.by_key.values())
+
+    def owned(self, key: str, owner: str) -> V | None:
+        """The view if ``owner`` may read it (else None: 404, whoever's it is)."""
+        view = self.by_key.get(key)
+        return view if isinstance(view, AggregateView) and view.owned_by(owner) else None
+
+    def notify(self, key: str) -> None:
+        """Wake the waiters of ``key``: its view changed."""
+        self._changes.notify(key)
+
+    async def wait(self, key: str, until: Callable[[V | None], bool], timeout: float) -> bool:
+        """Wait at most ``timeout`` seconds until ``until(view)`` holds; returns whether it does.
+
+        ``until`` is re-checked after every change of ``key`` (and at the start).
+        """
+        return await self._changes.wait(key, lambda: until(self.by_key.get(key)), timeout)
+
+    def waiting(self, key: str) -> int:
+        """How many waiters a key has (for tests and diagnostics)."""
+        return self._changes.waiting(key)
+
+
+class StreamProjection(Projection[K]):
+    """A ``Projection`` of views that stream: each keeps its last ``kept`` events."""
+
+    def __init__(self, kept: int = DEFAULT_KEPT) -> None:
+        if kept < 1:
+            raise ValueError("kept must be at least 1")
+        super().__init__()
+        self.kept = kept

@@ -1,0 +1,176 @@
+"""The one Server-Sent-Events loop of the edge, and where a stream resumes.
+
+Every stream (a conversation's log, an assistant conversation's display events, an inbox) has
+the same contract: ``id:`` is the stream's cursor (its seq); a client resumes with ``after=N``
+or ``Last-Event-ID: N`` (the query wins) and gets every event after N once, in order, then
+live ones. Comments carry no id: keep-alives after ``KEEPALIVE_S`` of silence, and a final one
+before the gateway bound saying where to resume. A cursor older than this edge keeps answers
+409 with the oldest cursor it can serve (``api.app`` renders ``CursorTooOld``); a client that
+falls that far behind while connected gets a final comment instead. Streams differ only in
+their ``Feed``: what they render per event and when they end early.
+"""
+
+import asyncio
+import json
+from collections.abc import AsyncIterator, Awaitable, Callable
+from dataclasses import dataclass
+from typing import Annotated, Any, Generic, TypeVar
+
+from fastapi import Depends, Header, Query
+from fastapi.exceptions import RequestValidationError
+from fastapi.sse import ServerSentEvent, format_sse_event
+
+from api.frame.models import CursorTooOldOut
+from api.frame.projection import CursorTooOld, KeptEvents
+
+KEEPALIVE_S = 5.0
+"""Silence after which a keep-alive comment is sent (a third of the bound, if smaller)."""
+END_MARGIN_S = 1.0
+"""The stream ends this long before the gateway bound (a third of the bound, if smaller)."""
+TOO_OLD = {409: {"description": "The cursor is older than this edge keeps; reconnect with "
+                                "after=oldest_cursor.",
+                 "content": {"application/json": {"schema": CursorTooOldOut.model_json_schema()}}}}
+"""The 409 of every route that takes a resume cursor, for the OpenAPI document."""
+SSE_HEADERS = {"Cache-Control": "no-cache", "X-Accel-Buffering": "no"}
+
+E = TypeVar("E")
+
+
+class StreamEnd(Exception):  # noqa: N818 - control flow, not a failure
+    """Ends a stream at once with ``comment`` (the conversation was erased, …)."""
+
+    def __init__(self, comment: str) -> None:
+        super().__init__(comment)
+        self.comment = comment
+
+
+def resume_cursor(after: int | None, last_event_id: str | None) -> int:
+    """Where an SSE stream resumes: ``after`` wins over ``Last-Event-ID``; 0 from the start.
+
+    A ``Last-Event-ID`` that is not a non-negative integer answers 422 naming the header.
+    """
+    if after is not None:
+        return after
+    if last_event_id is None or not last_event_id.strip():
+        return 0
+    try:
+        value = int(last_event_id.strip())
+    except ValueError:
+        value = -1
+    if value < 0:
+        raise RequestValidationError([{
+            "type": "int_parsing", "loc": ("header", "Last-Event-ID"), "input": last_event_id,
+            "msg": "Last-Event-ID must be a non-negative integer (an event id of this stream)",
+        }])
+    return value
+
+
+def served_cursor(view: KeptEvents[Any], cursor: int) -> int:
+    """``cursor``, if ``view`` still keeps every event after it; else ``CursorTooOld`` with
+    the oldest cursor it can serve (→ 409)."""
+    oldest = view.oldest_cursor()
+    if cursor < oldest:
+        raise CursorTooOld(view.stream_name, cursor, oldest)
+    return cursor
+
+
+def cursor_dependency(view_of: Callable[..., Any]) -> Callable[..., Awaitable[int]]:
+    """A dependency: where a stream of the view ``view_of`` gives starts (``after`` query or
+    ``Last-Event-ID`` header); ``CursorTooOld`` (→ 409) when this edge cannot serve it."""
+
+    async def stream_cursor(
+        view: Annotated[KeptEvents[Any], Depends(view_of)],
+        after: Annotated[int | None, Query(ge=0, description="Resume after this seq (an event "
+                                                              "id); wins over Last-Event-ID."
+                                           )] = None,
+        last_event_id: Annotated[str | None, Header(alias="Last-Event-ID")] = None,
+    ) -> int:
+        return served_cursor(view, resume_cursor(after, last_event_id))
+
+    return stream_cursor
+
+
+@dataclass
+class Feed(Generic[E]):
+    """What one stream reads and how it renders it; the loop does the rest."""
+
+    view: Callable[[], KeptEvents[E] | None]
+    """The stream's view now; None once it is gone (then the stream ends with ``gone``)."""
+    render: Callable[[E], ServerSentEvent | None]
+    """The SSE event of one kept event, or None for one clients do not see (its id is
+    skipped); may raise ``StreamEnd``."""
+    wait: Callable[[Callable[[], bool], float], Awaitable[bool]]
+    """Waits (at most the timeout) until the predicate holds, re-checked on every change."""
+    gone: str = "end; the stream is gone"
+    ends_after: Callable[[E, int], str | None] = lambda _event, _cursor: None
+    """A final comment to end with right after sending ``event`` (e.g. its turn is done)."""
+    idle: Callable[[], bool] = lambda: False
+    """Whether to end once every kept event is sent (e.g. no turn runs any more)."""
+
+
+async def sse_stream(feed: Feed[E], cursor: int, bound_s: float
+                     ) -> AsyncIterator[ServerSentEvent]:
+    """The events of ``feed`` after ``cursor`` (``id:`` = cursor), then live ones, ending
+    before ``bound_s`` with a comment saying where to resume."""
+    loop = asyncio.get_running_loop()
+    end_at = loop.time() + bound_s - min(END_MARGIN_S, bound_s / 3)
+    keepalive = min(KEEPALIVE_S, bound_s / 3)
+    last_sent = loop.time()
+    try:
+        while True:
+            view = feed.view()
+            if view is None:
+                yield ServerSentEvent(comment=feed.gone)
+                return
+            try:
+                events = view.events_after(cursor)
+            except CursorTooOld as exc:  # this client fell behind what the edge keeps
+                yield ServerSentEvent(comment=f"end; cursor {cursor} is too old, "
+                                              f"the oldest this edge serves is {exc.oldest}")
+                return
+            for event in events:
+                if loop.time() >= end_at:
+                    break
+                sse = feed.render(event)
+                cursor = view.cursor_of(event)
+                if sse is not None:
+                    yield sse
+                    last_sent = loop.time()
+                if (final := feed.ends_after(event, cursor)) is not None:
+                    yield ServerSentEvent(comment=final)
+                    return
+            now = loop.time()
+            if now >= end_at:
+                break
+            # Positions the view passed without an event (a notification seen before) too.
+            cursor = max(cursor, view.head())
+            if feed.idle():
+                yield ServerSentEvent(comment=f"end; idle; resume with after={cursor}")
+                return
+            if now - last_sent >= keepalive:
+                yield ServerSentEvent(comment="keep-alive")
+                last_sent = now
+
+            def moved(seen: int = cursor) -> bool:
+                v = feed.view()
+                return v is None or v.head() > seen or feed.idle()
+
+            await feed.wait(moved, max(0.0, min(end_at, last_sent + keepalive) - now))
+    except StreamEnd as end:
+        yield ServerSentEvent(comment=end.comment)
+        return
+    yield ServerSentEvent(comment=f"end; reconnect with after={cursor}")
+
+
+def sse_bytes(events: AsyncIterator[ServerSentEvent]) -> AsyncIterator[bytes]:
+    """The wire bytes of ``events``, for a route that returns its ``EventSourceResponse``
+    itself (one that answers JSON or a stream): the same framing FastAPI gives a generator."""
+
+    async def frames() -> AsyncIterator[bytes]:
+        async for sse in events:
+            data = None if sse.data is None else json.dumps(sse.data, ensure_ascii=False,
+                                                            separators=(",", ":"))
+            yield format_sse_event(data_str=data, event=sse.event, id=sse.id,
+                                   comment=sse.comment)
+
+    return frames()

@@ -1,0 +1,88 @@
+"""The caller's inbox: ``GET /me/inbox`` (poll) and ``GET /me/inbox/stream`` (Server-Sent Events).
+
+The stream is the frame's SSE loop (``api.frame.sse``), with its resume contract: ``id:`` is
+the inbox's dense seq (given by the recipient's single writer); a notification seen before
+under another seq (a writer's replay) is not shown twice, so ids may have gaps.
+"""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator
+from typing import Annotated
+
+from fastapi import APIRouter, Depends, Query
+from fastapi.sse import EventSourceResponse, ServerSentEvent
+from pydantic import BaseModel
+
+from api.frame.deps import PrincipalDep, SettingsDep
+from api.frame.sse import TOO_OLD, Feed, cursor_dependency, served_cursor, sse_stream
+from api.staff.deps import StaffViewsDep
+from api.staff.views import InboxView
+from schemas.staff import NotificationRecorded
+from streams.envelope import Envelope
+
+router = APIRouter(prefix="/me/inbox", tags=["inbox"])
+
+
+class NotificationOut(BaseModel):
+    """One update in the inbox (``event: notification`` on the stream)."""
+
+    seq: int
+    notification: str
+    issue: str
+    development: str
+    title: str
+    body: str
+    at: str
+
+
+class InboxOut(BaseModel):
+    recipient: str
+    last_seq: int
+    notifications: list[NotificationOut]
+
+
+def notification_out(env: Envelope) -> NotificationOut:
+    rec = env.record
+    assert isinstance(rec, NotificationRecorded) and env.seq is not None
+    return NotificationOut(seq=env.seq, notification=rec.notification, issue=rec.issue,
+                           development=rec.development, title=rec.title, body=rec.body,
+                           at=rec.at)
+
+
+async def my_inbox(principal: PrincipalDep, views: StaffViewsDep) -> InboxView:
+    """The caller's inbox (empty when nothing came yet)."""
+    return views.inboxes.inbox(principal.sub)
+
+
+InboxDep = Annotated[InboxView, Depends(my_inbox)]
+CursorDep = Annotated[int, Depends(cursor_dependency(my_inbox))]
+
+
+@router.get("", responses=TOO_OLD)
+async def get_inbox(
+    view: InboxDep,
+    after: Annotated[int | None, Query(ge=0, description="Only notifications after this seq; "
+                                                          "all kept ones when omitted.")] = None,
+) -> InboxOut:
+    """The caller's notifications after ``after`` (all this edge keeps by default), in order."""
+    cursor = served_cursor(view, view.oldest_cursor() if after is None else after)
+    return InboxOut(recipient=view.recipient, last_seq=view.last_seq,
+                    notifications=[notification_out(e) for e in view.events_after(cursor)])
+
+
+@router.get("/stream", response_class=EventSourceResponse, responses=TOO_OLD)
+async def stream_inbox(view: InboxDep, cursor: CursorDep, settings: SettingsDep,
+                       views: StaffViewsDep) -> AsyncIterator[ServerSentEvent]:
+    """Events: ``notification``, each with ``id:`` = the inbox seq."""
+    recipient = view.recipient
+
+    def render(env: Envelope) -> ServerSentEvent:
+        out = notification_out(env)
+        return ServerSentEvent(event="notification", id=str(out.seq), data=out)
+
+    feed = Feed(view=lambda: views.inboxes.inbox(recipient), render=render,
+                wait=lambda until, timeout: views.inboxes.wait(
+                    recipient, lambda _v: until(), timeout))
+    async for sse in sse_stream(feed, cursor, settings.gateway_bound_s):
+        yield sse

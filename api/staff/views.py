@@ -1,0 +1,266 @@
+"""Views the edge derives from the staff topics (rebuilt from Kafka at every start), one
+``Projection`` (``api.frame.projection``) per aggregate kind:
+
+- ``issues``, from the issue log ``voice.issues`` (deduped by the issue's seq): title, summary,
+  evidence, followers, developments, investigations (also indexed by id: ``investigations``);
+- ``workflows``, from ``voice.workflows``: each workflow's records (deduped by seq, or by record
+  id for the records without one) and their fold (status, step, what it waits for, outputs,
+  commands) — research runs, reviews waiting and operators' reads come from here;
+- ``contributions``, from the compacted ``voice.contributions`` (the latest record is the
+  state; a finished contribution never goes back to ``in_review``);
+- ``inboxes``, from ``voice.inbox``: a ``KeptEvents`` per recipient (deduped by seq and by
+  notification id), for the inbox stream.
+
+Sealed content stays sealed here; routes open it. Everything runs on the edge's event loop.
+"""
+
+from __future__ import annotations
+
+from collections import deque
+from dataclasses import dataclass, field
+from typing import Any
+
+from api.frame.projection import (
+    DEFAULT_KEPT,
+    AggregateView,
+    KeptEvents,
+    Projection,
+    StreamProjection,
+)
+from api.frame.tail import RecordHandler
+from schemas.staff import (
+    ContributionRecorded,
+    DeliveryEnded,
+    DevelopmentRecorded,
+    EvidenceAdded,
+    FollowerAdded,
+    FollowerRemoved,
+    InvestigationOpened,
+    InvestigationSuggested,
+    IssueOpened,
+    NotificationRecorded,
+)
+from schemas.workflow import (
+    StepFailed,
+    StepStarted,
+    StepSucceeded,
+    WorkflowCommandReceived,
+    WorkflowCompleted,
+    WorkflowFailed,
+    WorkflowPaused,
+    WorkflowResumed,
+    WorkflowStarted,
+)
+from streams.envelope import Envelope
+from streams.topics import CONTRIBUTIONS, INBOX, ISSUES, WORKFLOWS, TopicSpec
+
+MAX_WORKFLOW_RECORDS = 1000
+"""Records kept per workflow for ``GET /staff/workflows/{id}`` (the log keeps them all)."""
+
+
+@dataclass(kw_only=True)
+class InvestigationView(AggregateView):
+    investigation: str
+    issue: str
+    run: str
+    title: str
+    reason: str
+    read: list[str]
+    state: str = "suggested"
+    opened_by: str | None = None
+
+
+@dataclass(kw_only=True)
+class IssueView(AggregateView):
+    issue: str
+    title: str
+    summary: str
+    by: str
+    at: str
+    evidence: dict[str, EvidenceAdded] = field(default_factory=dict)
+    followers: set[str] = field(default_factory=set)
+    developments: dict[str, DevelopmentRecorded] = field(default_factory=dict)
+    ended: dict[str, DeliveryEnded] = field(default_factory=dict)
+    investigations: dict[str, InvestigationView] = field(default_factory=dict)
+
+
+@dataclass(kw_only=True)
+class WorkflowView(AggregateView):
+    workflow: str
+    kind: str
+    input: dict[str, Any] = field(default_factory=dict)
+    status: str = "running"
+    step: str | None = None
+    attempt: int = 1
+    waiting_for: str | None = None
+    last_error: str | None = None
+    outputs: dict[str, dict[str, Any]] = field(default_factory=dict)
+    commands: list[WorkflowCommandReceived] = field(default_factory=list)
+    records: deque[Envelope] = field(default_factory=lambda: deque(maxlen=MAX_WORKFLOW_RECORDS))
+    ids: set[str] = field(default_factory=set)
+
+    def accept(self, env: Envelope) -> bool:
+        # The engine's records carry the workflow's seq; the others (a command forwarded by a
+        # writer) only their id.
+        if env.seq is not None:
+            return super().accept(env)
+        if env.id in self.ids:
+            return False
+        self.ids.add(env.id)
+        return True
+
+
+@dataclass(kw_only=True)
+class InboxView(KeptEvents[Envelope]):
+    recipient: str
+    ids: set[str] = field(default_factory=set)
+    """Notification ids seen: a writer's replay under a new seq is not shown twice."""
+
+    @property
+    def stream_name(self) -> str:
+        return f"inbox of {self.recipient}"
+
+    @staticmethod
+    def cursor_of(event: Envelope) -> int:
+        return event.seq or 0
+
+    def owned_by(self, owner: str) -> bool:
+        return self.recipient == owner
+
+
+class Issues(Projection[IssueView]):
+    """Issues by id, and their investigations by id (``investigations``)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.investigations: Projection[InvestigationView] = Projection()
+
+    def apply(self, env: Envelope) -> None:
+        rec = env.record
+        if isinstance(rec, IssueOpened) and env.key not in self.by_key:
+            self.by_key[env.key] = IssueView(issue=rec.issue, title=rec.title,
+                                             summary=rec.summary, by=rec.by, at=rec.at)
+        view = self.by_key.get(env.key)
+        if view is None or not view.accept(env):
+            return
+        if isinstance(rec, EvidenceAdded):
+            view.evidence[rec.evidence] = rec
+        elif isinstance(rec, FollowerAdded):
+            view.followers.add(rec.participant)
+        elif isinstance(rec, FollowerRemoved):
+            view.followers.discard(rec.participant)
+        elif isinstance(rec, DevelopmentRecorded):
+            view.developments[rec.development] = rec
+        elif isinstance(rec, DeliveryEnded):
+            view.ended[rec.development] = rec
+        elif isinstance(rec, InvestigationSuggested):
+            inv = InvestigationView(investigation=rec.investigation, issue=rec.issue,
+                                    run=rec.run, title=rec.title, reason=rec.reason,
+                                    read=list(rec.read))
+            view.investigations[rec.investigation] = inv
+            self.investigations.by_key[rec.investigation] = inv
+            self.investigations.notify(rec.investigation)
+        elif isinstance(rec, InvestigationOpened):
+            inv = self.investigations.get(rec.investigation)
+            if inv is not None:
+                inv.state, inv.opened_by = "open", rec.by
+                self.investigations.notify(rec.investigation)
+        self.notify(env.key)
+
+
+class Workflows(Projection[WorkflowView]):
+    """Workflows by id: their last records and where they stand."""
+
+    def apply(self, env: Envelope) -> None:
+        rec = env.record
+        workflow = getattr(rec, "workflow", env.key)
+        view = self.by_key.get(workflow)
+        if view is None:
+            kind = rec.kind if isinstance(rec, WorkflowStarted) else "unknown"
+            view = self.by_key[workflow] = WorkflowView(workflow=workflow, kind=kind)
+        if not view.accept(env):
+            return
+        view.records.append(env)
+        self._fold(view, rec)
+        self.notify(workflow)
+
+    def _fold(self, view: WorkflowView, rec: Any) -> None:
+        if isinstance(rec, WorkflowStarted):
+            view.kind, view.input = rec.kind, dict(rec.input)
+        elif isinstance(rec, StepStarted):
+            view.status, view.step, view.attempt = "running", rec.step, rec.attempt
+        elif isinstance(rec, StepSucceeded):
+            view.outputs[rec.step] = dict(rec.output)
+        elif isinstance(rec, StepFailed):
+            view.last_error = f"{rec.error_type}: {rec.error}"
+        elif isinstance(rec, WorkflowPaused):
+            view.status, view.step, view.waiting_for = "paused", rec.step, rec.waiting_for
+        elif isinstance(rec, WorkflowCommandReceived):
+            if all(c.command_id != rec.command_id for c in view.commands):
+                view.commands.append(rec)
+        elif isinstance(rec, WorkflowResumed):
+            view.status, view.waiting_for = "running", None
+        elif isinstance(rec, WorkflowCompleted):
+            view.status, view.waiting_for = "completed", None
+        elif isinstance(rec, WorkflowFailed):
+            view.status, view.last_error = "failed", rec.error
+
+
+class Contributions(Projection[ContributionRecorded]):
+    """The latest record of each contribution (its state), by id."""
+
+    def apply(self, env: Envelope) -> None:
+        rec = env.record
+        if not isinstance(rec, ContributionRecorded):
+            return
+        current = self.by_key.get(env.key)
+        if current is not None and current.state != "in_review" and rec.state == "in_review":
+            return  # a late re-run of an earlier step; the outcome stands
+        self.by_key[env.key] = rec
+        self.notify(env.key)
+
+
+class Inboxes(StreamProjection[InboxView]):
+    """Each recipient's inbox."""
+
+    def apply(self, env: Envelope) -> None:
+        rec = env.record
+        if not isinstance(rec, NotificationRecorded) or env.seq is None:
+            return
+        view = self.by_key.get(env.key)
+        if view is None:
+            view = self.by_key[env.key] = InboxView(recipient=env.key, kept=self.kept)
+        if not view.accept(env):
+            return  # a writer's replay: same seq, same record
+        if rec.notification not in view.ids:
+            view.ids.add(rec.notification)
+            view.keep(env)
+        self.notify(env.key)
+
+    def inbox(self, recipient: str) -> InboxView:
+        """The recipient's inbox (empty when nothing came yet)."""
+        return self.by_key.get(recipient) or InboxView(recipient=recipient, kept=self.kept)
+
+
+class StaffViews:
+    """Every issue, workflow, contribution and inbox this edge has seen."""
+
+    def __init__(self, kept: int = DEFAULT_KEPT) -> None:
+        self.issues = Issues()
+        self.investigations = self.issues.investigations
+        self.workflows = Workflows()
+        self.contributions = Contributions()
+        self.inboxes = Inboxes(kept)
+
+    def handlers(self) -> dict[TopicSpec, RecordHandler]:
+        """What the edge's tail feeds into these views, by topic."""
+        return {ISSUES: self.issues.apply, WORKFLOWS: self.workflows.apply,
+                CONTRIBUTIONS: self.contributions.apply, INBOX: self.inboxes.apply}
+
+    def runs_of(self, issue: str) -> list[WorkflowView]:
+        """The research runs of an issue, in the order this edge saw them start."""
+        return [w for w in self.workflows.values() if w.kind == "research"
+                and (w.input.get("issue") or {}).get("issue") == issue]
+
+    def contributions_of(self, issue: str) -> list[ContributionRecorded]:
+        return [c for c in self.contributions.values() if c.issue == issue]

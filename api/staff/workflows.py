@@ -1,0 +1,68 @@
+"""Operators' view of workflows (``/staff/workflows``): a workflow's records as the log has
+them, and retrying a failed one from its failed step."""
+
+from __future__ import annotations
+
+from typing import Literal
+
+from fastapi import APIRouter, HTTPException
+from pydantic import BaseModel, JsonValue
+
+from api.frame.commands import CommandsDep
+from api.frame.deps import known_or_404
+from api.staff.deps import OperatorDep, StaffViewsDep, WorkflowReadDep
+from schemas.workflow import WorkflowCommandReceived
+
+router = APIRouter(prefix="/staff", tags=["staff"])
+
+
+class WorkflowRecordOut(BaseModel):
+    id: str
+    seq: int | None
+    type: str
+    time: str
+    record: dict[str, JsonValue]
+
+
+class WorkflowOut(BaseModel):
+    workflow: str
+    kind: str
+    status: Literal["running", "paused", "completed", "failed"] | str
+    step: str | None
+    waiting_for: str | None
+    last_error: str | None
+    records: list[WorkflowRecordOut]
+
+
+class RetryAccepted(BaseModel):
+    workflow: str
+    command_id: str
+
+
+@router.get("/workflows/{workflow}", responses={404: {"description": "No such workflow."}})
+async def get_workflow(workflow: str, _p: WorkflowReadDep, views: StaffViewsDep) -> WorkflowOut:
+    """A workflow's records as the log has them (the last 1000), and where it stands."""
+    w = await known_or_404(views.workflows, workflow, "workflow")
+    return WorkflowOut(
+        workflow=w.workflow, kind=w.kind, status=w.status, step=w.step,
+        waiting_for=w.waiting_for, last_error=w.last_error,
+        records=[WorkflowRecordOut(id=e.id, seq=e.seq, type=e.type, time=e.time.isoformat(),
+                                   record=e.record.model_dump(mode="json"))
+                 for e in w.records])
+
+
+@router.post("/workflows/{workflow}/retry", status_code=202,
+             responses={404: {"description": "No such workflow."},
+                        409: {"description": "The workflow has not failed."}})
+async def retry_workflow(workflow: str, principal: OperatorDep, commands: CommandsDep,
+                         views: StaffViewsDep) -> RetryAccepted:
+    """Restart a failed workflow from its failed step (operators only)."""
+    w = await known_or_404(views.workflows, workflow, "workflow")
+    if w.status != "failed":
+        raise HTTPException(409, f"workflow {workflow!r} is {w.status}, not failed; only a "
+                                 "failed workflow can be retried")
+    command_id = f"{workflow}:retry:{w.last_seq}"
+    # One retry per failure: the id names the failure, so a repeated click resumes once.
+    await commands.submit(workflow, WorkflowCommandReceived(
+        workflow=workflow, command="retry", command_id=command_id, by=principal.sub))
+    return RetryAccepted(workflow=workflow, command_id=command_id)

@@ -1,0 +1,158 @@
+"""The edge's frame: the projection base (dedupe, kept events, cursors) and the one SSE loop
+(resume, ids, skipped events, keep-alives, the bound, and the ways a stream ends)."""
+
+from __future__ import annotations
+
+import asyncio
+from dataclasses import dataclass
+
+import pytest
+from fastapi.exceptions import RequestValidationError
+from fastapi.sse import ServerSentEvent
+
+from api.frame.projection import CursorTooOld, KeptEvents, StreamProjection
+from api.frame.sse import Feed, StreamEnd, resume_cursor, served_cursor, sse_stream
+from schemas.conversation import ConversationErased
+from streams.envelope import Envelope
+
+
+@dataclass(kw_only=True)
+class Numbers(KeptEvents[int]):
+    """A stream whose events are their own cursor (gaps allowed)."""
+
+    name: str = "numbers"
+
+    @property
+    def stream_name(self) -> str:
+        return self.name
+
+    @staticmethod
+    def cursor_of(event: int) -> int:
+        return event
+
+
+def numbers(*events: int, kept: int = 100, head: int | None = None) -> Numbers:
+    view = Numbers(kept=kept)
+    for e in events:
+        view.keep(e)
+    view.last_seq = head if head is not None else (events[-1] if events else 0)
+    return view
+
+
+def env(seq: int | None) -> Envelope:
+    return Envelope(record=ConversationErased(conversation="c"), key="c", source="/t", seq=seq)
+
+
+def test_accept_dedupes_by_seq() -> None:
+    view = numbers()
+    assert view.accept(env(1)) and view.accept(env(3))
+    assert not view.accept(env(3)) and not view.accept(env(2)) and not view.accept(env(None))
+    assert view.last_seq == 3
+
+
+def test_events_after_with_gaps_and_the_oldest_cursor() -> None:
+    view = numbers(2, 3, 7, 9, kept=3)
+    assert list(view.events) == [3, 7, 9] and view.oldest_cursor() == 2
+    assert view.events_after(2) == [3, 7, 9]
+    assert view.events_after(5) == [7, 9] and view.events_after(9) == []
+    with pytest.raises(CursorTooOld) as err:
+        view.events_after(1)
+    assert err.value.oldest == 2 and "numbers" in str(err.value)
+    assert numbers(head=4).oldest_cursor() == 4  # nothing kept: only "from now" is served
+
+
+def test_served_cursor_and_resume_rules() -> None:
+    view = numbers(5, 6)
+    assert served_cursor(view, 4) == 4
+    with pytest.raises(CursorTooOld):
+        served_cursor(view, 3)
+    assert resume_cursor(3, "7") == 3  # the query wins
+    assert resume_cursor(None, "7") == 7 and resume_cursor(None, " ") == 0
+    assert resume_cursor(None, None) == 0
+    for bad in ("x", "-1"):
+        with pytest.raises(RequestValidationError) as err:
+            resume_cursor(None, bad)
+        assert err.value.errors()[0]["loc"] == ("header", "Last-Event-ID")
+
+
+def test_a_stream_projection_keeps_at_least_one() -> None:
+    with pytest.raises(ValueError):
+        StreamProjection(kept=0)
+
+
+class Streams(StreamProjection[Numbers]):
+    def add(self, key: str, *events: int) -> None:
+        view = self.by_key.setdefault(key, Numbers(kept=self.kept))
+        for e in events:
+            view.keep(e)
+            view.last_seq = e
+        self.notify(key)
+
+
+def feed_of(streams: Streams, key: str = "k", **kw: object) -> Feed[int]:
+    def render(e: int) -> ServerSentEvent | None:
+        if e == 13:
+            raise StreamEnd("end; unlucky")
+        return None if e % 2 == 0 else ServerSentEvent(event="n", id=str(e), data={"n": e})
+
+    return Feed(view=lambda: streams.get(key), render=render,
+                wait=lambda until, t: streams.wait(key, lambda _v: until(), t), **kw)
+
+
+async def collect(stream: object, limit: float = 5.0) -> list[ServerSentEvent]:
+    async def run() -> list[ServerSentEvent]:
+        return [sse async for sse in stream]  # type: ignore[attr-defined]
+    return await asyncio.wait_for(run(), limit)
+
+
+async def test_resumes_skips_unseen_events_and_ends_before_the_bound() -> None:
+    streams = Streams()
+    streams.add("k", 1, 2, 3, 4, 5)
+    loop = asyncio.get_running_loop()
+    started = loop.time()
+    out = await collect(sse_stream(feed_of(streams), 1, bound_s=0.6))
+    assert loop.time() - started < 0.6
+    ids = [s.id for s in out if s.id is not None]
+    assert ids == ["3", "5"]  # after 1; the even ones are not shown, their ids skipped
+    assert "keep-alive" in [s.comment for s in out]
+    assert out[-1].comment == "end; reconnect with after=5"
+
+
+async def test_live_events_arrive_and_the_resume_point_passes_what_was_skipped() -> None:
+    streams = Streams()
+    streams.add("k", 1)
+
+    async def later() -> None:
+        await asyncio.sleep(0.05)
+        streams.add("k", 2, 3)
+        await asyncio.sleep(0.05)
+        streams.add("k", 4)
+
+    task = asyncio.create_task(later())
+    out = await collect(sse_stream(feed_of(streams), 0, bound_s=0.9))
+    await task
+    assert [s.id for s in out if s.id] == ["1", "3"]
+    assert out[-1].comment == "end; reconnect with after=4"
+
+
+@pytest.mark.parametrize("events, kw, final", [
+    ((1, 13, 15), {}, "end; unlucky"),
+    ((1, 3), {"ends_after": lambda e, c: f"end; done at {c}" if e == 3 else None},
+     "end; done at 3"),
+    ((1, 3), {"idle": lambda: True}, "end; idle; resume with after=3"),
+])
+async def test_a_stream_ends_early(events: tuple[int, ...], kw: dict, final: str) -> None:
+    streams = Streams()
+    streams.add("k", *events)
+    out = await collect(sse_stream(feed_of(streams, **kw), 0, bound_s=30))
+    assert out[-1].comment == final and len([s for s in out if s.comment]) == 1
+
+
+async def test_a_stream_ends_when_its_view_is_gone_or_the_cursor_too_old() -> None:
+    streams = Streams(kept=2)
+    out = await collect(sse_stream(feed_of(streams, gone="end; gone"), 0, bound_s=30))
+    assert [s.comment for s in out] == ["end; gone"]
+    streams.add("k", 1, 3, 5)
+    out = await collect(sse_stream(feed_of(streams), 0, bound_s=30))
+    assert [s.comment for s in out] == [
+        "end; cursor 0 is too old, the oldest this edge serves is 2"]
