@@ -88,7 +88,9 @@ async def create_conversation(
     await asyncio.to_thread(sealer.create, conversation)
     ack = await commands.submit(
         conversation, StartConversation(conversation=conversation, owner=principal.sub))
-    if ack.outcome != "accepted":
+    # "duplicate" is this very command answered again (its writer crashed after applying it,
+    # before acknowledging): the conversation exists, opened by this request.
+    if ack.outcome == "rejected":
         raise HTTPException(409, f"conversation not opened: {ack.detail.get('reason')}")
     # Read-your-writes on this edge: the ack may overtake the log record by a moment.
     await known(views, conversation)
