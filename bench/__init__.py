@@ -8,7 +8,6 @@ baseline is never reported. See ``docs/benchmarks.md`` for what each figure mean
 Modules: ``bench.harness`` (registry, percentiles, the figure/baseline rule),
 ``bench.kafka_baseline`` (Kafka baselines, Voice's send), ``bench.turns`` (turns through the
 whole stack), ``bench.stack`` (that stack of child processes), ``bench.engine`` (the agent
-loop), ``bench.ingest`` (telemetry sink and replay), and
-``bench.patched_edge`` (what-if patches of suggested edge changes), ``bench.__main__`` (the entry
-point).
+loop), ``bench.ingest`` (telemetry sink and replay), ``bench.settings`` (``VOICE_BENCH_*``) and
+``bench.__main__`` (the entry point).
 """

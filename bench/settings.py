@@ -18,14 +18,3 @@ class BenchSettings(BaseSettings):
 
     keep_state: bool = False
     """Keep the stack's state folder (logs, keys, Faust's data) after the run."""
-
-    worker_patches: str = ""
-    """Retired (its patches are production code now); a run that sets it stops with a note."""
-
-    edge_patches: str = ""
-    """What-if patches of the stack's edge, comma-separated (``bench.patched_edge``)."""
-
-
-def patch_names(raw: str) -> set[str]:
-    """The names in a comma-separated patch list."""
-    return {p.strip() for p in raw.split(",") if p.strip()}

@@ -5,11 +5,10 @@ Its topics carry the run's own prefix (``<prefix>voice.bench.<run id>.stack.``) 
 consumer groups the run's own group prefix, so a run on an existing cluster touches nothing
 else; ``close_all`` deletes them again there (a throwaway broker simply goes away).
 
-``VOICE_BENCH_EDGE_PATCHES=a`` starts the edge through ``bench.patched_edge``, with those what-if
-patches applied (see that module); the figures then say so under ``stack``. The workers are
-plain ``voice worker`` processes: the worker patches once measured here (``spinner``,
-``effects_nowait``) are production code now, and a what-if for the worker is a product or an
-agent runner passed through ``consumers.app.create_worker``, not a patch.
+Every process is the plain ``voice`` command. The what-if patches once measured here
+(``spinner``, ``effects_nowait``, ``inline_deps``) are production code now; a what-if is a
+product or an agent runner passed through ``consumers.app.create_worker``, not a monkeypatch
+of code that drifts.
 """
 
 from __future__ import annotations
@@ -18,7 +17,6 @@ import contextlib
 import os
 import shutil
 import subprocess
-import sys
 import tempfile
 import time
 from dataclasses import dataclass, field
@@ -34,7 +32,6 @@ from deploy.kafka_local import free_port
 from deploy.processes import (
     spawn_voice,
     stop,
-    voice_env,
     wait_group_stable,
     wait_http_ready,
     worker_group,
@@ -67,15 +64,13 @@ class Stack:
     simulator_url: str
     procs: dict[str, subprocess.Popen[bytes]] = field(default_factory=dict)
     broker_pid: int | None = None
-    edge_patches: str = ""
     external: bool = False
 
     def describe(self) -> dict[str, Any]:
         return {"workers": sum(1 for n in self.procs if n.startswith("worker")),
                 "edges": 1, "simulator_latency_ms": 0,
                 "topic_partitions": self.settings.topic_partitions,
-                "worker_concurrency": self.settings.worker_concurrency,
-                "edge_patches": self.edge_patches.split(",") if self.edge_patches else []}
+                "worker_concurrency": self.settings.worker_concurrency}
 
     def cpu(self) -> dict[str, float | None]:
         """CPU seconds used so far by each child, the broker (when local) and this process."""
@@ -138,11 +133,8 @@ def stack(ctx: Context, workers: int | None = None) -> Stack:
     t0 = time.perf_counter()
     create_topics(settings)
     bench = BenchSettings()
-    if bench.worker_patches.strip():
-        raise SystemExit("VOICE_BENCH_WORKER_PATCHES is gone: its patches are production code")
-    edge_patches = bench.edge_patches.strip()
     st = Stack(settings, "", "", broker_pid=getattr(ctx, "broker_pid", None),
-               edge_patches=edge_patches, external=getattr(ctx, "external", False))
+               external=getattr(ctx, "external", False))
     _STACK = st
     try:
         sim_port, edge_port = free_port(), free_port()
@@ -156,22 +148,14 @@ def stack(ctx: Context, workers: int | None = None) -> Stack:
             st.procs[f"worker{i}"] = spawn_voice(settings, "worker",
                                                  log=state / f"worker{i}.log", **model_env)
         wait_group_stable(settings, worker_group(settings))
-        if edge_patches:
-            edge = subprocess.Popen(
-                [sys.executable, "-m", "bench.patched_edge", "--port", str(edge_port)],
-                env=voice_env(settings, VOICE_BENCH_EDGE_PATCHES=edge_patches),
-                stdout=open(state / "edge.log", "ab"), stderr=subprocess.STDOUT,
-                cwd=settings.state_dir)
-        else:
-            edge = spawn_voice(settings, "edge", "--port", str(edge_port), log=state / "edge.log")
+        edge = spawn_voice(settings, "edge", "--port", str(edge_port), log=state / "edge.log")
         st.procs["edge"] = edge
         st.edge_url = f"http://127.0.0.1:{edge_port}"
         wait_http_ready(f"{st.edge_url}/readyz", proc=edge)
     except BaseException:
         close_all()
         raise
-    ctx.log(f"  stack up in {time.perf_counter() - t0:.1f} s"
-            + (f" (edge patches: {edge_patches})" if edge_patches else ""))
+    ctx.log(f"  stack up in {time.perf_counter() - t0:.1f} s")
     return st
 
 
