@@ -124,6 +124,9 @@ async def sse_stream(feed: Feed[E], cursor: int, bound_s: float
                 return
             try:
                 events = view.events_after(cursor)
+                # Taken with the events, before any yield: while the client reads, the tail
+                # may apply more, and those must be sent, not passed over.
+                head = view.head()
             except CursorTooOld as exc:  # this client fell behind what the edge keeps
                 yield ServerSentEvent(comment=f"end; cursor {cursor} is too old, "
                                               f"the oldest this edge serves is {exc.oldest}")
@@ -142,8 +145,8 @@ async def sse_stream(feed: Feed[E], cursor: int, bound_s: float
             now = loop.time()
             if now >= end_at:
                 break
-            # Positions the view passed without an event (a notification seen before) too.
-            cursor = max(cursor, view.head())
+            # Positions the view had passed without an event (a notification seen before) too.
+            cursor = max(cursor, head)
             if feed.idle():
                 yield ServerSentEvent(comment=f"end; idle; resume with after={cursor}")
                 return

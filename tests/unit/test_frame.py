@@ -156,3 +156,17 @@ async def test_a_stream_ends_when_its_view_is_gone_or_the_cursor_too_old() -> No
     out = await collect(sse_stream(feed_of(streams), 0, bound_s=30))
     assert [s.comment for s in out] == [
         "end; cursor 0 is too old, the oldest this edge serves is 2"]
+
+
+async def test_an_event_that_arrives_while_one_is_being_sent_is_not_skipped() -> None:
+    # Regression: the loop moved its cursor to the view's head *after* yielding, so an event
+    # applied while the client was reading the previous one was passed over, never sent.
+    streams = Streams()
+    streams.add("k", 1)
+    stream = sse_stream(feed_of(streams), 0, bound_s=0.6)
+    first = await stream.__anext__()
+    assert first.id == "1"
+    streams.add("k", 3)  # the tail applies a record while the generator is suspended
+    rest = await collect(stream)
+    assert [s.id for s in rest if s.id] == ["3"]
+    assert rest[-1].comment == "end; reconnect with after=3"
