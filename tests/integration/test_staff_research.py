@@ -100,10 +100,16 @@ def test_a_worker_killed_mid_research_is_resumed_and_suggests_once(
         done = api.until(f"/staff/research/{run}", "sam", "staff",
                          lambda j: j["state"] != "Running", timeout=120, what="the run to end")
     assert done["state"] == "Done"
-    log = [e.record for e in workflow_log(settings, run)]
-    lost = [r for r in log if type(r).__name__ == "StepFailed"]
-    assert lost and lost[0].error_type == "WorkerLost"
-    assert kinds(workflow_log(settings, run)).count("WorkflowCompleted") == 1
+    envs = workflow_log(settings, run)
+    lost = [e.record for e in envs if type(e.record).__name__ == "StepFailed"]
+    started = [e.id for e in envs if type(e.record).__name__ == "StepStarted"]
+    # The new owner resumes the step one of two ways, depending on whether the killed worker's
+    # table write reached its changelog: it finds the step running with no task holding it
+    # (a WorkerLost attempt, then the next one), or it replays the run from its first record
+    # (the same StepStarted again, same id, which readers dedupe). Either way the step ran again.
+    assert (lost and lost[0].error_type == "WorkerLost") or len(started) > len(set(started)), \
+        kinds(envs)
+    assert kinds(envs).count("WorkflowCompleted") == 1
     suggested = [e for e in envelopes(settings, ISSUES, issue)
                  if isinstance(e.record, InvestigationSuggested)]
     assert [e.record.investigation for e in suggested] == [f"{run}:inv-1"]
