@@ -11,20 +11,24 @@ aggregate's commands arrive in order at one writer):
    ``<topic>.dlq`` with the reason and the writer goes on;
 5. **produce the records** (seq and id from the command) and **await their acks**;
 6. **write the table** (only once the records are on the log);
-7. **produce the command's acknowledgement** (``CommandAcknowledged`` on ``voice.acks``)
-   and await it;
+7. **produce the command's acknowledgement** (``CommandAcknowledged`` on ``voice.acks``),
+   without waiting for its own delivery: the records it announces are durable and the table
+   says so already, and waiting would cost every command a second broker round trip;
 8. Faust commits the offset after the agent has moved on.
 
 A crash before 6 redelivers the command against the old state: the same records with the same
 ids and seqs (``decide`` is deterministic), which readers dedupe. A crash between 6 and 7
-redelivers it against the new state: step 3 answers it, so the edge still gets its ack. The
-edge waits on the ack and then on its view of the log, which already holds the records.
+redelivers it against the new state: step 3 answers it, so the edge still gets its ack. An
+acknowledgement lost after the offset was committed costs its caller a 503 and a retry (with
+the same idempotency key, answered ``duplicate``); it never announces records that are not on
+the log. The edge waits on the ack and then on its view of the log, which holds the records.
 
 It never calls a model and never opens sealed content.
 """
 
 from __future__ import annotations
 
+import asyncio
 import logging
 from collections.abc import Awaitable, Callable, MutableMapping, Sequence
 from dataclasses import dataclass
@@ -125,6 +129,8 @@ class Writer:
         self.topic = topic
         self._owners: dict[type[Record], tuple[Aggregate[Any], MutableMapping[Any, Any]]] = {}
         self._handlers: dict[type[Record], Handler] = {}
+        self._acks: set[asyncio.Future[Any]] = set()
+        """Acknowledgements on their way to the broker (held so they are not collected)."""
 
     def register(self, agg: Aggregate[Any], table: MutableMapping[Any, Any]) -> None:
         """Make ``agg`` the writer of its command types, its states kept in ``table``."""
@@ -180,4 +186,12 @@ class Writer:
         if new is not None:
             table[cmd.key] = agg.dump(new)
         if ack is not None:
-            await self.publisher.produce(ACKS, ack)
+            delivery = asyncio.ensure_future(self.publisher.produce(ACKS, ack))
+            self._acks.add(delivery)
+            delivery.add_done_callback(self._acked)
+
+    def _acked(self, delivery: asyncio.Future[Any]) -> None:
+        self._acks.discard(delivery)
+        if not delivery.cancelled() and delivery.exception() is not None:
+            # The command's records are on the log; its caller times out and retries.
+            log.warning("an acknowledgement was not delivered: %s", delivery.exception())
