@@ -16,7 +16,7 @@ from collections.abc import AsyncIterator, Iterator
 from contextlib import contextmanager
 from typing import Annotated
 
-from fastapi import APIRouter, Depends, Header, HTTPException, Request, Response
+from fastapi import APIRouter, Depends, Header, Request, Response
 from fastapi.sse import EventSourceResponse, ServerSentEvent
 
 from api.conversations import render
@@ -30,7 +30,7 @@ from api.conversations.models import (
     TurnOut,
 )
 from api.conversations.views import ConversationView, ConversationViews
-from api.frame.commands import CommandsDep, conversation_refused
+from api.frame.commands import CommandsDep, conversation_refused, refused
 from api.frame.deps import (
     VIEW_WAIT_S,
     PrincipalDep,
@@ -91,7 +91,7 @@ async def create_conversation(
     # "duplicate" is this very command answered again (its writer crashed after applying it,
     # before acknowledging): the conversation exists, opened by this request.
     if ack.outcome == "rejected":
-        raise HTTPException(409, f"conversation not opened: {ack.detail.get('reason')}")
+        raise refused(ack, "conversation not opened")
     # Read-your-writes on this edge: the ack may overtake the log record by a moment.
     await known(views, conversation)
     return ConversationCreated(conversation=conversation)

@@ -78,9 +78,11 @@ class Commands:
 
 def refused(ack: CommandAcknowledged, what: str,
             not_found: HTTPException | None = None) -> HTTPException:
-    """The HTTP error of a command its writer refused: 404 for an unknown aggregate
-    (``not_found`` when given), else 409 with the writer's reason."""
+    """The HTTP error of a command its writer refused: 503 when it could not record it (try
+    again), 404 for an unknown aggregate (``not_found`` when given), else 409 with the reason."""
     reason = str(ack.detail.get("reason") or "refused")
+    if ack.detail.get("retryable"):
+        return HTTPException(503, f"{what}: {reason}")
     if reason.startswith("no such"):
         return not_found or HTTPException(404, f"{what}: {reason}")
     return HTTPException(409, f"{what}: {reason}")

@@ -10,7 +10,9 @@ aggregate's commands arrive in order at one writer):
 4. **decide** — the aggregate's pure ``decide``; if it raises, the command goes to
    ``<topic>.dlq`` with the reason and the writer goes on;
 5. **produce the records** (seq and id from the command) and **await their acks**;
-6. **write the table** (only once the records are on the log);
+6. **write the table** (only once the records are on the log; if the broker refused them,
+   see ``_not_recorded``: the seqs move on, the command is dead-lettered and answered
+   rejected, retryable);
 7. **produce the command's acknowledgement** (``CommandAcknowledged`` on ``voice.acks``),
    without waiting for its own delivery: the records it announces are durable and the table
    says so already, and waiting would cost every command a second broker round trip;
@@ -34,12 +36,14 @@ from collections.abc import Awaitable, Callable, MutableMapping, Sequence
 from dataclasses import dataclass
 from typing import Any, Protocol
 
+from confluent_kafka import KafkaException
+
 from consumers.frame.aggregate import Ack, Aggregate, Decision
 from consumers.intake import dead_letter, decode_or_dead_letter
 from schemas.base import Record
 from schemas.system import CommandAcknowledged
 from streams.envelope import Envelope
-from streams.producer import RecordProducer
+from streams.producer import ProduceError, RecordProducer
 from streams.topics import ACKS, TopicSpec
 
 log = logging.getLogger(__name__)
@@ -179,16 +183,63 @@ class Writer:
             await dead_letter(self.publisher.producer, self.topic, cmd, reason,
                               raw.partition if raw else None, raw.offset if raw else None)
             return
-        # Produce in order (one key, one partition), then wait for every ack of the broker.
-        futures = [self.publisher.produce(spec, env) for spec, env in records]
-        for fut in futures:
-            await fut
+        failure = await self._produce_all(records)
+        if failure is not None:
+            await self._not_recorded(agg, table, state, new, cmd, raw, failure)
+            return
         if new is not None:
             table[cmd.key] = agg.dump(new)
         if ack is not None:
-            delivery = asyncio.ensure_future(self.publisher.produce(ACKS, ack))
-            self._acks.add(delivery)
-            delivery.add_done_callback(self._acked)
+            self._send_ack(ack)
+
+    async def _produce_all(self, records: list[Output]) -> BaseException | None:
+        """Produce in order (one key, one partition), then wait for every ack of the broker;
+        the first refusal (the client's own, at once, or the broker's), else None."""
+        futures: list[asyncio.Future[Any]] = []
+        refused: BaseException | None = None
+        for spec, env in records:
+            try:
+                futures.append(asyncio.ensure_future(self.publisher.produce(spec, env)))
+            except KafkaException as exc:  # refused before sending (e.g. a record too large)
+                refused = exc
+                break
+        results = await asyncio.gather(*futures, return_exceptions=True)
+        failed = [r for r in results if isinstance(r, (ProduceError, KafkaException))]
+        for other in results:  # anything else is a bug, not the broker: let it surface
+            if isinstance(other, BaseException) and other not in failed:
+                raise other
+        return refused or (failed[0] if failed else None)
+
+    async def _not_recorded(self, agg: Aggregate[Any], table: MutableMapping[Any, Any],
+                            state: Any, new: Any, cmd: Envelope, raw: Raw | None,
+                            exc: BaseException) -> None:
+        """The broker refused the command's records (after the producer's own retries).
+
+        Some of them may be on the log all the same, so their seqs are never given again: the
+        *old* state is kept with its seq moved past them. Not the decided state — it would
+        remember the command (and its idempotency key) as applied. The command goes to the
+        dead-letter topic with the reason and is answered rejected, retryable: a retry is
+        decided afresh, under new seqs.
+        """
+        reason = f"{agg.name} could not record {cmd.type!r}: {exc}"
+        log.error("command %s not recorded: %s", cmd.id, reason)
+        if state is not None and new is not None:
+            kept = agg.load(agg.dump(state))
+            kept.seq = new.seq
+            table[cmd.key] = agg.dump(kept)
+        try:
+            await dead_letter(self.publisher.producer, self.topic, cmd, reason,
+                              raw.partition if raw else None, raw.offset if raw else None)
+        except Exception:  # the broker is refusing everything: the log line is what is left
+            log.exception("could not dead-letter command %s", cmd.id)
+        if agg.acknowledges(cmd):
+            ack = Ack.rejected("could not record the command; try again", retryable=True)
+            self._send_ack(acknowledgement(cmd, ack, agg.source))
+
+    def _send_ack(self, ack: Envelope) -> None:
+        delivery = asyncio.ensure_future(self.publisher.produce(ACKS, ack))
+        self._acks.add(delivery)
+        delivery.add_done_callback(self._acked)
 
     def _acked(self, delivery: asyncio.Future[Any]) -> None:
         self._acks.discard(delivery)

@@ -49,6 +49,11 @@ class FakeTail:
         if self.outcome == "rejected":
             return CommandAcknowledged(command_id=command_id, aggregate=cmd.key,
                                        outcome="rejected", detail={"reason": "conversation exists"})
+        if self.outcome == "not recorded":
+            return CommandAcknowledged(command_id=command_id, aggregate=cmd.key,
+                                       outcome="rejected", detail={
+                                           "reason": "could not record the command; try again",
+                                           "retryable": True})
         self.views.apply(Envelope(record=ConversationStarted(conversation=cmd.key,
                                                              owner=cmd.record.owner),
                                   key=cmd.key, source="/test", seq=1))
@@ -83,3 +88,8 @@ def test_opening_a_conversation_answered_again_still_opens_it(tmp_path: Path, ou
 def test_a_refused_open_answers_409_with_the_reason(tmp_path: Path) -> None:
     resp = client(tmp_path, "rejected").post("/me/conversations")
     assert resp.status_code == 409 and "conversation exists" in resp.json()["detail"]
+
+
+def test_a_command_its_writer_could_not_record_answers_503(tmp_path: Path) -> None:
+    resp = client(tmp_path, "not recorded").post("/me/conversations")
+    assert resp.status_code == 503 and "try again" in resp.json()["detail"]

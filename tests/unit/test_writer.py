@@ -17,6 +17,7 @@ from schemas.conversation import SendMessage, StartConversation
 from schemas.staff import OpenIssue
 from schemas.system import CommandAcknowledged
 from streams.envelope import Envelope, encode
+from streams.producer import ProduceError
 from streams.topics import ACKS, CONVERSATIONS, TopicSpec
 
 CNV = "cnv-00112233aabbccdd"
@@ -39,6 +40,8 @@ class FakePublisher:
         self.sent: list[tuple[str, Envelope]] = []
         self.dlq: list[tuple[str, bytes | None, dict[str, bytes]]] = []
         self.fail_on: str | None = None
+        self.refuse: str | None = None
+        """A topic whose next record the broker refuses (its delivery fails)."""
 
     @property
     def producer(self) -> FakePublisher:
@@ -51,8 +54,15 @@ class FakePublisher:
         self.journal.append(("produce", spec.name, env.id))
         self.sent.append((spec.name, env))
 
+        refused = self.refuse == spec.name
+        if refused:
+            self.refuse = None
+
         async def acked() -> None:
             await asyncio.sleep(0)
+            if refused:
+                raise ProduceError(f"produce to {spec.name!r} failed: Broker: Message size too "
+                                   "large", retryable=False)
             self.journal.append(("acked", spec.name, env.id))
         return acked()
 
@@ -247,3 +257,29 @@ def test_records_a_decide_did_not_count_are_refused_not_given_wrong_seqs(parts) 
     run(writer.dispatch(bad))
     assert out.sent == [] and len(out.dlq) == 1 and ISS not in table
     assert b"took seq 0 to 0" in out.dlq[0][2]["voice_dlq_reason"]
+
+
+def test_records_the_broker_refuses_are_dead_lettered_and_their_seqs_never_reused(parts
+                                                                                  ) -> None:  # noqa: ANN001
+    # Regression (issue 12): a failed produce was logged and committed past; the next message
+    # then reused the seq of a record that may have landed, and readers deduped it away.
+    _, out, table, writer = parts
+    run(writer.dispatch(start()))
+    def idem(id_: str) -> Envelope:
+        return Envelope(record=SendMessage(conversation=CNV, message_id="m1", text=SEALED,
+                                           idempotency_key="k1"),
+                        key=CNV, source="/test", id=id_, time=T0, tenant="t1")
+    out.refuse = "voice.conversations"  # the first of its three records is refused
+    run(writer.dispatch(idem("c1")))
+    ack = out.acks()[-1]
+    assert (ack.command_id, ack.outcome) == ("c1", "rejected") and ack.detail["retryable"]
+    [(topic, _, headers)] = out.dlq
+    assert topic == f"{TOPIC}.dlq" and b"could not record" in headers["voice_dlq_reason"]
+    state = ConversationState.from_dict(table[CNV])
+    assert state is not None and state.seq == 4  # seqs 2..4 were attempted: never again
+    assert "c1" not in state.commands and "idem:k1" not in state.commands
+
+    run(writer.dispatch(send("c2")))
+    assert [e.seq for e in out.log() if e.causation == "c2"] == [5, 6, 7]
+    run(writer.dispatch(idem("c3")))  # the client's retry, same idempotency key
+    assert out.acks()[-1].outcome == "accepted" and out.acks()[-1].seq == 8
