@@ -10,9 +10,9 @@ from __future__ import annotations
 import asyncio
 import logging
 import threading
-from collections.abc import Callable, Sequence
+from collections.abc import Awaitable, Callable, Sequence
 
-from confluent_kafka import KafkaError, Message, Producer
+from confluent_kafka import KafkaError, KafkaException, Message, Producer
 
 from streams.envelope import Envelope, Headers, encode
 from streams.settings import VoiceSettings
@@ -138,9 +138,25 @@ class Publisher:
 
     async def send_all(self, items: Sequence[tuple[TopicSpec, Envelope]]) -> None:
         """Produce in order (one partition per key keeps it), then wait for every ack."""
-        futures = [self.produce(spec, env) for spec, env in items]
-        for fut in futures:
-            await fut
+        await deliver_all(self.produce, items)
+
+
+async def deliver_all(produce: Callable[[TopicSpec, Envelope], Awaitable[object]],
+                      items: Sequence[tuple[TopicSpec, Envelope]]) -> None:
+    """Produce ``items`` in order, then wait until every one has settled; raise the first
+    failure (a produce the client refused at once stops the rest), the others retrieved."""
+    pending: list[asyncio.Future[object]] = []
+    refused: BaseException | None = None
+    for spec, env in items:
+        try:
+            pending.append(asyncio.ensure_future(produce(spec, env)))
+        except KafkaException as exc:  # refused before sending, e.g. a record too large
+            refused = exc
+            break
+    results = await asyncio.gather(*pending, return_exceptions=True)
+    failure = refused or next((r for r in results if isinstance(r, BaseException)), None)
+    if failure is not None:
+        raise failure
 
 
 def _set_result(fut: asyncio.Future[Message], msg: Message) -> None:

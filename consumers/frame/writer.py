@@ -43,7 +43,7 @@ from consumers.intake import dead_letter, decode_or_dead_letter
 from schemas.base import Record
 from schemas.system import CommandAcknowledged
 from streams.envelope import Envelope
-from streams.producer import ProduceError, RecordProducer
+from streams.producer import ProduceError, RecordProducer, deliver_all
 from streams.topics import ACKS, TopicSpec
 
 log = logging.getLogger(__name__)
@@ -180,35 +180,17 @@ class Writer:
         except Exception as exc:  # a command that cannot be decided never stops the writer
             reason = f"{agg.name} could not decide {cmd.type!r}: {type(exc).__name__}: {exc}"
             log.exception("dead-lettering command %s (%s)", cmd.id, reason)
-            await dead_letter(self.publisher.producer, self.topic, cmd, reason,
-                              raw.partition if raw else None, raw.offset if raw else None)
+            await self._dead_letter(cmd, reason, raw)
             return
-        failure = await self._produce_all(records)
-        if failure is not None:
-            await self._not_recorded(agg, table, state, new, cmd, raw, failure)
+        try:
+            await deliver_all(self.publisher.produce, records)
+        except (ProduceError, KafkaException) as exc:  # the broker's (or client's) refusal
+            await self._not_recorded(agg, table, state, new, cmd, raw, exc)
             return
         if new is not None:
             table[cmd.key] = agg.dump(new)
         if ack is not None:
             self._send_ack(ack)
-
-    async def _produce_all(self, records: list[Output]) -> BaseException | None:
-        """Produce in order (one key, one partition), then wait for every ack of the broker;
-        the first refusal (the client's own, at once, or the broker's), else None."""
-        futures: list[asyncio.Future[Any]] = []
-        refused: BaseException | None = None
-        for spec, env in records:
-            try:
-                futures.append(asyncio.ensure_future(self.publisher.produce(spec, env)))
-            except KafkaException as exc:  # refused before sending (e.g. a record too large)
-                refused = exc
-                break
-        results = await asyncio.gather(*futures, return_exceptions=True)
-        failed = [r for r in results if isinstance(r, (ProduceError, KafkaException))]
-        for other in results:  # anything else is a bug, not the broker: let it surface
-            if isinstance(other, BaseException) and other not in failed:
-                raise other
-        return refused or (failed[0] if failed else None)
 
     async def _not_recorded(self, agg: Aggregate[Any], table: MutableMapping[Any, Any],
                             state: Any, new: Any, cmd: Envelope, raw: Raw | None,
@@ -224,17 +206,19 @@ class Writer:
         reason = f"{agg.name} could not record {cmd.type!r}: {exc}"
         log.error("command %s not recorded: %s", cmd.id, reason)
         if state is not None and new is not None:
-            kept = agg.load(agg.dump(state))
-            kept.seq = new.seq
-            table[cmd.key] = agg.dump(kept)
+            state.seq = new.seq  # ``apply`` decided on a copy: this is still the stored state
+            table[cmd.key] = agg.dump(state)
         try:
-            await dead_letter(self.publisher.producer, self.topic, cmd, reason,
-                              raw.partition if raw else None, raw.offset if raw else None)
+            await self._dead_letter(cmd, reason, raw)
         except Exception:  # the broker is refusing everything: the log line is what is left
             log.exception("could not dead-letter command %s", cmd.id)
         if agg.acknowledges(cmd):
             ack = Ack.rejected("could not record the command; try again", retryable=True)
             self._send_ack(acknowledgement(cmd, ack, agg.source))
+
+    async def _dead_letter(self, cmd: Envelope, reason: str, raw: Raw | None) -> None:
+        await dead_letter(self.publisher.producer, self.topic, cmd, reason,
+                          raw.partition if raw else None, raw.offset if raw else None)
 
     def _send_ack(self, ack: Envelope) -> None:
         delivery = asyncio.ensure_future(self.publisher.produce(ACKS, ack))
