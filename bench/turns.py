@@ -26,12 +26,12 @@ from typing import Any
 
 import httpx
 
-from api.frame.auth import mint_token
 from bench.harness import Context, Result, benchmark, latency_summary, percentile
 from bench.stack import Stack, stack
 from deploy.processes import worker_group
 from streams.envelope import DecodeError, decode
 from streams.reading import read_topic
+from streams.tokens import mint_token
 from streams.topics import ACKS, AGENT, COMMANDS, CONVERSATIONS, WORKFLOWS, topic_name
 
 POST_RATE_PER_S = 10

@@ -159,7 +159,7 @@ def token(
     ttl: int = typer.Option(86400, "--ttl", help="Seconds until it expires."),
 ) -> None:
     """Mint a dev JWT for local use (signed with VOICE_JWT_SECRET)."""
-    from api.frame.auth import mint_token
+    from streams.tokens import mint_token
 
     try:
         typer.echo(mint_token(_settings(need_broker=False), sub, role, tenant, ttl))

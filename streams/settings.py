@@ -46,6 +46,9 @@ class VoiceSettings(BaseSettings):
     jwt_secret: SecretStr = SecretStr(DEV_JWT_SECRET)
     jwt_algorithm: str = "HS256"
 
+    default_tenant: str = Field(default="default", min_length=1, max_length=128)
+    """The tenant of a token that names neither a tenant nor memberships."""
+
     edge_host: str = "127.0.0.1"
     edge_port: int = 8000
 

@@ -30,7 +30,7 @@ from api.assistant.views import (
 from api.frame.commands import CommandsDep, conversation_refused
 from api.frame.deps import (
     VIEW_WAIT_S,
-    PrincipalDep,
+    ConverseDep,
     SealerDep,
     SettingsDep,
     check_text_size,
@@ -123,7 +123,7 @@ async def _attach(views: AssistantViews, sealer: Sealer, owner: str, body: ChatR
     422: {"description": "A field is invalid (the detail names it)."}})
 async def chat(
     body: ChatRequest, request: Request, settings: SettingsDep, commands: CommandsDep,
-    views: AssistantDep, sealer: SealerDep, principal: PrincipalDep,
+    views: AssistantDep, sealer: SealerDep, principal: ConverseDep,
     idempotency_key: Annotated[str | None, Header(
         alias="Idempotency-Key", min_length=1, max_length=200,
         description="Sending again with the same key returns the first turn.")] = None,

@@ -20,7 +20,7 @@ from fastapi import APIRouter, HTTPException, Request
 from api.assistant.deps import AssistantDep
 from api.assistant.models import CsvRejected, DatasetUploaded, check_csv
 from api.frame.commands import CommandsDep
-from api.frame.deps import PrincipalDep, SealerDep
+from api.frame.deps import ConverseDep, SealerDep
 from schemas.assistant import DatasetRecorded
 from streams.topics import DATASETS
 
@@ -80,7 +80,7 @@ def _dataset_name(filename: str | None, given: str | None) -> str:
             "file": {"type": "string", "format": "binary"},
             "name": {"type": "string", "description": "Overrides the file's name."}}}}}}})
 async def upload_file(request: Request, commands: CommandsDep, views: AssistantDep,
-                      sealer: SealerDep, principal: PrincipalDep) -> DatasetUploaded:
+                      sealer: SealerDep, principal: ConverseDep) -> DatasetUploaded:
     """Upload a CSV (form part ``file``); use its ``dataset_id`` in ``data_refs``."""
     content_type = request.headers.get("content-type", "")
     if not content_type.lower().startswith("multipart/form-data"):

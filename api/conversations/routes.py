@@ -33,7 +33,7 @@ from api.conversations.views import ConversationView, ConversationViews
 from api.frame.commands import CommandsDep, conversation_refused, refused
 from api.frame.deps import (
     VIEW_WAIT_S,
-    PrincipalDep,
+    ConverseDep,
     SealerDep,
     SettingsDep,
     check_text_size,
@@ -80,7 +80,7 @@ def opening(views: ConversationViews, conversation: str) -> Iterator[None]:
 
 @router.post("", status_code=201)
 async def create_conversation(
-    commands: CommandsDep, views: ViewsDep, sealer: SealerDep, principal: PrincipalDep,
+    commands: CommandsDep, views: ViewsDep, sealer: SealerDep, principal: ConverseDep,
 ) -> ConversationCreated:
     """Open a conversation owned by the caller."""
     conversation = f"cnv-{secrets.token_hex(8)}"
@@ -99,7 +99,7 @@ async def create_conversation(
 
 @router.get("")
 async def list_conversations(
-    views: ViewsDep, principal: PrincipalDep
+    views: ViewsDep, principal: ConverseDep
 ) -> list[ConversationSummary]:
     """The caller's conversations."""
     return [ConversationSummary(conversation=v.conversation, last_seq=v.last_seq)

@@ -1,55 +1,44 @@
-"""JWT principals for the edge: decoding bearer tokens and minting dev tokens (``voice token``)."""
+"""Who is calling: the principal of a request, from its verified token and the tenant it asks
+for (seed 000 §2): ``X-Tenant-ID`` → the token's tenant claim → its first membership → the
+deployment's default. A tenant the bearer is not a member of is refused (403, ``TenantRefused``).
+"""
 
 from __future__ import annotations
 
-import time
-from typing import Literal
-
-import jwt
 from pydantic import BaseModel, ConfigDict
 
-from streams.settings import VoiceSettings
-
-Role = Literal["participant", "staff", "reviewer", "representative", "operator"]
-ROLES: tuple[str, ...] = ("participant", "staff", "reviewer", "representative", "operator")
+from streams.capabilities import Capability, Role, resolve_capabilities
+from streams.tokens import Claims
 
 
 class Principal(BaseModel):
-    """Who is calling: subject, role and tenant from the token."""
+    """The caller in the active tenant: subject, its role there, and what that role may do."""
 
     model_config = ConfigDict(frozen=True)
 
     sub: str
     role: Role
     tenant: str = "default"
+    capabilities: frozenset[Capability] = frozenset()
+
+    def can(self, capability: Capability) -> bool:
+        return capability in self.capabilities
 
 
-class AuthError(Exception):
-    """A token that cannot be trusted; the message says why (never echoes the token)."""
+class TenantRefused(Exception):
+    """The request names a tenant its bearer is not a member of."""
 
 
-def mint_token(
-    settings: VoiceSettings, sub: str, role: str, tenant: str = "default", ttl_s: int = 86400
-) -> str:
-    """A signed JWT for local use (``voice token``)."""
-    if role not in ROLES:
-        raise ValueError(f"role {role!r} is not one of {', '.join(ROLES)}")
-    now = int(time.time())
-    claims = {"sub": sub, "role": role, "tenant": tenant, "iat": now, "exp": now + ttl_s}
-    return jwt.encode(claims, settings.jwt_secret.get_secret_value(), settings.jwt_algorithm)
-
-
-def decode_token(settings: VoiceSettings, token: str) -> Principal:
-    """The principal a bearer token names, or ``AuthError``."""
-    try:
-        claims = jwt.decode(
-            token, settings.jwt_secret.get_secret_value(), algorithms=[settings.jwt_algorithm],
-            options={"require": ["sub", "exp"]},
-        )
-    except jwt.PyJWTError as exc:
-        raise AuthError(f"invalid token: {exc}") from None
-    try:
-        return Principal(sub=claims["sub"], role=claims.get("role", "participant"),
-                         tenant=claims.get("tenant", "default"))
-    except ValueError as exc:
-        raise AuthError(f"invalid token claims: {exc}") from None
+def resolve_principal(claims: Claims, requested: str | None, default_tenant: str) -> Principal:
+    """The principal ``claims`` give in tenant ``requested`` (the ``X-Tenant-ID`` header), or in
+    the claimed tenant, the first membership, the default — in that order."""
+    roles = claims.member_roles(default_tenant)
+    if requested is not None:
+        if requested not in roles:
+            raise TenantRefused(f"not a member of tenant {requested!r}")
+        tenant = requested
+    else:
+        tenant = next(iter(roles))
+    role = roles[tenant]
+    return Principal(sub=claims.sub, role=role, tenant=tenant,
+                     capabilities=resolve_capabilities(role))

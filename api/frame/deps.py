@@ -5,17 +5,19 @@ log, and the byte limit of a text field."""
 from collections.abc import Awaitable, Callable
 from typing import Annotated, Any, TypeVar
 
-from fastapi import Depends, HTTPException, Path, Request
+from fastapi import Depends, Header, HTTPException, Path, Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.security import HTTPAuthorizationCredentials, HTTPBearer
 
-from api.frame.auth import AuthError, Principal, decode_token
+from api.frame.auth import Principal, TenantRefused, resolve_principal
 from api.frame.projection import Projection
 from api.frame.tail import EdgeTail
+from streams.capabilities import Capability
 from streams.ids import parse_turn
 from streams.producer import RecordProducer
 from streams.sealing import Sealer
 from streams.settings import VoiceSettings
+from streams.tokens import AuthError, decode_claims
 
 V = TypeVar("V")
 
@@ -45,21 +47,31 @@ async def get_sealer(request: Request) -> Sealer:
 async def get_principal(
     request: Request,
     creds: Annotated[HTTPAuthorizationCredentials | None, Depends(_bearer)],
+    x_tenant_id: Annotated[str | None, Header(
+        max_length=128, description="The tenant to act in; the caller must be a member of it "
+        "(default: the token's tenant, then its first membership)")] = None,
 ) -> Principal:
     if creds is None:
         raise HTTPException(401, "missing bearer token (Authorization: Bearer …)")
+    settings: VoiceSettings = request.app.state.settings
     try:
-        return decode_token(request.app.state.settings, creds.credentials)
+        claims = decode_claims(settings, creds.credentials)
     except AuthError as exc:
         raise HTTPException(401, str(exc)) from None
+    try:
+        return resolve_principal(claims, x_tenant_id, settings.default_tenant)
+    except TenantRefused as exc:
+        raise HTTPException(403, str(exc)) from None
 
 
-def require_role(*roles: str) -> Callable[..., Awaitable[Principal]]:
-    """A dependency that answers 403 unless the caller has one of ``roles``."""
+def require(capability: Capability) -> Callable[..., Awaitable[Principal]]:
+    """A dependency that answers 403 unless the caller's role in its tenant has ``capability``
+    (``streams.capabilities`` is the one table of who may do what)."""
 
     async def check(principal: Annotated[Principal, Depends(get_principal)]) -> Principal:
-        if principal.role not in roles:
-            raise HTTPException(403, f"role {principal.role!r} may not call this route")
+        if not principal.can(capability):
+            raise HTTPException(
+                403, f"role {principal.role!r} in tenant {principal.tenant!r} lacks {capability!r}")
         return principal
 
     return check
@@ -70,7 +82,9 @@ ProducerDep = Annotated[RecordProducer, Depends(get_producer)]
 TailDep = Annotated[EdgeTail, Depends(get_tail)]
 SealerDep = Annotated[Sealer, Depends(get_sealer)]
 PrincipalDep = Annotated[Principal, Depends(get_principal)]
-ParticipantDep = Annotated[Principal, Depends(require_role("participant"))]
+ConverseDep = Annotated[Principal, Depends(require("converse"))]
+PublicDep = Annotated[Principal, Depends(require("issues.public"))]
+ContributorDep = Annotated[Principal, Depends(require("contribute"))]
 
 
 def not_found(what: str, key: str) -> HTTPException:
@@ -124,7 +138,7 @@ def owned_dependency(projection_of: Callable[..., Any], *, valid: Callable[[str]
     async def owned(
         conversation: Annotated[str, Path(description=description)],
         projection: Annotated[Projection[Any], Depends(projection_of)],
-        principal: PrincipalDep,
+        principal: ConverseDep,
     ) -> Any:
         view = (await find_owned(projection, conversation, principal.sub)
                 if valid(conversation) else None)

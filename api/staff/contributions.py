@@ -19,8 +19,8 @@ from pydantic import AfterValidator, BaseModel, ConfigDict
 from api.frame.auth import Principal
 from api.frame.commands import Commands, CommandsDep, refused
 from api.frame.deps import (
-    ParticipantDep,
-    PrincipalDep,
+    ContributorDep,
+    PublicDep,
     SealerDep,
     SettingsDep,
     check_text_size,
@@ -73,7 +73,7 @@ class PublishedContribution(BaseModel):
 
 
 @public.get("/{issue}", responses=NOT_FOUND)
-async def get_issue(issue: str, _p: PrincipalDep, views: StaffViewsDep) -> PublicIssueOut:
+async def get_issue(issue: str, _p: PublicDep, views: StaffViewsDep) -> PublicIssueOut:
     """An issue's public face."""
     v = await known_or_404(views.issues, issue, "issue")
     published = sum(1 for c in views.contributions_of(issue) if c.state == "published")
@@ -82,7 +82,7 @@ async def get_issue(issue: str, _p: PrincipalDep, views: StaffViewsDep) -> Publi
 
 
 @public.get("/{issue}/contributions", responses=NOT_FOUND)
-async def published_contributions(issue: str, _p: PrincipalDep, views: StaffViewsDep,
+async def published_contributions(issue: str, _p: PublicDep, views: StaffViewsDep,
                                   sealer: SealerDep) -> list[PublishedContribution]:
     """The issue's published contributions, oldest first (nothing in review or rejected)."""
     await known_or_404(views.issues, issue, "issue")
@@ -108,21 +108,21 @@ async def set_following(issue: str, following: bool, principal: Principal,
 
 
 @mine.post("/{issue}/follow", responses=NOT_FOUND)
-async def follow(issue: str, principal: PrincipalDep, commands: CommandsDep,
+async def follow(issue: str, principal: PublicDep, commands: CommandsDep,
                  views: StaffViewsDep) -> FollowOut:
     """Follow an issue: its updates come to the caller's inbox."""
     return await set_following(issue, True, principal, commands, views)
 
 
 @mine.delete("/{issue}/follow", responses=NOT_FOUND)
-async def unfollow(issue: str, principal: PrincipalDep, commands: CommandsDep,
+async def unfollow(issue: str, principal: PublicDep, commands: CommandsDep,
                    views: StaffViewsDep) -> FollowOut:
     """Stop following an issue (no error if the caller did not follow it)."""
     return await set_following(issue, False, principal, commands, views)
 
 
 @mine.post("/{issue}/contributions", status_code=202, responses=NOT_FOUND)
-async def contribute(issue: str, body: ContributionIn, principal: ParticipantDep,
+async def contribute(issue: str, body: ContributionIn, principal: ContributorDep,
                      settings: SettingsDep, commands: CommandsDep, sealer: SealerDep,
                      views: StaffViewsDep) -> ContributionAccepted:
     """Contribute to an issue; a disclosure review decides whether (and how) it is published."""

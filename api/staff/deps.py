@@ -1,7 +1,7 @@
 """Dependencies of the staff, issue and inbox routes: the staff views and the roles.
 
-Roles come from the JWT: staff for staff routes, a representative to open an investigation,
-an operator to retry a workflow, a reviewer to review; anyone else gets 403.
+Each route requires a capability (``streams.capabilities`` maps roles to them); a caller whose
+role in its tenant lacks it gets 403.
 """
 
 from __future__ import annotations
@@ -11,7 +11,7 @@ from typing import Annotated
 from fastapi import Depends, Request
 
 from api.frame.auth import Principal
-from api.frame.deps import require_role
+from api.frame.deps import require
 from api.staff.views import StaffViews
 
 
@@ -20,11 +20,11 @@ async def get_staff_views(request: Request) -> StaffViews:
 
 
 StaffViewsDep = Annotated[StaffViews, Depends(get_staff_views)]
-StaffDep = Annotated[Principal, Depends(require_role("staff"))]
-StaffReadDep = Annotated[Principal, Depends(require_role("staff", "representative"))]
-RepresentativeDep = Annotated[Principal, Depends(require_role("representative"))]
-OperatorDep = Annotated[Principal, Depends(require_role("operator"))]
-WorkflowReadDep = Annotated[Principal, Depends(require_role("staff", "operator"))]
-ReviewerDep = Annotated[Principal, Depends(require_role("reviewer"))]
-ReviewReadDep = Annotated[Principal, Depends(require_role("reviewer", "staff"))]
+IssuesManageDep = Annotated[Principal, Depends(require("issues.manage"))]
+IssuesReadDep = Annotated[Principal, Depends(require("issues.read"))]
+InvestigateDep = Annotated[Principal, Depends(require("investigate"))]
+WorkflowRetryDep = Annotated[Principal, Depends(require("workflows.retry"))]
+WorkflowReadDep = Annotated[Principal, Depends(require("workflows.read"))]
+ReviewDecideDep = Annotated[Principal, Depends(require("reviews.decide"))]
+ReviewReadDep = Annotated[Principal, Depends(require("reviews.read"))]
 NOT_FOUND = {404: {"description": "No such issue."}}

@@ -14,7 +14,7 @@ from fastapi import APIRouter, Depends, Query
 from fastapi.sse import EventSourceResponse, ServerSentEvent
 from pydantic import BaseModel
 
-from api.frame.deps import PrincipalDep, SettingsDep
+from api.frame.deps import PublicDep, SettingsDep
 from api.frame.sse import TOO_OLD, Feed, cursor_dependency, served_cursor, sse_stream
 from api.staff.deps import StaffViewsDep
 from api.staff.views import InboxView
@@ -50,7 +50,7 @@ def notification_out(env: Envelope) -> NotificationOut:
                            at=rec.at)
 
 
-async def my_inbox(principal: PrincipalDep, views: StaffViewsDep) -> InboxView:
+async def my_inbox(principal: PublicDep, views: StaffViewsDep) -> InboxView:
     """The caller's inbox (empty when nothing came yet)."""
     return views.inboxes.inbox(principal.sub)
 

@@ -11,7 +11,7 @@ from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 from api.frame.commands import CommandsDep, refused
 from api.frame.deps import VIEW_WAIT_S, known, known_or_404
-from api.staff.deps import NOT_FOUND, StaffDep, StaffReadDep, StaffViewsDep
+from api.staff.deps import NOT_FOUND, IssuesManageDep, IssuesReadDep, StaffViewsDep
 from api.staff.research import InvestigationOut, RunSummary, investigation_out, run_state
 from api.staff.views import IssueView, StaffViews
 from schemas.staff import AddEvidence, OpenIssue, RecordDevelopment
@@ -105,7 +105,7 @@ def _delivery(views: StaffViews, issue: IssueView, development: str) -> str:
 
 
 @router.post("/issues", status_code=201)
-async def open_issue(body: IssueIn, principal: StaffDep, commands: CommandsDep,
+async def open_issue(body: IssueIn, principal: IssuesManageDep, commands: CommandsDep,
                      views: StaffViewsDep) -> IssueCreated:
     """Open an issue."""
     issue = f"iss-{secrets.token_hex(8)}"
@@ -118,7 +118,7 @@ async def open_issue(body: IssueIn, principal: StaffDep, commands: CommandsDep,
 
 
 @router.get("/issues/{issue}", responses=NOT_FOUND)
-async def get_issue(issue: str, _p: StaffReadDep, views: StaffViewsDep) -> StaffIssueOut:
+async def get_issue(issue: str, _p: IssuesReadDep, views: StaffViewsDep) -> StaffIssueOut:
     """The issue as staff see it: evidence, followers, developments, investigations, runs."""
     v = await known_or_404(views.issues, issue, "issue")
     counts = {"in_review": 0, "published": 0, "rejected": 0}
@@ -140,7 +140,7 @@ async def get_issue(issue: str, _p: StaffReadDep, views: StaffViewsDep) -> Staff
 
 
 @router.post("/issues/{issue}/evidence", status_code=201, responses=NOT_FOUND)
-async def add_evidence(issue: str, body: EvidenceIn, principal: StaffDep,
+async def add_evidence(issue: str, body: EvidenceIn, principal: IssuesManageDep,
                        commands: CommandsDep, views: StaffViewsDep) -> EvidenceCreated:
     """Add a source to the issue's evidence (``added_by`` is the caller)."""
     await known_or_404(views.issues, issue, "issue")
@@ -157,7 +157,7 @@ async def add_evidence(issue: str, body: EvidenceIn, principal: StaffDep,
 
 
 @router.post("/issues/{issue}/developments", status_code=202, responses=NOT_FOUND)
-async def record_development(issue: str, body: DevelopmentIn, principal: StaffDep,
+async def record_development(issue: str, body: DevelopmentIn, principal: IssuesManageDep,
                              commands: CommandsDep, views: StaffViewsDep
                              ) -> DevelopmentAccepted:
     """Record a development; its followers get the update by a workflow, in order."""

@@ -15,7 +15,7 @@ from pydantic import BaseModel
 
 from api.frame.commands import CommandsDep, refused
 from api.frame.deps import VIEW_WAIT_S, known, known_or_404
-from api.staff.deps import NOT_FOUND, RepresentativeDep, StaffDep, StaffReadDep, StaffViewsDep
+from api.staff.deps import NOT_FOUND, InvestigateDep, IssuesManageDep, IssuesReadDep, StaffViewsDep
 from api.staff.views import InvestigationView, WorkflowView
 from schemas.staff import OpenInvestigation
 from schemas.workflow import WorkflowStarted
@@ -82,7 +82,7 @@ def investigation_out(inv: InvestigationView) -> InvestigationOut:
 
 
 @router.post("/issues/{issue}/research", status_code=202, responses=NOT_FOUND)
-async def start_research(issue: str, principal: StaffDep, commands: CommandsDep,
+async def start_research(issue: str, principal: IssuesManageDep, commands: CommandsDep,
                          views: StaffViewsDep) -> RunAccepted:
     """Start a research run over the issue and its evidence as this edge sees them now."""
     v = await known_or_404(views.issues, issue, "issue")
@@ -98,7 +98,7 @@ async def start_research(issue: str, principal: StaffDep, commands: CommandsDep,
 
 
 @router.get("/research/{run}", responses={404: {"description": "No such research run."}})
-async def get_research(run: str, _p: StaffReadDep, views: StaffViewsDep) -> ResearchOut:
+async def get_research(run: str, _p: IssuesReadDep, views: StaffViewsDep) -> ResearchOut:
     """``Running`` | ``Done`` (with suggestions) | ``Failed`` (with the reason)."""
     w = await known(views.workflows, run)
     if w is None or w.kind != "research":
@@ -126,7 +126,7 @@ async def get_research(run: str, _p: StaffReadDep, views: StaffViewsDep) -> Rese
 
 @router.post("/investigations/{investigation}/open",
              responses={404: {"description": "No such investigation."}})
-async def open_investigation(investigation: str, principal: RepresentativeDep,
+async def open_investigation(investigation: str, principal: InvestigateDep,
                              commands: CommandsDep, views: StaffViewsDep) -> InvestigationOut:
     """A representative opens a suggested investigation (``suggested`` → ``open``)."""
     inv = await known_or_404(views.investigations, investigation, "investigation")

@@ -11,7 +11,7 @@ from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 from api.frame.commands import CommandsDep
 from api.frame.deps import VIEW_WAIT_S, SealerDep, known_or_404
-from api.staff.deps import ReviewerDep, ReviewReadDep, StaffViewsDep
+from api.staff.deps import ReviewDecideDep, ReviewReadDep, StaffViewsDep
 from api.staff.views import StaffViews
 from schemas.workflow import WorkflowCommandReceived
 
@@ -144,7 +144,7 @@ async def get_contribution(contribution: str, _p: ReviewReadDep, views: StaffVie
                         409: {"description": "Not waiting for a review, or the second review "
                                              "came from the first reviewer."}})
 async def review_contribution(
-    contribution: str, body: ReviewIn, principal: ReviewerDep, commands: CommandsDep,
+    contribution: str, body: ReviewIn, principal: ReviewDecideDep, commands: CommandsDep,
     views: StaffViewsDep,
     idempotency_key: Annotated[str | None, Header(
         alias="Idempotency-Key", min_length=1, max_length=200,

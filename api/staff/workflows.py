@@ -10,7 +10,7 @@ from pydantic import BaseModel, JsonValue
 
 from api.frame.commands import CommandsDep
 from api.frame.deps import known_or_404
-from api.staff.deps import OperatorDep, StaffViewsDep, WorkflowReadDep
+from api.staff.deps import StaffViewsDep, WorkflowReadDep, WorkflowRetryDep
 from schemas.workflow import WorkflowCommandReceived
 
 router = APIRouter(prefix="/staff", tags=["staff"])
@@ -54,7 +54,7 @@ async def get_workflow(workflow: str, _p: WorkflowReadDep, views: StaffViewsDep)
 @router.post("/workflows/{workflow}/retry", status_code=202,
              responses={404: {"description": "No such workflow."},
                         409: {"description": "The workflow has not failed."}})
-async def retry_workflow(workflow: str, principal: OperatorDep, commands: CommandsDep,
+async def retry_workflow(workflow: str, principal: WorkflowRetryDep, commands: CommandsDep,
                          views: StaffViewsDep) -> RetryAccepted:
     """Restart a failed workflow from its failed step (operators only)."""
     w = await known_or_404(views.workflows, workflow, "workflow")

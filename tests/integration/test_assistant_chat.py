@@ -13,11 +13,11 @@ from typing import Any
 import httpx
 import pytest
 
-from api.frame.auth import mint_token
 from schemas.assistant import AssistantPatternRecorded
 from schemas.workflow import StepSucceeded
 from streams.envelope import decode
 from streams.settings import VoiceSettings
+from streams.tokens import mint_token
 from streams.topics import ASSISTANT, DATASETS, WORKFLOWS, all_specs, topic_name
 from tests.support import SseFrame, SseRead, read_all, read_sse, wait_for
 

@@ -20,12 +20,12 @@ import httpx
 import pytest
 from confluent_kafka.admin import AdminClient
 
-from api.frame.auth import mint_token
 from schemas.conversation import ProposalRecorded, ReplyRecorded, TurnState, TurnStateChanged
 from streams.envelope import Envelope, decode
 from streams.producer import RecordProducer
 from streams.sealing import KeyErased, sealer_for
 from streams.settings import VoiceSettings
+from streams.tokens import mint_token
 from streams.topics import COMMANDS, CONVERSATIONS, topic_name
 from tests.support import SseFrame as Frame
 from tests.support import SseRead, read_all, read_sse, wait_for

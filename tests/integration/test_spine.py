@@ -10,11 +10,11 @@ import time
 import httpx
 import pytest
 
-from api.frame.auth import mint_token
 from schemas.conversation import StartConversation
 from streams.envelope import Envelope, decode, encode
 from streams.producer import RecordProducer
 from streams.settings import VoiceSettings
+from streams.tokens import mint_token
 from streams.topics import COMMANDS, CONVERSATIONS, TOPICS, all_specs, create_topics, topic_name
 from tests.support import env_for, read_all, wait_for
 

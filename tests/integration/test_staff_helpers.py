@@ -15,11 +15,11 @@ from typing import Any
 
 import httpx
 
-from api.frame.auth import mint_token
 from schemas.base import Record
 from streams.envelope import Envelope, decode
 from streams.producer import RecordProducer
 from streams.settings import VoiceSettings
+from streams.tokens import mint_token
 from streams.topics import COMMANDS, WORKFLOWS, TopicSpec, topic_name
 from tests.support import read_all, stop, wait_for, wait_http_ready
 

@@ -11,13 +11,13 @@ import os
 import httpx
 import pytest
 
-from api.frame.auth import mint_token
 from schemas.base import Sealed
 from schemas.conversation import SendMessage
 from schemas.system import CommandAcknowledged
 from streams.envelope import Envelope, decode
 from streams.producer import RecordProducer
 from streams.settings import VoiceSettings
+from streams.tokens import mint_token
 from streams.topics import ACKS, COMMANDS, topic_name
 from tests.support import read_all, wait_for
 

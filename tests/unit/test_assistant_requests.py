@@ -12,9 +12,9 @@ from fastapi.testclient import TestClient
 from api import assistant
 from api.assistant.models import ChatRequest, CsvRejected, check_csv
 from api.assistant.views import AssistantViews
-from api.frame.auth import mint_token
 from streams.assistant_settings import AssistantSettings
 from streams.sealing import MemoryKeyStore, Sealer
+from streams.tokens import mint_token
 
 CSV = (Path(__file__).resolve().parents[1] / "fixtures" / "assistant_facilities.csv").read_bytes()
 CHAT = "/api/v1/assistant/chat"

@@ -13,12 +13,12 @@ from fastapi.testclient import TestClient
 
 from api import conversations
 from api.conversations import ConversationViews
-from api.frame.auth import mint_token
 from schemas.conversation import ConversationStarted
 from schemas.system import CommandAcknowledged
 from streams.envelope import Envelope, decode
 from streams.sealing import MemoryKeyStore, Sealer
 from streams.settings import VoiceSettings
+from streams.tokens import mint_token
 
 
 class FakeProducer:

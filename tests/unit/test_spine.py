@@ -8,9 +8,9 @@ from pathlib import Path
 import pytest
 from typer.testing import CliRunner
 
-from api.frame.auth import AuthError, decode_token, mint_token
 from schemas import registry
 from streams.settings import VoiceSettings
+from streams.tokens import AuthError, decode_claims, mint_token
 from streams.topics import TOPICS, all_specs, topic_name
 
 
@@ -52,15 +52,15 @@ def test_prod_refuses_the_dev_secret() -> None:
 
 def test_token_round_trip_and_refusals() -> None:
     s = VoiceSettings()
-    p = decode_token(s, mint_token(s, "alice", "staff", "acme"))
+    p = decode_claims(s, mint_token(s, "alice", "staff", "acme"))
     assert (p.sub, p.role, p.tenant) == ("alice", "staff", "acme")
     with pytest.raises(ValueError, match="role 'king'"):
         mint_token(s, "alice", "king")
     other = VoiceSettings(jwt_secret="another-secret-another-secret-0123")
     with pytest.raises(AuthError):
-        decode_token(other, mint_token(s, "alice", "participant"))
+        decode_claims(other, mint_token(s, "alice", "participant"))
     with pytest.raises(AuthError):
-        decode_token(s, mint_token(s, "alice", "participant", ttl_s=-10))
+        decode_claims(s, mint_token(s, "alice", "participant", ttl_s=-10))
 
 
 def test_cli_token_command() -> None:
@@ -68,4 +68,4 @@ def test_cli_token_command() -> None:
 
     result = CliRunner().invoke(app, ["token", "--sub", "bob", "--role", "reviewer"])
     assert result.exit_code == 0, result.output
-    assert decode_token(VoiceSettings(), result.output.strip()).role == "reviewer"
+    assert decode_claims(VoiceSettings(), result.output.strip()).role == "reviewer"
