@@ -1,12 +1,24 @@
-"""Ids that more than one side of Voice builds or reads: the one turn-id format.
+"""Ids that more than one side of Voice builds or reads: tenant ids, inbox keys, and the one
+turn-id format.
 
-A turn of a conversation (participant or assistant) is ``{conversation}:turn-{seq}``, where
-``seq`` is the seq of the record that requested it; the turn id is also its workflow's id.
+A tenant id is short and plain (``TENANT_PATTERN``), so ``{tenant}/{sub}`` — the key of a
+principal's inbox — splits one way only. A turn of a conversation (participant or assistant)
+is ``{conversation}:turn-{seq}``, where ``seq`` is the seq of the record that requested it;
+the turn id is also its workflow's id.
 """
 
 from __future__ import annotations
 
 import re
+
+TENANT_PATTERN = r"^[A-Za-z0-9][A-Za-z0-9._-]{0,63}$"
+"""What a tenant id looks like (in tokens, ``X-Tenant-ID`` and ``VOICE_DEFAULT_TENANT``)."""
+
+
+def inbox_key(tenant: str | None, sub: str) -> str:
+    """The key of ``sub``'s inbox in ``tenant``: a principal's inbox is per tenant."""
+    return f"{tenant or ''}/{sub}"
+
 
 _TURN = re.compile(r"^(?P<conversation>.+):turn-(?P<seq>[1-9][0-9]{0,17})$")
 

@@ -12,6 +12,8 @@ from typing import Literal
 from pydantic import Field, SecretStr, model_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
+from streams.ids import TENANT_PATTERN
+
 DEV_JWT_SECRET = "voice-dev-secret-not-for-production-use!"
 
 
@@ -46,7 +48,7 @@ class VoiceSettings(BaseSettings):
     jwt_secret: SecretStr = SecretStr(DEV_JWT_SECRET)
     jwt_algorithm: str = "HS256"
 
-    default_tenant: str = Field(default="default", min_length=1, max_length=128)
+    default_tenant: str = Field(default="default", pattern=TENANT_PATTERN)
     """The tenant of a token that names neither a tenant nor memberships."""
 
     edge_host: str = "127.0.0.1"

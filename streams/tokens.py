@@ -10,11 +10,13 @@ member of the deployment's default tenant only.
 from __future__ import annotations
 
 import time
+from typing import Annotated
 
 import jwt
-from pydantic import BaseModel, ConfigDict, Field, ValidationError
+from pydantic import BaseModel, ConfigDict, Field, StringConstraints, ValidationError
 
 from streams.capabilities import ROLES, Role
+from streams.ids import TENANT_PATTERN
 from streams.settings import VoiceSettings
 
 
@@ -29,8 +31,9 @@ class Claims(BaseModel):
 
     sub: str = Field(min_length=1, max_length=256)
     role: Role = "participant"
-    tenant: str | None = Field(default=None, min_length=1, max_length=128)
-    memberships: dict[str, Role] = Field(default_factory=dict, max_length=256)
+    tenant: str | None = Field(default=None, pattern=TENANT_PATTERN)
+    memberships: dict[Annotated[str, StringConstraints(pattern=TENANT_PATTERN)], Role] = Field(
+        default_factory=dict, max_length=256)
 
     def member_roles(self, default_tenant: str) -> dict[str, Role]:
         """tenant → role for every tenant the bearer belongs to, the claimed tenant first."""

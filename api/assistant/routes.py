@@ -27,6 +27,7 @@ from api.assistant.views import (
     AssistantViews,
     display_event,
 )
+from api.frame.auth import Principal
 from api.frame.commands import CommandsDep, conversation_refused
 from api.frame.deps import (
     VIEW_WAIT_S,
@@ -79,7 +80,7 @@ def display_stream(conversations: AssistantConversations, sealer: Sealer, conver
     return sse_stream(feed, cursor, bound_s)
 
 
-async def _attach(views: AssistantViews, sealer: Sealer, owner: str, body: ChatRequest
+async def _attach(views: AssistantViews, sealer: Sealer, owner: Principal, body: ChatRequest
                   ) -> list[tuple[DatasetRef, dict[str, Any]]]:
     """The datasets the request names (404 naming the field for one not the caller's), plus
     those an ``ID: …`` in ``file_context`` names, when they are the caller's."""
@@ -133,12 +134,12 @@ async def chat(
     check_text_size(settings, body.message, "message")
     if body.conversation_id is not None:
         conversation, create = str(body.conversation_id), False
-        if await find_owned(views.conversations, conversation, principal.sub) is None:
+        if await find_owned(views.conversations, conversation, principal) is None:
             raise not_found("conversation", conversation)
     else:
         conversation, create = str(uuid.uuid4()), True
         await asyncio.to_thread(sealer.create, conversation)
-    attached = await _attach(views, sealer, principal.sub, body)
+    attached = await _attach(views, sealer, principal, body)
     message_id = new_id()
     request_doc = {"message": body.message, "file_context": body.file_context,
                    "datasets": [summary for _, summary in attached],

@@ -93,7 +93,8 @@ class Datasets(Projection[DatasetView]):
         rec = env.record
         if isinstance(rec, DatasetRecorded) and rec.dataset_id not in self.by_key:
             self.by_key[rec.dataset_id] = DatasetView(
-                dataset_id=rec.dataset_id, owner=rec.owner, rows=rec.rows, columns=rec.columns,
+                dataset_id=rec.dataset_id, owner=rec.owner, tenant=env.tenant, rows=rec.rows,
+                columns=rec.columns,
                 meta=rec.meta, partition=partition, offset=offset)
             self.notify(rec.dataset_id)
 
@@ -107,7 +108,7 @@ class AssistantConversations(StreamProjection[AssistantConversationView]):
             if env.key in self.by_key:
                 return
             view = AssistantConversationView(conversation=env.key, owner=rec.owner,
-                                             kept=self.kept)
+                                             tenant=env.tenant, kept=self.kept)
             self.by_key[env.key] = view
         else:
             view = self.by_key.get(env.key)

@@ -103,7 +103,7 @@ async def list_conversations(
 ) -> list[ConversationSummary]:
     """The caller's conversations."""
     return [ConversationSummary(conversation=v.conversation, last_seq=v.last_seq)
-            for v in views.list_for(principal.sub)]
+            for v in views.list_for(principal)]
 
 
 @router.post("/{conversation}/messages", status_code=202,

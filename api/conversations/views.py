@@ -12,7 +12,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from api.frame.projection import KeptEvents, StreamProjection
+from api.frame.projection import Caller, KeptEvents, StreamProjection
 from schemas.conversation import (
     ConversationErased,
     ConversationStarted,
@@ -87,7 +87,8 @@ class ConversationViews(StreamProjection[ConversationView]):
         if isinstance(rec, ConversationStarted):
             if env.key in self.by_key:
                 return None
-            view = ConversationView(conversation=env.key, owner=rec.owner, kept=self.kept)
+            view = ConversationView(conversation=env.key, owner=rec.owner, tenant=env.tenant,
+                                    kept=self.kept)
             self.by_key[env.key] = view
         else:
             view = self.by_key.get(env.key)
@@ -129,5 +130,6 @@ class ConversationViews(StreamProjection[ConversationView]):
             view.forget()
             self.notify(conversation)
 
-    def list_for(self, owner: str) -> list[ConversationView]:
-        return [v for v in self.by_key.values() if v.owned_by(owner)]
+    def list_for(self, who: Caller) -> list[ConversationView]:
+        """The conversations ``who`` owns in its tenant."""
+        return [v for v in self.by_key.values() if v.tenant == who.tenant and v.owned_by(who.sub)]

@@ -13,7 +13,7 @@ from api.frame.auth import Principal, TenantRefused, resolve_principal
 from api.frame.projection import Projection
 from api.frame.tail import EdgeTail
 from streams.capabilities import Capability
-from streams.ids import parse_turn
+from streams.ids import TENANT_PATTERN, parse_turn
 from streams.producer import RecordProducer
 from streams.sealing import Sealer
 from streams.settings import VoiceSettings
@@ -48,8 +48,8 @@ async def get_principal(
     request: Request,
     creds: Annotated[HTTPAuthorizationCredentials | None, Depends(_bearer)],
     x_tenant_id: Annotated[str | None, Header(
-        max_length=128, description="The tenant to act in; the caller must be a member of it "
-        "(default: the token's tenant, then its first membership)")] = None,
+        pattern=TENANT_PATTERN, description="The tenant to act in; the caller must be a member "
+        "of it (default: the token's tenant, then its first membership)")] = None,
 ) -> Principal:
     if creds is None:
         raise HTTPException(401, "missing bearer token (Authorization: Bearer …)")
@@ -111,19 +111,22 @@ async def known(projection: Projection[V], key: str, timeout: float = VIEW_WAIT_
     return projection.get(key)
 
 
-async def known_or_404(projection: Projection[V], key: str, what: str) -> V:
-    """The view of ``key`` (waiting briefly for this edge to catch up); 404 naming ``what``."""
-    view = await known(projection, key)
+async def known_or_404(projection: Projection[V], key: str, what: str, tenant: str) -> V:
+    """The view of ``key`` in ``tenant`` (waiting briefly for this edge to catch up); 404
+    naming ``what`` when unknown — or another tenant's, which must look the same."""
+    await known(projection, key)
+    view = projection.in_tenant(key, tenant)
     if view is None:
         raise not_found(what, key)
     return view
 
 
-async def find_owned(projection: Projection[V], key: str, owner: str,
+async def find_owned(projection: Projection[V], key: str, who: Principal,
                      timeout: float = VIEW_WAIT_S) -> V | None:
-    """The view of ``key`` if ``owner`` may read it, waiting for this edge to catch up."""
+    """The view of ``key`` if ``who`` may read it (its tenant's and its owner), waiting for
+    this edge to catch up."""
     await known(projection, key, timeout)
-    return projection.owned(key, owner)
+    return projection.owned(key, who)
 
 
 def owned_dependency(projection_of: Callable[..., Any], *, valid: Callable[[str], bool],
@@ -140,7 +143,7 @@ def owned_dependency(projection_of: Callable[..., Any], *, valid: Callable[[str]
         projection: Annotated[Projection[Any], Depends(projection_of)],
         principal: ConverseDep,
     ) -> Any:
-        view = (await find_owned(projection, conversation, principal.sub)
+        view = (await find_owned(projection, conversation, principal)
                 if valid(conversation) else None)
         if view is None:
             raise not_found(what, conversation)

@@ -21,7 +21,7 @@ import asyncio
 from collections import deque
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
-from typing import Any, Generic, TypeVar
+from typing import Any, Generic, Protocol, TypeVar
 
 from streams.envelope import Envelope
 
@@ -31,6 +31,16 @@ DEFAULT_KEPT = 10_000
 E = TypeVar("E")
 V = TypeVar("V")
 K = TypeVar("K", bound="KeptEvents[Any]")
+
+
+class Caller(Protocol):
+    """Who reads a view: a subject in a tenant (``api.frame.auth.Principal``)."""
+
+    @property
+    def sub(self) -> str: ...
+
+    @property
+    def tenant(self) -> str: ...
 
 
 class CursorTooOld(Exception):
@@ -88,6 +98,9 @@ class AggregateView:
     """What every view of one aggregate has: the last seq applied (its writer's dense seq)."""
 
     last_seq: int = 0
+    tenant: str | None = None
+    """The tenant the aggregate belongs to (from the record that made it): no caller of
+    another tenant ever reads it."""
 
     def accept(self, env: Envelope) -> bool:
         """Whether ``env`` is new here (its seq above the last one); a redelivery is not."""
@@ -182,10 +195,20 @@ class Projection(Generic[V]):
     def values(self) -> list[V]:
         return list(self.by_key.values())
 
-    def owned(self, key: str, owner: str) -> V | None:
-        """The view if ``owner`` may read it (else None: 404, whoever's it is)."""
+    def tenant_of(self, key: str) -> str | None:
+        """The tenant of ``key``'s aggregate (None when unknown)."""
+        return getattr(self.by_key.get(key), "tenant", None)
+
+    def in_tenant(self, key: str, tenant: str) -> V | None:
+        """The view of ``key`` if its aggregate belongs to ``tenant`` (else None: 404)."""
         view = self.by_key.get(key)
-        return view if isinstance(view, AggregateView) and view.owned_by(owner) else None
+        return view if view is not None and self.tenant_of(key) == tenant else None
+
+    def owned(self, key: str, who: Caller) -> V | None:
+        """The view if ``who`` may read it: its tenant's, and its owner (else None: 404,
+        whoever's it is)."""
+        view = self.in_tenant(key, who.tenant)
+        return view if isinstance(view, AggregateView) and view.owned_by(who.sub) else None
 
     def notify(self, key: str) -> None:
         """Wake the waiters of ``key``: its view changed."""

@@ -73,21 +73,21 @@ class PublishedContribution(BaseModel):
 
 
 @public.get("/{issue}", responses=NOT_FOUND)
-async def get_issue(issue: str, _p: PublicDep, views: StaffViewsDep) -> PublicIssueOut:
+async def get_issue(issue: str, principal: PublicDep, views: StaffViewsDep) -> PublicIssueOut:
     """An issue's public face."""
-    v = await known_or_404(views.issues, issue, "issue")
-    published = sum(1 for c in views.contributions_of(issue) if c.state == "published")
+    v = await known_or_404(views.issues, issue, "issue", principal.tenant)
+    published = sum(1 for c in views.contributions_of(v) if c.state == "published")
     return PublicIssueOut(issue=v.issue, title=v.title, summary=v.summary,
                           published_contributions=published, followers=len(v.followers))
 
 
 @public.get("/{issue}/contributions", responses=NOT_FOUND)
-async def published_contributions(issue: str, _p: PublicDep, views: StaffViewsDep,
+async def published_contributions(issue: str, principal: PublicDep, views: StaffViewsDep,
                                   sealer: SealerDep) -> list[PublishedContribution]:
     """The issue's published contributions, oldest first (nothing in review or rejected)."""
-    await known_or_404(views.issues, issue, "issue")
+    v = await known_or_404(views.issues, issue, "issue", principal.tenant)
     out = []
-    for c in sorted(views.contributions_of(issue), key=lambda c: c.updated_at):
+    for c in sorted(views.contributions_of(v), key=lambda c: c.updated_at):
         if c.state != "published" or c.published_text is None:
             continue
         text = sealer.open_text(c.contribution, "published", c.published_text)
@@ -99,7 +99,7 @@ async def published_contributions(issue: str, _p: PublicDep, views: StaffViewsDe
 async def set_following(issue: str, following: bool, principal: Principal,
                         commands: Commands, views: StaffViews) -> FollowOut:
     """Record that ``principal`` follows ``issue`` (or no longer does)."""
-    await known_or_404(views.issues, issue, "issue")
+    await known_or_404(views.issues, issue, "issue", principal.tenant)
     command = FollowIssue if following else UnfollowIssue
     ack = await commands.submit(issue, command(issue=issue, participant=principal.sub))
     if ack.outcome == "rejected":
@@ -127,7 +127,7 @@ async def contribute(issue: str, body: ContributionIn, principal: ContributorDep
                      views: StaffViewsDep) -> ContributionAccepted:
     """Contribute to an issue; a disclosure review decides whether (and how) it is published."""
     check_text_size(settings, body.text)
-    await known_or_404(views.issues, issue, "issue")
+    await known_or_404(views.issues, issue, "issue", principal.tenant)
     contribution = f"ctb-{secrets.token_hex(8)}"
     # Its own data key: erasing the contribution erases every copy of its words.
     sealed = await asyncio.to_thread(sealer.seal, contribution, "text", body.text)

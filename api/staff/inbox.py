@@ -20,6 +20,7 @@ from api.staff.deps import StaffViewsDep
 from api.staff.views import InboxView
 from schemas.staff import NotificationRecorded
 from streams.envelope import Envelope
+from streams.ids import inbox_key
 
 router = APIRouter(prefix="/me/inbox", tags=["inbox"])
 
@@ -52,7 +53,7 @@ def notification_out(env: Envelope) -> NotificationOut:
 
 async def my_inbox(principal: PublicDep, views: StaffViewsDep) -> InboxView:
     """The caller's inbox (empty when nothing came yet)."""
-    return views.inboxes.inbox(principal.sub)
+    return views.inboxes.inbox(principal.tenant, principal.sub)
 
 
 InboxDep = Annotated[InboxView, Depends(my_inbox)]
@@ -75,14 +76,15 @@ async def get_inbox(
 async def stream_inbox(view: InboxDep, cursor: CursorDep, settings: SettingsDep,
                        views: StaffViewsDep) -> AsyncIterator[ServerSentEvent]:
     """Events: ``notification``, each with ``id:`` = the inbox seq."""
-    recipient = view.recipient
+    tenant, recipient = view.tenant or "", view.recipient
+    key = inbox_key(tenant, recipient)
 
     def render(env: Envelope) -> ServerSentEvent:
         out = notification_out(env)
         return ServerSentEvent(event="notification", id=str(out.seq), data=out)
 
-    feed = Feed(view=lambda: views.inboxes.inbox(recipient), render=render,
+    feed = Feed(view=lambda: views.inboxes.inbox(tenant, recipient), render=render,
                 wait=lambda until, timeout: views.inboxes.wait(
-                    recipient, lambda _v: until(), timeout))
+                    key, lambda _v: until(), timeout))
     async for sse in sse_stream(feed, cursor, settings.gateway_bound_s):
         yield sse

@@ -118,11 +118,11 @@ async def open_issue(body: IssueIn, principal: IssuesManageDep, commands: Comman
 
 
 @router.get("/issues/{issue}", responses=NOT_FOUND)
-async def get_issue(issue: str, _p: IssuesReadDep, views: StaffViewsDep) -> StaffIssueOut:
+async def get_issue(issue: str, principal: IssuesReadDep, views: StaffViewsDep) -> StaffIssueOut:
     """The issue as staff see it: evidence, followers, developments, investigations, runs."""
-    v = await known_or_404(views.issues, issue, "issue")
+    v = await known_or_404(views.issues, issue, "issue", principal.tenant)
     counts = {"in_review": 0, "published": 0, "rejected": 0}
-    for c in views.contributions_of(issue):
+    for c in views.contributions_of(v):
         counts[c.state] += 1
     return StaffIssueOut(
         issue=v.issue, title=v.title, summary=v.summary, created_by=v.by, at=v.at,
@@ -135,7 +135,7 @@ async def get_issue(issue: str, _p: IssuesReadDep, views: StaffViewsDep) -> Staf
                       for d in v.developments.values()],
         investigations=[investigation_out(i) for i in v.investigations.values()],
         research_runs=[RunSummary(run=w.workflow, state=run_state(w))
-                       for w in views.runs_of(issue)],
+                       for w in views.runs_of(v)],
         contributions=counts)
 
 
@@ -143,7 +143,7 @@ async def get_issue(issue: str, _p: IssuesReadDep, views: StaffViewsDep) -> Staf
 async def add_evidence(issue: str, body: EvidenceIn, principal: IssuesManageDep,
                        commands: CommandsDep, views: StaffViewsDep) -> EvidenceCreated:
     """Add a source to the issue's evidence (``added_by`` is the caller)."""
-    await known_or_404(views.issues, issue, "issue")
+    await known_or_404(views.issues, issue, "issue", principal.tenant)
     evidence = f"evd-{secrets.token_hex(8)}"
     ack = await commands.submit(issue, AddEvidence(
         issue=issue, evidence=evidence, title=body.title, body=body.body, url=body.url,
@@ -161,7 +161,7 @@ async def record_development(issue: str, body: DevelopmentIn, principal: IssuesM
                              commands: CommandsDep, views: StaffViewsDep
                              ) -> DevelopmentAccepted:
     """Record a development; its followers get the update by a workflow, in order."""
-    await known_or_404(views.issues, issue, "issue")
+    await known_or_404(views.issues, issue, "issue", principal.tenant)
     ack = await commands.submit(issue, RecordDevelopment(
         issue=issue, title=body.title, body=body.body, by=principal.sub))
     if ack.outcome == "rejected":

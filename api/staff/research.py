@@ -85,7 +85,7 @@ def investigation_out(inv: InvestigationView) -> InvestigationOut:
 async def start_research(issue: str, principal: IssuesManageDep, commands: CommandsDep,
                          views: StaffViewsDep) -> RunAccepted:
     """Start a research run over the issue and its evidence as this edge sees them now."""
-    v = await known_or_404(views.issues, issue, "issue")
+    v = await known_or_404(views.issues, issue, "issue", principal.tenant)
     run = f"run-{secrets.token_hex(8)}"
     evidence = [{"evidence": e.evidence, "title": e.title, "body": e.body, "url": e.url,
                  "added_by": e.added_by, "at": e.at}
@@ -98,9 +98,10 @@ async def start_research(issue: str, principal: IssuesManageDep, commands: Comma
 
 
 @router.get("/research/{run}", responses={404: {"description": "No such research run."}})
-async def get_research(run: str, _p: IssuesReadDep, views: StaffViewsDep) -> ResearchOut:
+async def get_research(run: str, principal: IssuesReadDep, views: StaffViewsDep) -> ResearchOut:
     """``Running`` | ``Done`` (with suggestions) | ``Failed`` (with the reason)."""
-    w = await known(views.workflows, run)
+    await known(views.workflows, run)
+    w = views.workflows.in_tenant(run, principal.tenant)
     if w is None or w.kind != "research":
         raise HTTPException(404, f"no research run {run!r}")
     state = run_state(w)
@@ -129,7 +130,7 @@ async def get_research(run: str, _p: IssuesReadDep, views: StaffViewsDep) -> Res
 async def open_investigation(investigation: str, principal: InvestigateDep,
                              commands: CommandsDep, views: StaffViewsDep) -> InvestigationOut:
     """A representative opens a suggested investigation (``suggested`` → ``open``)."""
-    inv = await known_or_404(views.investigations, investigation, "investigation")
+    inv = await known_or_404(views.investigations, investigation, "investigation", principal.tenant)
     ack = await commands.submit(inv.issue, OpenInvestigation(
         issue=inv.issue, investigation=investigation, by=principal.sub))
     if ack.outcome == "rejected":

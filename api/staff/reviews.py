@@ -114,19 +114,20 @@ def review_item(views: StaffViews, contribution: str) -> ReviewItem:
 
 
 @router.get("/reviews")
-async def review_queue(_p: ReviewReadDep, views: StaffViewsDep,
+async def review_queue(principal: ReviewReadDep, views: StaffViewsDep,
                        state: ReviewState | Literal["all"] = "waiting") -> list[ReviewItem]:
     """Contributions by review state, oldest first (``waiting``: a reviewer is needed)."""
-    items = [review_item(views, c) for c in views.contributions]
+    items = [review_item(views, c) for c in views.contributions
+             if views.contributions.tenant_of(c) == principal.tenant]
     return sorted((i for i in items if state == "all" or i.state == state),
                   key=lambda i: i.submitted_at)
 
 
 @router.get("/contributions/{contribution}", responses=NO_CONTRIBUTION)
-async def get_contribution(contribution: str, _p: ReviewReadDep, views: StaffViewsDep,
+async def get_contribution(contribution: str, principal: ReviewReadDep, views: StaffViewsDep,
                            sealer: SealerDep) -> ContributionForReview:
     """A contribution as its reviewers see it: the text, the flags and the reviews so far."""
-    c = await known_or_404(views.contributions, contribution, "contribution")
+    c = await known_or_404(views.contributions, contribution, "contribution", principal.tenant)
     text = sealer.open_text(contribution, "text", c.text)
     flags = None
     if c.flags is not None:
@@ -151,7 +152,7 @@ async def review_contribution(
         description="Repeating a review with the same key applies it once.")] = None,
 ) -> ReviewAccepted:
     """Answer a paused disclosure review; the workflow publishes or rejects."""
-    await known_or_404(views.contributions, contribution, "contribution")
+    await known_or_404(views.contributions, contribution, "contribution", principal.tenant)
     w = views.workflows.get(contribution)
     key = idempotency_key or secrets.token_hex(8)
     command_id = f"{contribution}:review:{principal.sub}:{key}"

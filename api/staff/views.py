@@ -8,8 +8,8 @@
   commands) — research runs, reviews waiting and operators' reads come from here;
 - ``contributions``, from the compacted ``voice.contributions`` (the latest record is the
   state; a finished contribution never goes back to ``in_review``);
-- ``inboxes``, from ``voice.inbox``: a ``KeptEvents`` per recipient (deduped by seq and by
-  notification id), for the inbox stream.
+- ``inboxes``, from ``voice.inbox``: a ``KeptEvents`` per recipient and tenant (deduped by
+  seq and by notification id), for the inbox stream.
 
 Sealed content stays sealed here; routes open it. Everything runs on the edge's event loop.
 """
@@ -52,6 +52,7 @@ from schemas.workflow import (
     WorkflowStarted,
 )
 from streams.envelope import Envelope
+from streams.ids import inbox_key
 from streams.topics import CONTRIBUTIONS, INBOX, ISSUES, WORKFLOWS, TopicSpec
 
 MAX_WORKFLOW_RECORDS = 1000
@@ -139,7 +140,8 @@ class Issues(Projection[IssueView]):
         rec = env.record
         if isinstance(rec, IssueOpened) and env.key not in self.by_key:
             self.by_key[env.key] = IssueView(issue=rec.issue, title=rec.title,
-                                             summary=rec.summary, by=rec.by, at=rec.at)
+                                             summary=rec.summary, by=rec.by, at=rec.at,
+                                             tenant=env.tenant)
         view = self.by_key.get(env.key)
         if view is None or not view.accept(env):
             return
@@ -156,7 +158,7 @@ class Issues(Projection[IssueView]):
         elif isinstance(rec, InvestigationSuggested):
             inv = InvestigationView(investigation=rec.investigation, issue=rec.issue,
                                     run=rec.run, title=rec.title, reason=rec.reason,
-                                    read=list(rec.read))
+                                    read=list(rec.read), tenant=view.tenant)
             view.investigations[rec.investigation] = inv
             self.investigations.by_key[rec.investigation] = inv
             self.investigations.notify(rec.investigation)
@@ -180,6 +182,8 @@ class Workflows(Projection[WorkflowView]):
             view = self.by_key[workflow] = WorkflowView(workflow=workflow, kind=kind)
         if not view.accept(env):
             return
+        if view.tenant is None and env.tenant is not None and isinstance(rec, WorkflowStarted):
+            view.tenant = env.tenant
         view.records.append(env)
         self._fold(view, rec)
         self.notify(workflow)
@@ -187,6 +191,7 @@ class Workflows(Projection[WorkflowView]):
     def _fold(self, view: WorkflowView, rec: Any) -> None:
         if isinstance(rec, WorkflowStarted):
             view.kind, view.input = rec.kind, dict(rec.input)
+            view.tenant = view.tenant or view.input.get("tenant")
         elif isinstance(rec, StepStarted):
             view.status, view.step, view.attempt = "running", rec.step, rec.attempt
         elif isinstance(rec, StepSucceeded):
@@ -207,7 +212,14 @@ class Workflows(Projection[WorkflowView]):
 
 
 class Contributions(Projection[ContributionRecorded]):
-    """The latest record of each contribution (its state), by id."""
+    """The latest record of each contribution (its state), by id, and its tenant."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.tenants: dict[str, str | None] = {}
+
+    def tenant_of(self, key: str) -> str | None:
+        return self.tenants.get(key)
 
     def apply(self, env: Envelope) -> None:
         rec = env.record
@@ -217,6 +229,7 @@ class Contributions(Projection[ContributionRecorded]):
         if current is not None and current.state != "in_review" and rec.state == "in_review":
             return  # a late re-run of an earlier step; the outcome stands
         self.by_key[env.key] = rec
+        self.tenants.setdefault(env.key, env.tenant)
         self.notify(env.key)
 
 
@@ -229,7 +242,8 @@ class Inboxes(StreamProjection[InboxView]):
             return
         view = self.by_key.get(env.key)
         if view is None:
-            view = self.by_key[env.key] = InboxView(recipient=env.key, kept=self.kept)
+            view = self.by_key[env.key] = InboxView(recipient=rec.recipient, tenant=env.tenant,
+                                                    kept=self.kept)
         if not view.accept(env):
             return  # a writer's replay: same seq, same record
         if rec.notification not in view.ids:
@@ -237,9 +251,10 @@ class Inboxes(StreamProjection[InboxView]):
             view.keep(env)
         self.notify(env.key)
 
-    def inbox(self, recipient: str) -> InboxView:
-        """The recipient's inbox (empty when nothing came yet)."""
-        return self.by_key.get(recipient) or InboxView(recipient=recipient, kept=self.kept)
+    def inbox(self, tenant: str, recipient: str) -> InboxView:
+        """The recipient's inbox in ``tenant`` (empty when nothing came yet)."""
+        return (self.by_key.get(inbox_key(tenant, recipient))
+                or InboxView(recipient=recipient, tenant=tenant, kept=self.kept))
 
 
 class StaffViews:
@@ -257,10 +272,12 @@ class StaffViews:
         return {ISSUES: self.issues.apply, WORKFLOWS: self.workflows.apply,
                 CONTRIBUTIONS: self.contributions.apply, INBOX: self.inboxes.apply}
 
-    def runs_of(self, issue: str) -> list[WorkflowView]:
+    def runs_of(self, issue: IssueView) -> list[WorkflowView]:
         """The research runs of an issue, in the order this edge saw them start."""
         return [w for w in self.workflows.values() if w.kind == "research"
-                and (w.input.get("issue") or {}).get("issue") == issue]
+                and w.tenant == issue.tenant
+                and (w.input.get("issue") or {}).get("issue") == issue.issue]
 
-    def contributions_of(self, issue: str) -> list[ContributionRecorded]:
-        return [c for c in self.contributions.values() if c.issue == issue]
+    def contributions_of(self, issue: IssueView) -> list[ContributionRecorded]:
+        return [c for key, c in self.contributions.by_key.items() if c.issue == issue.issue
+                and self.contributions.tenant_of(key) == issue.tenant]

@@ -40,9 +40,10 @@ class RetryAccepted(BaseModel):
 
 
 @router.get("/workflows/{workflow}", responses={404: {"description": "No such workflow."}})
-async def get_workflow(workflow: str, _p: WorkflowReadDep, views: StaffViewsDep) -> WorkflowOut:
+async def get_workflow(workflow: str, principal: WorkflowReadDep, views: StaffViewsDep
+                       ) -> WorkflowOut:
     """A workflow's records as the log has them (the last 1000), and where it stands."""
-    w = await known_or_404(views.workflows, workflow, "workflow")
+    w = await known_or_404(views.workflows, workflow, "workflow", principal.tenant)
     return WorkflowOut(
         workflow=w.workflow, kind=w.kind, status=w.status, step=w.step,
         waiting_for=w.waiting_for, last_error=w.last_error,
@@ -57,7 +58,7 @@ async def get_workflow(workflow: str, _p: WorkflowReadDep, views: StaffViewsDep)
 async def retry_workflow(workflow: str, principal: WorkflowRetryDep, commands: CommandsDep,
                          views: StaffViewsDep) -> RetryAccepted:
     """Restart a failed workflow from its failed step (operators only)."""
-    w = await known_or_404(views.workflows, workflow, "workflow")
+    w = await known_or_404(views.workflows, workflow, "workflow", principal.tenant)
     if w.status != "failed":
         raise HTTPException(409, f"workflow {workflow!r} is {w.status}, not failed; only a "
                                  "failed workflow can be retried")

@@ -13,11 +13,10 @@ commands (display events, reply, end, patterns) are not: nobody waits on them.
 
 from __future__ import annotations
 
-import copy
 from dataclasses import dataclass, field
 from typing import Any
 
-from consumers.frame import Ack, Aggregate, Decision, append, remember
+from consumers.frame import Ack, Aggregate, AggregateState, Decision, append, remember
 from schemas.assistant import (
     ASSISTANT_COMMANDS,
     AppendDisplay,
@@ -37,37 +36,26 @@ from streams.topics import ASSISTANT
 SOURCE = "/voice/assistant-sequencer"
 
 
-@dataclass
-class AssistantState:
+@dataclass(kw_only=True)
+class AssistantState(AggregateState):
     """What the sequencer keeps per conversation (a Faust table value, as a dict)."""
 
     owner: str
-    seq: int = 0
     display_seq: int = 0
     running: str | None = None
     """The turn in progress; another chat is refused until it ends."""
     commands: dict[str, dict[str, Any]] = field(default_factory=dict)
-
-    @classmethod
-    def from_dict(cls, d: dict[str, Any] | None) -> AssistantState | None:
-        return None if d is None else cls(**copy.deepcopy(d))
-
-    def to_dict(self) -> dict[str, Any]:
-        return copy.deepcopy({"owner": self.owner, "seq": self.seq,
-                              "display_seq": self.display_seq, "running": self.running,
-                              "commands": self.commands})
 
 
 class AssistantSequencer(Aggregate[AssistantState]):
     """Assistant conversations: chats (one turn at a time), display events, turn results."""
 
     name = "assistant_conversations"
+    what = "conversation"
+    state = AssistantState
     log = ASSISTANT
     source = SOURCE
     commands = ASSISTANT_COMMANDS
-
-    def load(self, raw: dict[str, Any] | None) -> AssistantState | None:
-        return AssistantState.from_dict(raw)
 
     def acknowledges(self, cmd: Envelope) -> bool:
         return isinstance(cmd.record, AssistantChat)

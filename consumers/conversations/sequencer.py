@@ -9,11 +9,10 @@ crash yields the same records with the same seqs, which readers dedupe by
 
 from __future__ import annotations
 
-import copy
 from dataclasses import dataclass, field
 from typing import Any
 
-from consumers.frame import Ack, Aggregate, Decision, append, remember
+from consumers.frame import Ack, Aggregate, AggregateState, Decision, append, remember
 from schemas.conversation import (
     ConversationErased,
     ConversationStarted,
@@ -33,36 +32,26 @@ from streams.topics import CONVERSATIONS
 SOURCE = "/voice/sequencer"
 
 
-@dataclass
-class ConversationState:
+@dataclass(kw_only=True)
+class ConversationState(AggregateState):
     """What the sequencer keeps per conversation (a Faust table value, as a dict)."""
 
     owner: str
-    seq: int = 0
     erased: bool = False
     commands: dict[str, dict[str, Any]] = field(default_factory=dict)
     """command id or ``idem:<key>`` → the acknowledgement it got."""
-
-    @classmethod
-    def from_dict(cls, d: dict[str, Any] | None) -> ConversationState | None:
-        return None if d is None else cls(**copy.deepcopy(d))
-
-    def to_dict(self) -> dict[str, Any]:
-        return copy.deepcopy({"owner": self.owner, "seq": self.seq, "erased": self.erased,
-                              "commands": self.commands})
 
 
 class ConversationSequencer(Aggregate[ConversationState]):
     """Conversations: started, messages (each requesting a turn), turn results, erasure."""
 
     name = "conversations"
+    what = "conversation"
+    state = ConversationState
     log = CONVERSATIONS
     source = SOURCE
     commands = (StartConversation, SendMessage, EraseConversation, ReplyRecorded,
                 ProposalRecorded, TurnStateChanged)
-
-    def load(self, raw: dict[str, Any] | None) -> ConversationState | None:
-        return ConversationState.from_dict(raw)
 
     def decide(self, state: ConversationState | None, cmd: Envelope
                ) -> Decision[ConversationState]:

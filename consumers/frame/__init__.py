@@ -4,11 +4,20 @@ An aggregate is its state, a pure ``decide`` and its records (``aggregate``); on
 runs all of them in one written order (``writer``). A product registers its aggregates,
 workflows and consumers on a typed ``WorkerContext`` (``context``).
 
-Public names: ``Ack``, ``Aggregate``, ``Decision``, ``append``, ``remember``,
+Public names: ``Ack``, ``Aggregate``, ``AggregateState``, ``Decision``, ``append``, ``remember``,
 ``MAX_REMEMBERED`` (and, from the submodules, ``Writer``, ``apply``, ``outputs``, ``Raw``,
 ``WorkerContext``, ``Product``).
 """
 
-from consumers.frame.aggregate import MAX_REMEMBERED, Ack, Aggregate, Decision, append, remember
+from consumers.frame.aggregate import (
+    MAX_REMEMBERED,
+    Ack,
+    Aggregate,
+    AggregateState,
+    Decision,
+    append,
+    remember,
+)
 
-__all__ = ["MAX_REMEMBERED", "Ack", "Aggregate", "Decision", "append", "remember"]
+__all__ = ["MAX_REMEMBERED", "Ack", "Aggregate", "AggregateState", "Decision", "append",
+           "remember"]

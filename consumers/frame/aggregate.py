@@ -12,7 +12,8 @@ records (same ids, same seqs), which is what makes at-least-once safe.
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+import copy
+from dataclasses import asdict, dataclass, field
 from typing import Any, ClassVar, Generic, Literal, Protocol, TypeVar
 
 from schemas.base import Record
@@ -26,9 +27,30 @@ MAX_REMEMBERED = 1024
 
 
 class SeqState(Protocol):
-    """A state the writer can sequence: ``seq`` is the seq of the last record appended."""
+    """A state the writer can sequence: ``seq`` is the seq of the last record appended;
+    ``tenant`` the tenant of the command that made it (the writer sets it, and refuses a
+    command of another tenant: every aggregate belongs to one tenant)."""
 
     seq: int
+    tenant: str | None
+
+
+@dataclass(kw_only=True)
+class AggregateState:
+    """The base of every aggregate's state: its seq and tenant, and the dict a Faust table
+    keeps (deep copies both ways, so a state never shares structure with the table's value)."""
+
+    seq: int = 0
+    """The seq of the last record appended (the writer gives records the next ones)."""
+    tenant: str | None = None
+    """The tenant it belongs to, from the command that made it (set by the writer)."""
+
+    @classmethod
+    def from_dict(cls, d: dict[str, Any] | None) -> Any:
+        return None if d is None else cls(**copy.deepcopy(d))
+
+    def to_dict(self) -> dict[str, Any]:
+        return copy.deepcopy(asdict(self))
 
 
 S = TypeVar("S", bound=SeqState)
@@ -111,9 +133,14 @@ class Aggregate(Generic[S]):
     """``ce_source`` of its records and acknowledgements."""
     commands: ClassVar[tuple[type[Record], ...]]
     """The command record types it owns on ``voice.commands``."""
+    state: ClassVar[type[AggregateState]]
+    """Its state's type."""
+    what: ClassVar[str] = "aggregate"
+    """What a caller calls one (``no such {what}``: the edge's 404 for a missing one, and for
+    one of another tenant, which must look the same)."""
 
     def load(self, raw: dict[str, Any] | None) -> S | None:
-        raise NotImplementedError
+        return self.state.from_dict(raw)  # type: ignore[no-any-return]
 
     def dump(self, state: S) -> dict[str, Any]:
         return state.to_dict()  # type: ignore[attr-defined, no-any-return]

@@ -5,10 +5,13 @@ aggregate's commands arrive in order at one writer):
 
 1. **decode** — bytes that are not a record go to ``<topic>.dlq`` with the reason;
 2. **route** — by record type, to the aggregate (or plain handler) that owns it;
-3. **dedupe** — a command id the state remembers is answered again ("duplicate", with the
-   detail it got the first time) and never re-applied;
+3. **tenant, then dedupe** — a command of another tenant than the aggregate's is answered
+   ``no such …`` (as if it did not exist) and applied nowhere; a command id the state
+   remembers is answered again ("duplicate", with the detail it got the first time) and never
+   re-applied;
 4. **decide** — the aggregate's pure ``decide``; if it raises, the command goes to
-   ``<topic>.dlq`` with the reason and the writer goes on;
+   ``<topic>.dlq`` with the reason and the writer goes on; a state it makes gets the
+   command's tenant;
 5. **produce the records** (seq and id from the command) and **await their acks**;
 6. **write the table** (only once the records are on the log; if the broker refused them,
    see ``_not_recorded``: the seqs move on, the command is dead-lettered and answered
@@ -100,6 +103,13 @@ def apply(agg: Aggregate[Any], state: Any, cmd: Envelope
 
     Raises what ``decide`` raises. The given state is not modified.
     """
+    if state is not None and state.tenant is not None and cmd.tenant != state.tenant:
+        # A command naming another tenant's aggregate (a forged or misrouted one): answered
+        # as if the aggregate did not exist, and nothing is applied.
+        log.warning("%s %r belongs to another tenant than command %s's", agg.name, cmd.key,
+                    cmd.id)
+        ack = Ack.rejected(f"no such {agg.what}") if agg.acknowledges(cmd) else None
+        return state, [], None if ack is None else acknowledgement(cmd, ack, agg.source)
     memo = agg.remembered(state, cmd)
     if memo is not None:  # a redelivered command: answer it again, apply nothing
         ack = Ack.again(memo) if agg.acknowledges(cmd) else None
@@ -113,6 +123,8 @@ def apply(agg: Aggregate[Any], state: Any, cmd: Envelope
         if after != before + len(decision.records):  # a decide that did not ``append`` them
             raise ValueError(f"{agg.name}: {len(decision.records)} records took seq "
                              f"{before!r} to {after!r}")
+    if decision.state is not None and decision.state.tenant is None:
+        decision.state.tenant = cmd.tenant  # made now (or before tenants were recorded)
     if decision.remembered and decision.state is not None:
         agg.remember(decision.state, cmd, decision.ack.memo() if decision.ack else {})
     ack = None if decision.ack is None else acknowledgement(cmd, decision.ack, agg.source)

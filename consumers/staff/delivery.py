@@ -25,6 +25,7 @@ from consumers.workflows.engine import StepContext, StepDef, WorkflowDef
 from schemas.staff import DeliverNotification, EndDelivery
 from schemas.workflow import WorkflowCompleted, WorkflowFailed
 from streams.envelope import Envelope
+from streams.ids import inbox_key
 from streams.producer import Publisher
 from streams.topics import COMMANDS
 
@@ -63,7 +64,8 @@ class Delivery:
                 record=DeliverNotification(notification=nid, recipient=follower,
                                            issue=i["issue"], development=development,
                                            title=update["title"], body=update["body"]),
-                key=follower, source=SOURCE, subject=follower, tenant=i.get("tenant"),
+                key=inbox_key(i.get("tenant"), follower), source=SOURCE, subject=follower,
+                tenant=i.get("tenant"),
                 correlation=ctx.workflow, id=nid))
             sent.append(nid)
             await self.delays.midpoint("notify")

@@ -12,11 +12,10 @@ that would be recorded again, so readers also dedupe by notification id.
 
 from __future__ import annotations
 
-import copy
-from dataclasses import asdict, dataclass, field
+from dataclasses import dataclass, field
 from typing import Any
 
-from consumers.frame import Ack, Aggregate, Decision, append, remember
+from consumers.frame import Ack, Aggregate, AggregateState, Decision, append, remember
 from schemas.base import Record
 from schemas.staff import DeliverNotification, NotificationRecorded
 from streams.envelope import Envelope
@@ -27,32 +26,23 @@ MAX_NOTIFICATIONS = 4096
 """Notification ids an inbox remembers (an inbox sees many more ids than an issue commands)."""
 
 
-@dataclass
-class InboxState:
+@dataclass(kw_only=True)
+class InboxState(AggregateState):
     """What the writer keeps per recipient (a Faust table value, as a dict)."""
 
-    seq: int = 0
     recorded: dict[str, int] = field(default_factory=dict)
     """notification id → the seq it got (insertion-ordered, bounded)."""
-
-    @classmethod
-    def from_dict(cls, d: dict[str, Any] | None) -> InboxState | None:
-        return None if d is None else cls(**copy.deepcopy(d))
-
-    def to_dict(self) -> dict[str, Any]:
-        return copy.deepcopy(asdict(self))
 
 
 class InboxWriter(Aggregate[InboxState]):
     """Inboxes: each notification recorded once, in order, per recipient."""
 
     name = "staff_inboxes"
+    what = "inbox"
+    state = InboxState
     log = INBOX
     source = SOURCE
     commands = (DeliverNotification,)
-
-    def load(self, raw: dict[str, Any] | None) -> InboxState | None:
-        return InboxState.from_dict(raw)
 
     def remembered(self, state: InboxState | None, cmd: Envelope) -> dict[str, Any] | None:
         # Deduped by notification id, whichever command carried it.

@@ -9,11 +9,10 @@ consumer does, from this log).
 
 from __future__ import annotations
 
-import copy
-from dataclasses import asdict, dataclass, field
+from dataclasses import dataclass, field
 from typing import Any
 
-from consumers.frame import MAX_REMEMBERED, Ack, Aggregate, Decision, append
+from consumers.frame import MAX_REMEMBERED, Ack, Aggregate, AggregateState, Decision, append
 from schemas.base import Record
 from schemas.staff import (
     ISSUE_COMMANDS,
@@ -40,11 +39,10 @@ from streams.topics import ISSUES
 SOURCE = "/voice/issue-writer"
 
 
-@dataclass
-class IssueState:
+@dataclass(kw_only=True)
+class IssueState(AggregateState):
     """What the writer keeps per issue (a Faust table value, as a dict)."""
 
-    seq: int = 0
     followers: list[str] = field(default_factory=list)
     developments: int = 0
     investigations: dict[str, str] = field(default_factory=dict)
@@ -52,13 +50,6 @@ class IssueState:
     ended: list[str] = field(default_factory=list)
     """Developments whose delivery ended (each is recorded once)."""
     commands: dict[str, dict[str, Any]] = field(default_factory=dict)
-
-    @classmethod
-    def from_dict(cls, d: dict[str, Any] | None) -> IssueState | None:
-        return None if d is None else cls(**copy.deepcopy(d))
-
-    def to_dict(self) -> dict[str, Any]:
-        return copy.deepcopy(asdict(self))
 
 
 def _done(state: IssueState, records: list[Record], /, **detail: Any) -> Decision[IssueState]:
@@ -70,12 +61,11 @@ class IssueWriter(Aggregate[IssueState]):
     """Issues: opened, evidence, followers, developments, investigations, delivery ends."""
 
     name = "staff_issues"
+    what = "issue"
+    state = IssueState
     log = ISSUES
     source = SOURCE
     commands = ISSUE_COMMANDS
-
-    def load(self, raw: dict[str, Any] | None) -> IssueState | None:
-        return IssueState.from_dict(raw)
 
     def decide(self, state: IssueState | None, cmd: Envelope) -> Decision[IssueState]:
         """Apply one command to an issue; times come from the command, so a replay is

@@ -94,6 +94,9 @@ class WorkflowState:
     seen_commands: list[str] = field(default_factory=list)
     waiting_for: str | None = None
     last_error: str | None = None
+    tenant: str | None = None
+    """The tenant it runs for (its start's); its records carry it, other tenants' commands
+    are ignored."""
 
     def to_dict(self) -> dict[str, Any]:
         return copy.deepcopy(asdict(self))

@@ -91,6 +91,10 @@ class WorkflowRuntime:
                     log.error("no workflow kind %r (workflow %r)", rec.kind, workflow)
                 elif state is None:
                     t = engine.start(wf, rec)
+                    t.state.tenant = env.tenant or rec.input.get("tenant")
+            elif isinstance(rec, WorkflowCommandReceived) and not self._same_tenant(state, env):
+                log.warning("ignoring command %s of another tenant for workflow %r", env.id,
+                            workflow)
             elif isinstance(rec, WorkflowCommandReceived) and rec.command == "cancel":
                 token = self.cancels.get(workflow)
                 if token is not None:  # running here (this worker owns the workflow)
@@ -131,6 +135,11 @@ class WorkflowRuntime:
                 held[0]()
             ack()
 
+    @staticmethod
+    def _same_tenant(state: WorkflowState | None, env: Envelope) -> bool:
+        """Whether ``env`` may command the workflow: same tenant (or one not yet known)."""
+        return state is None or state.tenant is None or env.tenant == state.tenant
+
     def _outcome(self, state: WorkflowState, rec: StepOutcome) -> Transition | None:
         if state.status != "running" or state.attempt != rec.attempt \
                 or state.step_index != rec.step_index:
@@ -148,7 +157,8 @@ class WorkflowRuntime:
         futs = []
         for e in t.emits:
             env = Envelope(record=e.record, key=s.workflow, source=SOURCE, subject=s.workflow,
-                           seq=e.seq, correlation=correlation, id=e.id(s.workflow))
+                           seq=e.seq, tenant=s.tenant, correlation=correlation,
+                           id=e.id(s.workflow))
             futs.append(self._send(env))
         for f in futs:
             await f
@@ -193,7 +203,7 @@ class WorkflowRuntime:
         if self.cancels.get(state.workflow) is cancel:
             del self.cancels[state.workflow]
         env = Envelope(record=outcome, key=state.workflow, source=SOURCE,
-                       subject=state.workflow, correlation=state.workflow,
+                       subject=state.workflow, tenant=state.tenant, correlation=state.workflow,
                        id=f"{state.workflow}:outcome:{state.step_index}:{state.attempt}")
         try:
             await self._send(env)

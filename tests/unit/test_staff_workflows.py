@@ -204,14 +204,17 @@ async def test_notify_sends_one_notification_per_follower_with_fixed_ids() -> No
     delivery = Delivery(out, StepDelays())  # type: ignore[arg-type]
     dev = f"{ISS}:dev-1"
     inp = {"issue": ISS, "development": dev, "title": "Fixed", "body": "All lights work.",
-           "at": "2026-03-05T10:00:00+00:00", "issue_title": "Lights", "followers": ["a", "b"]}
+           "at": "2026-03-05T10:00:00+00:00", "issue_title": "Lights", "followers": ["a", "b"],
+           "tenant": "t1"}
     rendered = await delivery.render_step(ctx(dev, "update-delivery", "render", inp))
     assert rendered["title"] == "Lights: Fixed"
     result = await delivery.notify_step(ctx(dev, "update-delivery", "notify", inp,
                                             {"render": rendered}))
     assert result == {"notified": 2, "notifications": [f"{dev}:a", f"{dev}:b"]}
     sent = [(e.key, e.id, e.record) for _s, e in out.sent]
-    assert [(k, i) for k, i, _ in sent] == [("a", f"{dev}:a"), ("b", f"{dev}:b")]
+    # Each follower's inbox in the issue's tenant (a principal's inbox is per tenant).
+    assert [(k, i) for k, i, _ in sent] == [("t1/a", f"{dev}:a"), ("t1/b", f"{dev}:b")]
+    assert {e.tenant for _s, e in out.sent} == {"t1"}
     assert all(isinstance(r, DeliverNotification) and r.body == rendered["body"]
                for _k, _i, r in sent)
 

@@ -7,6 +7,7 @@ import asyncio
 import pytest
 
 from api.conversations.views import ConversationViews
+from api.frame.auth import Principal
 from api.frame.projection import CursorTooOld
 from schemas.base import Sealed
 from schemas.conversation import (
@@ -25,12 +26,17 @@ CNV = "cnv-00112233aabbccdd"
 SEALED = Sealed(key_version=1, nonce="bm9uY2U=", ciphertext="Y2lwaGVy")
 
 
-def env(record, seq: int, key: str = CNV) -> Envelope:  # noqa: ANN001
-    return Envelope(record=record, key=key, source="/test", seq=seq)
+def env(record, seq: int, key: str = CNV, tenant: str = "t1") -> Envelope:  # noqa: ANN001
+    return Envelope(record=record, key=key, source="/test", seq=seq, tenant=tenant)
 
 
-def started(seq: int = 1, owner: str = "alice", key: str = CNV) -> Envelope:
-    return env(ConversationStarted(conversation=key, owner=owner), seq, key)
+def started(seq: int = 1, owner: str = "alice", key: str = CNV, tenant: str = "t1"
+            ) -> Envelope:
+    return env(ConversationStarted(conversation=key, owner=owner), seq, key, tenant)
+
+
+def who(sub: str, tenant: str = "t1") -> Principal:
+    return Principal(sub=sub, role="participant", tenant=tenant)
 
 
 def turn_records(msg_seq: int, key: str = CNV) -> list[Envelope]:
@@ -131,17 +137,17 @@ def test_erasure_forgets_content_and_hides_the_conversation() -> None:
     views.apply(started(owner="bob", key="cnv-0000000000000002"))
     for e in turn_records(2):
         views.apply(e)
-    assert views.owned(CNV, "alice") is not None and views.owned(CNV, "bob") is None
-    assert [v.conversation for v in views.list_for("alice")] == [CNV]
+    assert views.owned(CNV, who("alice")) is not None and views.owned(CNV, who("bob")) is None
+    assert [v.conversation for v in views.list_for(who("alice"))] == [CNV]
     views.apply(env(ConversationErased(conversation=CNV), 5))
     view = views[CNV]
     assert view.erased and not view.events and not view.content and not view.turns
-    assert views.owned(CNV, "alice") is None and views.list_for("alice") == []
+    assert views.owned(CNV, who("alice")) is None and views.list_for(who("alice")) == []
     # A turn result that was already in flight is counted, not kept.
     late = env(ReplyRecorded(conversation=CNV, turn=turn_id(CNV, 2), reply_id="r",
                              text=SEALED), 6)
     assert views.apply(late) is view and view.last_seq == 6 and not view.content
-    assert views.owned("cnv-0000000000000002", "bob") is not None
+    assert views.owned("cnv-0000000000000002", who("bob")) is not None
 
 
 def test_marking_erased_locally_before_the_log_says_so() -> None:
@@ -150,7 +156,7 @@ def test_marking_erased_locally_before_the_log_says_so() -> None:
     for e in turn_records(2):
         views.apply(e)
     views.mark_erased(CNV)
-    assert views.owned(CNV, "alice") is None and not views[CNV].content
+    assert views.owned(CNV, who("alice")) is None and not views[CNV].content
     views.mark_erased("cnv-ffffffffffffffff")  # unknown: nothing happens
     assert views.apply(env(ConversationErased(conversation=CNV), 5)) is not None
     assert views[CNV].erased
@@ -190,3 +196,14 @@ async def test_erasure_wakes_waiters() -> None:
 def test_kept_must_be_positive() -> None:
     with pytest.raises(ValueError):
         ConversationViews(kept=0)
+
+
+def test_a_conversation_is_read_only_in_its_tenant_even_by_the_same_sub() -> None:
+    views = ConversationViews()
+    views.apply(started())                                            # alice in t1
+    views.apply(started(key="cnv-0000000000000002", tenant="t2"))    # alice in t2
+    assert views.owned(CNV, who("alice")) is not None
+    assert views.owned(CNV, who("alice", "t2")) is None
+    assert [v.conversation for v in views.list_for(who("alice", "t2"))] == [
+        "cnv-0000000000000002"]
+    assert views.in_tenant(CNV, "t2") is None and views.in_tenant(CNV, "t1") is views[CNV]

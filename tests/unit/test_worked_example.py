@@ -6,8 +6,7 @@ real projection base and SSE loop."""
 from __future__ import annotations
 
 import asyncio
-import copy
-from dataclasses import asdict, dataclass, field
+from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from typing import Any
 
@@ -16,7 +15,7 @@ from fastapi.sse import ServerSentEvent
 from api.frame.projection import KeptEvents, StreamProjection
 from api.frame.sse import Feed, sse_stream
 from consumers.app import create_worker
-from consumers.frame import Ack, Aggregate, Decision, append
+from consumers.frame import Ack, Aggregate, AggregateState, Decision, append
 from consumers.frame.context import WorkerContext
 from schemas.base import Record, record_type
 from schemas.system import CommandAcknowledged
@@ -52,28 +51,18 @@ NOTES = TopicSpec("voice.example.notes", "Each conversation's notes; key = conve
 # 3. The aggregate: state and decide, nothing else.
 
 
-@dataclass
-class NotesState:
-    seq: int = 0
+@dataclass(kw_only=True)
+class NotesState(AggregateState):
     count: int = 0
     commands: dict[str, dict[str, Any]] = field(default_factory=dict)
-
-    @classmethod
-    def from_dict(cls, d: dict[str, Any] | None) -> NotesState | None:
-        return None if d is None else cls(**copy.deepcopy(d))
-
-    def to_dict(self) -> dict[str, Any]:
-        return copy.deepcopy(asdict(self))
 
 
 class Notes(Aggregate[NotesState]):
     name = "notes"
+    state = NotesState
     log = NOTES
     source = "/voice/notes"
     commands = (AddNote,)
-
-    def load(self, raw: dict[str, Any] | None) -> NotesState | None:
-        return NotesState.from_dict(raw)
 
     def decide(self, state: NotesState | None, cmd: Envelope) -> Decision[NotesState]:
         state = state or NotesState()

@@ -8,7 +8,7 @@ from typing import Any
 
 from consumers.workflows.engine import StepContext, StepDef, WorkflowDef
 from consumers.workflows.runtime import WorkflowRuntime
-from schemas.workflow import StepStarted, WorkflowStarted
+from schemas.workflow import StepStarted, WorkflowCommandReceived, WorkflowStarted
 from streams.envelope import Envelope, decode
 from streams.producer import Publisher
 from streams.settings import VoiceSettings
@@ -80,3 +80,34 @@ def test_unheld_running_workflows_of_our_partitions_are_probed_once_in_a_while()
     others = set(range(6)) - mine
     rt2 = WorkflowRuntime(VoiceSettings(), table, Publisher(VoiceSettings(), FakeProducer))  # type: ignore[arg-type]
     assert "w-run" not in rt2.unheld(others, 6), "a standby copy of another's partition"
+
+
+async def test_a_workflow_carries_its_tenant_and_ignores_another_tenants_commands() -> None:
+    async def step(ctx: StepContext) -> dict[str, Any]:
+        raise RuntimeError("always")
+
+    producer = FakeProducer()
+    settings = VoiceSettings(step_attempts=1)
+    table: dict[str, Any] = {}
+    rt = WorkflowRuntime(settings, table, Publisher(settings, lambda: producer))  # type: ignore[arg-type, return-value]
+    rt.register(WorkflowDef("k", (StepDef("s", step),)))
+    started = Envelope(record=WorkflowStarted(workflow="w1", kind="k"), key="w1",
+                       source="/t", seq=1, tenant="t1")
+    await rt.handle(started, lambda: None, "tp0", 1)
+    for _ in range(20):
+        await asyncio.sleep(0)
+    outcome = next(e for e in producer.sent if e.type == "voice.workflow.step_outcome.v1")
+    await rt.handle(outcome, lambda: None, "tp0", 2)
+    assert table["w1"]["status"] == "failed" and table["w1"]["tenant"] == "t1"
+    assert {e.tenant for e in producer.sent} == {"t1"}  # every record it wrote carries it
+
+    def retry(tenant: str, id_: str) -> Envelope:
+        return Envelope(record=WorkflowCommandReceived(workflow="w1", command="retry",
+                                                       command_id=id_, by="op"),
+                        key="w1", source="/t", tenant=tenant, id=id_)
+
+    sent = len(producer.sent)
+    await rt.handle(retry("t2", "r-forged"), lambda: None, "tp0", 3)
+    assert len(producer.sent) == sent and table["w1"]["status"] == "failed"
+    await rt.handle(retry("t1", "r-own"), lambda: None, "tp0", 4)
+    assert table["w1"]["status"] == "running"

@@ -4,6 +4,7 @@ in-memory publisher that journals produces and broker acks, and a dict as the Fa
 from __future__ import annotations
 
 import asyncio
+from dataclasses import replace
 from datetime import UTC, datetime
 from typing import Any
 
@@ -283,3 +284,21 @@ def test_records_the_broker_refuses_are_dead_lettered_and_their_seqs_never_reuse
     assert [e.seq for e in out.log() if e.causation == "c2"] == [5, 6, 7]
     run(writer.dispatch(idem("c3")))  # the client's retry, same idempotency key
     assert out.acks()[-1].outcome == "accepted" and out.acks()[-1].seq == 8
+
+
+def test_a_command_of_another_tenant_is_answered_no_such_and_applies_nothing(parts) -> None:  # noqa: ANN001
+    _, out, table, writer = parts
+    run(writer.dispatch(replace(start(), tenant="t1")))
+    assert table[CNV]["tenant"] == "t1"  # the state carries the tenant that made it
+    before = (len(out.log()), dict(table))
+    forged = replace(send("c-forged"), tenant="t2")
+    run(writer.dispatch(forged))
+    again = replace(start("c-start-2"), tenant="t2")
+    run(writer.dispatch(again))
+    assert len(out.log()) == before[0]  # nothing on the conversation's log
+    assert dict(table) == before[1]
+    refused = out.acks()[-2:]
+    assert [(a.outcome, a.detail.get("reason")) for a in refused] == [
+        ("rejected", "no such conversation")] * 2
+    run(writer.dispatch(send("c-own")))  # the owner's tenant still writes
+    assert out.acks()[-1].outcome == "accepted"
