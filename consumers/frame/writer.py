@@ -106,8 +106,8 @@ def apply(agg: Aggregate[Any], state: Any, cmd: Envelope
     if state is not None and state.tenant is not None and cmd.tenant != state.tenant:
         # A command naming another tenant's aggregate (a forged or misrouted one): answered
         # as if the aggregate did not exist, and nothing is applied.
-        log.warning("%s %r belongs to another tenant than command %s's", agg.name, cmd.key,
-                    cmd.id)
+        log.warning("%s %r belongs to tenant %r, not to command %s's %r", agg.name, cmd.key,
+                    state.tenant, cmd.id, cmd.tenant)
         ack = Ack.rejected(f"no such {agg.what}") if agg.acknowledges(cmd) else None
         return state, [], None if ack is None else acknowledgement(cmd, ack, agg.source)
     memo = agg.remembered(state, cmd)

@@ -66,15 +66,18 @@ def record_turn(settings: VoiceSettings, cnv: str, turn: str, reply: str | None,
         rid = f"{turn}:reply"
         envs.append(Envelope(record=ReplyRecorded(conversation=cnv, turn=turn, reply_id=rid,
                                                   text=sealer.seal(cnv, rid, reply)),
-                             key=cnv, source="/voice/turn-worker", id=f"{turn}:reply"))
+                             key=cnv, source="/voice/turn-worker", id=f"{turn}:reply",
+                             tenant="default"))
     if proposal is not None:
         pid = f"{turn}:proposal"
         envs.append(Envelope(record=ProposalRecorded(conversation=cnv, turn=turn, proposal_id=pid,
                                                      proposal=sealer.seal_json(cnv, pid, proposal)),
-                             key=cnv, source="/voice/turn-worker", id=f"{turn}:proposal"))
+                             key=cnv, source="/voice/turn-worker", id=f"{turn}:proposal",
+                             tenant="default"))
     envs.append(Envelope(record=TurnStateChanged(conversation=cnv, turn=turn, state=state,
                                                  reason=reason),
-                         key=cnv, source="/voice/turn-worker", id=f"{turn}:state"))
+                         key=cnv, source="/voice/turn-worker", id=f"{turn}:state",
+                         tenant="default"))
 
     async def produce() -> None:
         p = RecordProducer(settings)

@@ -13,6 +13,7 @@ import pytest
 from schemas.staff import NotificationRecorded
 from schemas.workflow import WorkflowCompleted, WorkflowStarted
 from streams.envelope import Envelope
+from streams.ids import inbox_key
 from streams.settings import VoiceSettings
 from streams.topics import INBOX, WORKFLOWS, topic_name
 from tests.integration.test_staff_helpers import Api, envelopes, kill, produce
@@ -106,7 +107,8 @@ def test_a_stream_waits_for_live_notifications_and_answers_409_for_a_cursor_too_
     envs = [Envelope(record=NotificationRecorded(recipient="dan", notification=f"d{n}:dan",
                                                  issue="iss-00000001", development=f"d{n}",
                                                  title=f"t{n}", body="b", at="2026-01-01"),
-                     key="dan", source="/voice/inbox-writer", seq=n, id=f"d{n}:dan")
+                     key=inbox_key("default", "dan"), source="/voice/inbox-writer", seq=n,
+                     id=f"d{n}:dan", tenant="default")
             for n in range(1, 13)]
     produce(settings, INBOX, *envs, envs[4])  # and one replayed record: shown once
     api = Api(start_edge(VOICE_EDGE_EVENTS_KEPT="10", VOICE_GATEWAY_BOUND_S="4"), settings)

@@ -97,7 +97,8 @@ def produce(settings: VoiceSettings, spec: TopicSpec, *envs: Envelope) -> None:
 
 
 def command(settings: VoiceSettings, record: Record, key: str, id_: str) -> None:
-    produce(settings, COMMANDS, Envelope(record=record, key=key, source="/test", id=id_))
+    produce(settings, COMMANDS, Envelope(record=record, key=key, source="/test", id=id_,
+                                         tenant="default"))  # the edge's default tenant
 
 
 def kill(proc: subprocess.Popen[bytes]) -> None:

@@ -39,7 +39,8 @@ def test_a_command_whose_records_the_broker_refuses_is_dead_lettered_and_seqs_mo
     cmd = Envelope(record=SendMessage(conversation=cnv, message_id="m-huge",
                                       text=Sealed(key_version=1, nonce="bm9uY2U=",
                                                   ciphertext=blob)),
-                   key=cnv, source="/test", subject=cnv, id="cmd-huge", correlation="cmd-huge")
+                   key=cnv, source="/test", subject=cnv, id="cmd-huge", correlation="cmd-huge",
+                   tenant="default")
 
     async def produce() -> None:
         p = RecordProducer(settings, **{"message.max.bytes": 2_000_000})
