@@ -202,7 +202,11 @@ class _Server(ThreadingHTTPServer):
                 pass
             self.shutdown_request(request)
             return
-        super().process_request(request, client_address)
+        try:
+            super().process_request(request, client_address)  # starts the request's thread
+        except BaseException:
+            self.slots.release()  # no thread to release it (could not start one)
+            raise
 
     def process_request_thread(self, request: Any, client_address: Any) -> None:
         try:
