@@ -98,6 +98,10 @@ def telemetry() -> None:
 def sql(
     query: str = typer.Argument(..., help="A read-only statement: SELECT, WITH, SHOW, DESCRIBE."),
     fmt: str = typer.Option("table", "--format", help="table|json|csv"),
+    token: str = typer.Option(
+        None, "--token", envvar="VOICE_TOKEN", show_default=False,
+        help="A token granting telemetry.query (analyst, operator) for a running sink's "
+             "endpoint; dev/test with the built-in secret mint one."),
 ) -> None:
     """Run a read-only query against the telemetry store and print the result."""
     from telemetry.query import run_sql
@@ -105,7 +109,8 @@ def sql(
     if fmt not in ("table", "json", "csv"):
         raise typer.BadParameter(f"--format {fmt!r} is not one of table, json, csv")
     try:
-        typer.echo(run_sql(_settings(need_broker=False), query, fmt))  # type: ignore[arg-type]
+        typer.echo(run_sql(_settings(need_broker=False), query, fmt,  # type: ignore[arg-type]
+                           token=token))
     except Exception as exc:  # refused, failed, or no store: say which, exit 1
         typer.echo(f"voice sql: {exc}", err=True)
         raise typer.Exit(1) from None

@@ -12,8 +12,11 @@ Public names:
 
 * ``telemetry.sink``: ``run_sink(settings) -> int``, ``Sink`` (``poll_once``, ``flush``,
   ``close``), ``group_id``, ``InsertFailed``.
-* ``telemetry.query``: ``run_sql(settings, sql, fmt) -> str``, ``QueryServer``, ``render``,
-  ``check_read_only``, ``SqlRefused``, ``QueryFailed``.
+* ``telemetry.query``: ``run_sql(settings, sql, fmt, token) -> str``, ``client_token``,
+  ``render``, ``check_read_only``, ``SqlRefused``, ``QueryFailed``.
+* ``telemetry.endpoint``: ``QueryServer`` (the sink's ``POST /query`` on loopback: bearer token
+  with ``telemetry.query``, JSON only, never from a web page), ``ask_endpoint``,
+  ``EndpointDown``, ``EndpointRefused``, ``result_json``.
 * ``telemetry.store``: ``TelemetrySettings``, ``telemetry_settings``, ``TelemetryStore``
   (the port), ``ClickHouseStore``, ``open_store``, ``embedded_path``, ``StoreUnavailable``.
 * ``telemetry.schema``: ``ensure_schema``, ``COLUMNS``, ``VIEWS``, ``MIGRATIONS``.

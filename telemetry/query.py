@@ -1,78 +1,45 @@
 """``voice sql``: read-only SQL on the telemetry store, rendered as a table, JSON or CSV.
 
-chDB locks its folder, so while the sink runs no other process can open the embedded store.
-The sink therefore serves a tiny read-only endpoint on loopback (``QueryServer``; POST the SQL
-to ``http://127.0.0.1:<telemetry_query_port>/``) and ``run_sql`` asks it first. With no sink
-running, ``run_sql`` opens the embedded store itself; with ``VOICE_CLICKHOUSE_URL`` it asks the
-server directly. Every path runs on a read-only client (the engine enforces it: no writes, no
-DDL, no table functions, no changing settings); the statement check here only gives a clear
-message early.
+chDB locks its folder, so while the sink runs no other process can open the embedded store; the
+sink serves a read-only endpoint on loopback instead (``telemetry.endpoint``), which requires a
+token granting ``telemetry.query``. ``run_sql`` asks that endpoint first, with the caller's
+token (``VOICE_TOKEN`` or ``--token``) or, in dev/test with the built-in dev secret, an
+``analyst`` token it mints for a few minutes. With no sink running it opens the embedded store
+itself (whoever can read the folder can read the data; no token adds anything there); with
+``VOICE_CLICKHOUSE_URL`` it asks the server directly, with the server's own credentials.
+
+Every path runs one statement passed by ``streams.readonly_sql.check_read_only`` on a
+``readonly=1`` client: the check refuses what readonly lets through (``file()``, ``url()``, a
+second statement, ``INTO OUTFILE``); readonly refuses writes, DDL and changed settings.
 """
 
 from __future__ import annotations
 
-import base64
 import csv
 import io
 import json
-import logging
-import threading
-import urllib.error
-import urllib.request
-from datetime import UTC, date, datetime
-from decimal import Decimal
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any, Literal
-from uuid import UUID
 
 from streams.readonly_sql import SqlRefused, check_read_only
-from streams.settings import VoiceSettings
+from streams.settings import DEV_JWT_SECRET, VoiceSettings
+from streams.tokens import mint_token
+from telemetry.endpoint import EndpointDown, EndpointRefused, ask_endpoint, result_json
 from telemetry.store import (
-    ClickHouseStore,
     QueryResult,
     StoreUnavailable,
-    TelemetrySettings,
+    embedded_path,
     open_store,
     telemetry_settings,
 )
 
-log = logging.getLogger(__name__)
-
 Format = Literal["table", "json", "csv"]
-MAX_SQL_BYTES = 1 << 20
+DEV_TOKEN_TTL_S = 300
+"""Lifetime of the analyst token ``voice sql`` mints for itself in dev/test."""
+__all__ = ["QueryFailed", "SqlRefused", "check_read_only", "client_token", "render", "run_sql"]
 
 
 class QueryFailed(RuntimeError):
-    """The store refused or failed the query; the message is ClickHouse's."""
-
-
-def _jsonable(v: Any) -> Any:
-    if v is None or isinstance(v, (bool, int, str)):
-        return v
-    if isinstance(v, float):
-        return v if v == v and v not in (float("inf"), float("-inf")) else str(v)
-    if isinstance(v, datetime):
-        # chDB returns naive values for DateTime64('UTC') columns; they are UTC.
-        return (v if v.tzinfo else v.replace(tzinfo=UTC)).isoformat()
-    if isinstance(v, date):
-        return v.isoformat()
-    if isinstance(v, (Decimal, UUID)):
-        return str(v)
-    if isinstance(v, bytes):
-        try:
-            return v.decode("utf-8")
-        except UnicodeDecodeError:
-            return "base64:" + base64.b64encode(v).decode("ascii")
-    if isinstance(v, dict):
-        return {str(k): _jsonable(x) for k, x in v.items()}
-    if isinstance(v, (list, tuple, set)):
-        return [_jsonable(x) for x in v]
-    return str(v)
-
-
-def result_json(res: QueryResult) -> dict[str, Any]:
-    return {"columns": res.columns, "types": res.types,
-            "rows": [[_jsonable(v) for v in row] for row in res.rows]}
+    """The store or the sink's endpoint refused or failed the query; the message says why."""
 
 
 def render(res: QueryResult | dict[str, Any], fmt: Format = "table") -> str:
@@ -114,119 +81,49 @@ def _cell(v: Any) -> str:
     return str(v)
 
 
-class QueryServer:
-    """Read-only SQL over HTTP on loopback, served by the process that owns the store.
-
-    ``POST /`` with the SQL as body → 200 ``{"columns", "types", "rows"}``, 400 refused or
-    failed (``{"error"}``), 409 when the caller expects another store (header
-    ``X-Voice-Store``), so ``voice sql`` of one state folder never reads another's sink.
-    ``GET /`` → ``{"store": location}``.
-    """
-
-    def __init__(self, settings: VoiceSettings, store: ClickHouseStore, port: int | None = None
-                 ) -> None:
-        ts = telemetry_settings(settings)
-        self.store = store
-        self._httpd = ThreadingHTTPServer(("127.0.0.1", ts.telemetry_query_port
-                                           if port is None else port), self._handler())
-        self._httpd.daemon_threads = True
-        self.port = self._httpd.server_address[1]
-        self._thread = threading.Thread(target=self._httpd.serve_forever, kwargs={
-            "poll_interval": 0.2}, name="voice-sql", daemon=True)
-
-    def _handler(self) -> type[BaseHTTPRequestHandler]:
-        server = self
-
-        class Handler(BaseHTTPRequestHandler):
-            def log_message(self, fmt: str, *args: Any) -> None:  # not to stderr
-                log.debug("voice-sql %s", fmt % args)
-
-            def _send(self, status: int, doc: dict[str, Any]) -> None:
-                body = json.dumps(doc, ensure_ascii=False).encode()
-                self.send_response(status)
-                self.send_header("Content-Type", "application/json")
-                self.send_header("Content-Length", str(len(body)))
-                self.end_headers()
-                self.wfile.write(body)
-
-            def do_GET(self) -> None:  # noqa: N802
-                self._send(200, {"store": server.store.location})
-
-            def do_POST(self) -> None:  # noqa: N802
-                want = self.headers.get("X-Voice-Store")
-                if want and want != server.store.location:
-                    return self._send(409, {"error": f"this sink serves {server.store.location}",
-                                            "store": server.store.location})
-                size = int(self.headers.get("Content-Length") or 0)
-                if size > MAX_SQL_BYTES:
-                    return self._send(400, {"error": "statement too long"})
-                sql = self.rfile.read(size).decode("utf-8", "replace")
-                try:
-                    res = server.store.query(check_read_only(sql))
-                except SqlRefused as exc:
-                    return self._send(400, {"error": str(exc)})
-                except Exception as exc:
-                    return self._send(400, {"error": f"{type(exc).__name__}: {exc}"})
-                self._send(200, result_json(res))
-
-        return Handler
-
-    def start(self) -> QueryServer:
-        self._thread.start()
-        log.info("voice sql endpoint on 127.0.0.1:%d (%s)", self.port, self.store.location)
-        return self
-
-    def stop(self) -> None:
-        self._httpd.shutdown()
-        self._httpd.server_close()
-        self._thread.join(timeout=5)
-        self.store.close()
+def client_token(settings: VoiceSettings, token: str | None = None) -> str | None:
+    """The token ``voice sql`` shows the endpoint: the one given (``--token`` or
+    ``VOICE_TOKEN``), else in dev/test with the built-in dev secret a short-lived ``analyst``
+    token minted here, else None (the endpoint will answer 401; see ``run_sql``)."""
+    if token and token.strip():
+        return token.strip()
+    if settings.env in ("dev", "test") and (
+            settings.jwt_secret.get_secret_value() == DEV_JWT_SECRET):
+        return mint_token(settings, "voice-sql", "analyst", ttl_s=DEV_TOKEN_TTL_S)
+    return None
 
 
-class EndpointDown(Exception):
-    """Nothing answers on the query port."""
+def _endpoint_failure(exc: EndpointRefused, token: str | None) -> QueryFailed:
+    if exc.status == 401 and token is None:
+        return QueryFailed(
+            "the telemetry sink's query endpoint needs a token whose role grants "
+            "telemetry.query (analyst or operator): set VOICE_TOKEN or pass --token "
+            "(only dev/test with the built-in dev secret mint one themselves)")
+    if exc.status in (401, 403):
+        return QueryFailed(f"the telemetry sink's query endpoint refused the token: {exc}")
+    return QueryFailed(str(exc))
 
 
-def ask_endpoint(ts: TelemetrySettings, sql: str, location: str | None = None,
-                 timeout: float = 60.0) -> dict[str, Any]:
-    """The JSON result from a running sink's endpoint; ``EndpointDown`` when none answers."""
-    req = urllib.request.Request(f"http://127.0.0.1:{ts.telemetry_query_port}/",
-                                 data=sql.encode("utf-8"), method="POST",
-                                 headers={"Content-Type": "text/plain"})
-    if location:
-        req.add_header("X-Voice-Store", location)
-    try:
-        with urllib.request.urlopen(req, timeout=timeout) as resp:
-            return json.loads(resp.read())
-    except urllib.error.HTTPError as exc:
-        try:
-            doc = json.loads(exc.read())
-        except ValueError:
-            doc = {"error": str(exc)}
-        if exc.code == 409:  # another state folder's sink holds the port
-            raise EndpointDown(doc.get("error", "")) from None
-        raise QueryFailed(doc.get("error", str(exc))) from None
-    except (urllib.error.URLError, ConnectionError, TimeoutError) as exc:
-        raise EndpointDown(str(exc)) from None
-
-
-def run_sql(settings: VoiceSettings, sql: str, fmt: Format = "table") -> str:
+def run_sql(settings: VoiceSettings, sql: str, fmt: Format = "table",
+            token: str | None = None) -> str:
     """Run one read-only statement on the telemetry store and render it.
 
-    Order: ``VOICE_CLICKHOUSE_URL`` if set; else the running sink's loopback endpoint; else the
-    embedded store opened directly (only possible while no sink holds it).
-    Raises ``SqlRefused``, ``QueryFailed`` or ``StoreUnavailable`` with a readable message.
+    Order: ``VOICE_CLICKHOUSE_URL`` if set; else the running sink's loopback endpoint (with
+    ``client_token(settings, token)``); else the embedded store opened directly (only possible
+    while no sink holds it). Raises ``SqlRefused``, ``QueryFailed`` or ``StoreUnavailable``
+    with a readable message.
     """
-    from telemetry.store import embedded_path
-
     if fmt not in ("table", "json", "csv"):
         raise ValueError(f"unknown format {fmt!r}: table, json or csv")
     statement = check_read_only(sql)
     ts = telemetry_settings(settings)
     if not ts.clickhouse_url:
         location = f"chdb://{embedded_path(ts)}"
+        bearer = client_token(ts, token)
         try:
-            return render(ask_endpoint(ts, statement, location), fmt)
+            return render(ask_endpoint(ts, statement, bearer, location), fmt)
+        except EndpointRefused as exc:
+            raise _endpoint_failure(exc, bearer) from None
         except EndpointDown:
             pass  # no sink of this store running: open it ourselves
     try:

@@ -299,9 +299,10 @@ def run_sink(settings: VoiceSettings) -> int:
     """Run the telemetry sink until SIGTERM or SIGINT; returns the exit status.
 
     With the embedded store it also serves the read-only SQL endpoint ``voice sql`` uses
-    (127.0.0.1:``VOICE_TELEMETRY_QUERY_PORT``), since no other process can open the folder.
+    (``POST 127.0.0.1:VOICE_TELEMETRY_QUERY_PORT/query``, with a token granting
+    ``telemetry.query``), since no other process can open the folder.
     """
-    from telemetry.query import QueryServer
+    from telemetry.endpoint import QueryServer
 
     ts = telemetry_settings(settings)
     stop = {"now": False}

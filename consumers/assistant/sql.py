@@ -1,10 +1,10 @@
 """Checking a model's SQL before it runs, and reading ClickHouse's errors back as corrections.
 
-The sandbox (``sqlbox``) is the real barrier: its session is ``readonly=1``, which refuses
-writes, DDL, table functions (``file``, ``url``, …) and changes of settings. ``check_sql`` adds
-what readonly does not cover and gives clearer answers first: one statement, starting with
-SELECT or WITH, no ``INTO OUTFILE`` (which writes a file even in readonly mode) and no
-``FORMAT`` clause (the sandbox answers in JSON).
+The sandbox (``sqlbox``) session is ``readonly=1``, which refuses writes, DDL, table functions
+and changes of settings, but still runs the scalar ``file()`` and a second statement. So
+``check_sql`` (``streams.readonly_sql``, shared with ``voice sql``) is a barrier in front of it:
+one statement, starting with SELECT or WITH, no ``INTO OUTFILE``, ``FORMAT`` or ``SETTINGS``, and
+no function that reaches files, URLs, other servers or processes.
 """
 
 from __future__ import annotations

@@ -3,7 +3,8 @@
 Proves: every kind of record lands in its table; offsets are committed only after the insert
 (a fresh reader of the group's committed offsets sees none after a failed insert); a sink that
 dies between insert and commit, or is SIGKILLed, re-reads on restart without duplicating rows;
-``voice sql`` reaches a running sink's store through its loopback endpoint.
+``voice sql`` reaches a running sink's store through its loopback endpoint, with a token (the
+endpoint refuses a request without one).
 """
 
 from __future__ import annotations
@@ -29,7 +30,8 @@ from streams.producer import RecordProducer, dlq_headers
 from streams.sealing import MemoryKeyStore, Sealer
 from streams.settings import VoiceSettings
 from streams.topics import AGENT, COMMANDS, TELEMETRY, WORKFLOWS, topic_name
-from telemetry.query import EndpointDown, ask_endpoint, run_sql
+from telemetry.endpoint import EndpointDown, EndpointRefused, ask_endpoint
+from telemetry.query import client_token, run_sql
 from telemetry.rows import BLOB_THRESHOLD
 from telemetry.sink import InsertFailed, Sink, group_id
 from telemetry.store import TelemetrySettings, telemetry_settings
@@ -269,7 +271,8 @@ def spawn_sink(settings: VoiceSettings, port: int, log: Path) -> subprocess.Pope
 
 def endpoint_count(ts: TelemetrySettings) -> int:
     try:
-        return ask_endpoint(ts, "SELECT count() FROM voice.events FINAL")["rows"][0][0]
+        return ask_endpoint(ts, "SELECT count() FROM voice.events FINAL",
+                            client_token(ts))["rows"][0][0]
     except EndpointDown:
         return -1
     except Exception:  # the schema is still being created
@@ -297,6 +300,9 @@ def test_killed_sink_restarts_without_loss_or_duplicates(settings: VoiceSettings
         assert out == [{"n": total, "u": total}]
         with pytest.raises(Exception, match="only read statements"):
             run_sql(ts, "DROP TABLE voice.events")
+        with pytest.raises(EndpointRefused) as refused:  # the sink's endpoint wants a token
+            ask_endpoint(ts, "SELECT count() FROM voice.events", None)
+        assert refused.value.status == 401
         proc.send_signal(signal.SIGTERM)
         assert proc.wait(30) == 0
     finally:

@@ -104,6 +104,8 @@ async def test_unknown_table_is_a_hint_naming_data(box: SqlBox) -> None:
     "SELECT * FROM file('/etc/passwd', 'LineAsString')",
     "SELECT * FROM url('http://127.0.0.1:1/x', 'CSV')",
     "SELECT 1 SETTINGS readonly = 0",
+    "SELECT file('/etc/passwd') AS leak",  # the scalar: a readonly session would run it
+    "SELECT 1; SELECT 2",  # chDB would run both
 ])
 async def test_anything_but_a_read_is_refused(box: SqlBox, sql: str) -> None:
     env = await call(tools(box), "query_dataset", {"dataset_id": DS, "sql": sql})

@@ -18,7 +18,8 @@ from schemas.agent import ModelCallRecorded, TelemetryEvent
 from schemas.workflow import StepStarted, StepSucceeded, WorkflowStarted
 from streams.envelope import Envelope, encode
 from streams.sealing import MemoryKeyStore, Sealer
-from telemetry.query import QueryServer, SqlRefused, check_read_only, render, run_sql
+from telemetry.endpoint import EndpointRefused, QueryServer, ask_endpoint
+from telemetry.query import SqlRefused, check_read_only, client_token, render, run_sql
 from telemetry.rows import BLOB_THRESHOLD, RawRecord, Rows, map_record
 from telemetry.schema import COLUMNS, VIEWS, column_names, ensure_schema
 from telemetry.sink import TABLES
@@ -232,13 +233,9 @@ def test_run_sql_through_the_endpoint_and_without_it(tsettings, store):
         assert json.loads(out) == [{"request_model": "claude-x", "input_tokens": 101}]
         out = run_sql(ts, "SELECT time FROM voice.events", "csv")
         assert out.splitlines()[1] == "2025-03-01T12:00:00.250000+00:00"
-        import urllib.request
-
-        req = urllib.request.Request(f"http://127.0.0.1:{server.port}/", method="POST",
-                                     data=b"DROP TABLE voice.events")
-        with pytest.raises(urllib.error.HTTPError) as err:
-            urllib.request.urlopen(req, timeout=5)
-        assert err.value.code == 400
+        with pytest.raises(EndpointRefused) as err:  # the server checks too, not only run_sql
+            ask_endpoint(ts, "DROP TABLE voice.events", client_token(ts))
+        assert err.value.status == 400 and "only read statements" in str(err.value)
         with pytest.raises(SqlRefused):
             run_sql(ts, "TRUNCATE TABLE voice.events")
         assert count(store, "events") == 1
