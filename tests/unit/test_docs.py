@@ -6,7 +6,8 @@ from pathlib import Path
 
 from streams.topics import TOPICS
 
-ARCHITECTURE = (Path(__file__).resolve().parents[2] / "docs" / "architecture.md").read_text()
+ROOT = Path(__file__).resolve().parents[2]
+ARCHITECTURE = (ROOT / "docs" / "architecture.md").read_text()
 
 
 def test_architecture_lists_every_registered_topic() -> None:
@@ -23,3 +24,22 @@ def test_architecture_lists_every_worker_table() -> None:
     assert names, "the worker has tables"
     missing = [n for n in names if f"`{n}`" not in ARCHITECTURE]
     assert not missing, f"docs/architecture.md's changelog list lacks {missing}"
+
+
+def test_the_capability_table_in_the_security_docs_is_the_code_s() -> None:
+    """docs/security (the tenancy part) shows exactly ``streams.capabilities.CAPABILITIES``."""
+    from streams.capabilities import CAPABILITIES
+
+    text = (ROOT / "docs" / "security" / "tenancy.md").read_text()
+    lines = [ln for ln in text.splitlines() if ln.startswith("| `")]
+    header = next(ln for ln in text.splitlines() if ln.startswith("| capability |"))
+    roles = [c.strip() for c in header.strip("|").split("|")[1:]]
+    assert sorted(roles) == sorted(CAPABILITIES)
+    shown: dict[str, set[str]] = {r: set() for r in roles}
+    for ln in lines:
+        cells = [c.strip() for c in ln.strip("|").split("|")]
+        cap = cells[0].split("`")[1]
+        for role, cell in zip(roles, cells[1:], strict=True):
+            if cell == "✓":
+                shown[role].add(cap)
+    assert shown == {r: set(c) for r, c in CAPABILITIES.items()}
