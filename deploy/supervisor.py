@@ -2,8 +2,11 @@
 every process it started on Ctrl-C (SIGINT) or SIGTERM.
 
 Order: local broker (unless ``VOICE_KAFKA_BOOTSTRAP``) → topics → model simulator (unless
-``ANTHROPIC_API_KEY``) → worker → telemetry sink → edge. If any child dies, the rest are
-stopped too, so a broken stack never looks half alive.
+``ANTHROPIC_API_KEY``) → worker → telemetry sink → edge. A child that dies is started again
+after a short backoff (one crashed worker is not the end of the stack: its partitions' records
+were not committed, so the new one resumes them); a child that dies more than
+``VOICE_UP_RESTARTS`` times within ``VOICE_UP_RESTART_WINDOW_S`` is broken, and then every
+process is stopped, so a broken stack never looks half alive.
 """
 
 from __future__ import annotations
@@ -13,6 +16,9 @@ import signal
 import subprocess
 import sys
 import time
+from collections import deque
+from collections.abc import Callable
+from dataclasses import dataclass, field
 from pathlib import Path
 
 from deploy.kafka_local import LocalKafka, LocalKafkaSettings
@@ -30,6 +36,56 @@ def bootstrap_file(settings: VoiceSettings) -> Path:
 def _spawn(name: str, args: list[str], env: dict[str, str]) -> subprocess.Popen[bytes]:
     print(f"voice up: starting {name}: voice {' '.join(args)}", flush=True)
     return subprocess.Popen([sys.executable, "-m", "deploy.cli", *args], env=env)
+
+
+@dataclass
+class Restarts:
+    """When a child that exited may start again: after a backoff that doubles with each recent
+    restart (0.5 s, 1 s, 2 s … at most 10 s), and never more than ``limit`` times within
+    ``window_s`` seconds — past that it is broken, not unlucky."""
+
+    limit: int = 5
+    window_s: float = 300.0
+    times: deque[float] = field(default_factory=deque)
+
+    def next_start(self, now: float) -> float | None:
+        """When to start the child that just exited (None: give up)."""
+        while self.times and now - self.times[0] > self.window_s:
+            self.times.popleft()
+        if len(self.times) >= self.limit:
+            return None
+        delay = min(10.0, 0.5 * 2 ** len(self.times))
+        self.times.append(now)
+        return now + delay
+
+
+def watch(children: dict[str, subprocess.Popen[bytes]],
+          start: dict[str, Callable[[], subprocess.Popen[bytes]]],
+          restarts: dict[str, Restarts], stopping: Callable[[], bool],
+          clock: Callable[[], float] = time.monotonic, tick: float = 0.2) -> int:
+    """Keep ``children`` running until ``stopping()``: restart each that exits (per its
+    ``Restarts``); the exit code of the first that may not start again, else 0."""
+    due: dict[str, float] = {}
+    while not stopping():
+        now = clock()
+        for name, proc in children.items():
+            if name in due or proc.poll() is None:
+                continue
+            when = restarts[name].next_start(now)
+            if when is None:
+                print(f"voice up: {name} exited with {proc.returncode}, "
+                      f"{restarts[name].limit} times in {restarts[name].window_s:.0f} s; "
+                      "stopping everything", flush=True)
+                return proc.returncode or 1
+            print(f"voice up: {name} exited with {proc.returncode}; starting it again in "
+                  f"{when - now:.1f} s", flush=True)
+            due[name] = when
+        for name, when in list(due.items()):
+            if clock() >= when:
+                del due[name]
+                children[name] = start[name]()
+        time.sleep(tick)
+    return 0
 
 
 def up(settings: VoiceSettings, with_simulator: bool | None = None) -> int:
@@ -67,20 +123,22 @@ def up(settings: VoiceSettings, with_simulator: bool | None = None) -> int:
                 env["ANTHROPIC_API_KEY"] = SIMULATOR_KEY
             children["simulator"] = _spawn("the model simulator (replies come from it, "
                                            "not from a real model)", ["simulator"], env)
-        children["worker"] = _spawn("the worker", ["worker"], env)
-        children["telemetry"] = _spawn("the telemetry sink (ClickHouse: embedded unless "
-                                       "VOICE_CLICKHOUSE_URL; query it with `voice sql`)",
-                                       ["telemetry"], env)
-        children["edge"] = _spawn("the edge", ["edge"], env)
+        start: dict[str, Callable[[], subprocess.Popen[bytes]]] = {
+            "worker": lambda: _spawn("the worker", ["worker"], env),
+            "telemetry": lambda: _spawn("the telemetry sink (ClickHouse: embedded unless "
+                                        "VOICE_CLICKHOUSE_URL; query it with `voice sql`)",
+                                        ["telemetry"], env),
+            "edge": lambda: _spawn("the edge", ["edge"], env),
+        }
+        if "simulator" in children:
+            start["simulator"] = lambda: _spawn("the model simulator", ["simulator"], env)
+        for name in ("worker", "telemetry", "edge"):
+            children[name] = start[name]()
         print(f"voice up: edge on http://{settings.edge_host}:{settings.edge_port} "
               f"(OpenAPI at /docs); Ctrl-C stops everything", flush=True)
-        while not stopping:
-            for name, proc in children.items():
-                if proc.poll() is not None:
-                    print(f"voice up: {name} exited with {proc.returncode}; stopping", flush=True)
-                    return proc.returncode or 1
-            time.sleep(0.2)
-        return 0
+        restarts = {name: Restarts(settings.up_restarts, settings.up_restart_window_s)
+                    for name in children}
+        return watch(children, start, restarts, lambda: stopping)
     finally:
         signal.signal(signal.SIGINT, signal.SIG_IGN)
         for proc in children.values():

@@ -80,6 +80,12 @@ class VoiceSettings(BaseSettings):
     worker_concurrency: int = Field(default=64, ge=1)
     """Workflow steps (turns) one worker runs at once."""
 
+    up_restarts: int = Field(default=5, ge=0)
+    """``voice up``: how many times a child that exits is started again within
+    ``up_restart_window_s`` before the whole stack stops."""
+
+    up_restart_window_s: float = Field(default=300.0, gt=0)
+
     staff_step_delay_ms: str = ""
     """Tests only: ``step=ms,step=ms``; the named staff workflow steps sleep that long at their
     midpoint, so a test can kill a worker in the middle of them. Unset in every deployment."""
