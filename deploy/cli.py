@@ -85,14 +85,15 @@ def worker(loglevel: str = typer.Option("warning", help="Faust log level.")) -> 
 @app.command()
 def edge(host: str = typer.Option(None), port: int = typer.Option(None)) -> None:
     """Run one edge (HTTP API); N edges can serve the same cluster."""
+    settings = _settings(need_broker=False)
+    bind = host or settings.edge_host
+    _refuse_insecure_bind(settings, bind, "voice edge")  # before anything loads or connects
+    settings = _with_broker(settings)
+
     import uvicorn
 
     from api.app import create_app
 
-    settings = _settings(need_broker=False)
-    bind = host or settings.edge_host
-    _refuse_insecure_bind(settings, bind, "voice edge")  # before anything connects
-    settings = _with_broker(settings)
     uvicorn.run(create_app(settings), host=bind, port=port or settings.edge_port,
                 log_level="warning", timeout_graceful_shutdown=5)
 

@@ -116,9 +116,9 @@ def decode_claims(settings: VoiceSettings, token: str) -> Claims:
     """
     size = len(token.encode("utf-8", "replace"))
     if size > MAX_TOKEN_BYTES:
-        raise AuthError(f"token is {size} bytes; the limit is {MAX_TOKEN_BYTES}")
+        raise AuthError(f"invalid token: {size} bytes; the limit is {MAX_TOKEN_BYTES}")
     if not _COMPACT_JWS.fullmatch(token):
-        raise AuthError("token is not a JWS in compact form (three base64url segments)")
+        raise AuthError("invalid token: not a JWS in compact form (three base64url segments)")
     try:
         algorithm = _pinned_algorithm(settings, token)
         key: str | PyJWK = (settings.jwt_secret.get_secret_value() if algorithm in HS_ALGORITHMS
@@ -132,7 +132,7 @@ def decode_claims(settings: VoiceSettings, token: str) -> Claims:
         raise AuthError(f"invalid token: {exc}") from None
     lifetime = int(raw["exp"]) - int(raw["iat"])  # pyjwt has checked that both are integers
     if lifetime > settings.jwt_max_lifetime_s:
-        raise AuthError(f"token lifetime (exp - iat) is {lifetime} s; the limit is "
+        raise AuthError(f"invalid token: its lifetime (exp - iat) is {lifetime} s; the limit is "
                         f"{settings.jwt_max_lifetime_s} s")
     try:
         return Claims.model_validate(raw)
@@ -153,7 +153,7 @@ def _pinned_algorithm(settings: VoiceSettings, token: str) -> str:
     """The header's ``alg`` if the deployment pins it (RFC 8725 §3.1), before any key is used."""
     alg = jwt.get_unverified_header(token).get("alg")
     if not isinstance(alg, str) or alg not in settings.jwt_algorithms:
-        raise AuthError(f"token algorithm {alg!r} is not allowed (allowed: "
+        raise AuthError(f"invalid token: algorithm {alg!r} is not allowed (allowed: "
                         f"{', '.join(settings.jwt_algorithms)})")
     return alg
 
@@ -162,7 +162,7 @@ def _jwks_key(settings: VoiceSettings, token: str, algorithm: str) -> PyJWK:
     """The identity provider's key the token's ``kid`` names, of the type ``algorithm`` needs."""
     kid = jwt.get_unverified_header(token).get("kid")
     if not isinstance(kid, str) or not kid:
-        raise AuthError(f"an {algorithm} token must name its key (kid)")
+        raise AuthError(f"invalid token: an {algorithm} token must name its key (kid)")
     client = _jwks_client(settings)
     try:
         # The set first: a failure here is the provider's (unreachable, or not a usable JWKS).
@@ -178,10 +178,11 @@ def _jwks_key(settings: VoiceSettings, token: str, algorithm: str) -> PyJWK:
             raise KeysUnavailable(
                 f"the identity provider's keys cannot be fetched: {exc}") from None
         except (PyJWKClientError, jwt.PyJWTError):
-            raise AuthError(f"no key {kid!r} in the identity provider's JWKS") from None
+            raise AuthError(
+                f"invalid token: no key {kid!r} in the identity provider's JWKS") from None
     if key.key_type != _KEY_TYPE[algorithm] or key.algorithm_name != algorithm:
-        raise AuthError(f"key {kid!r} is a {key.key_type} {key.algorithm_name} key, not for "
-                        f"{algorithm}")
+        raise AuthError(f"invalid token: key {kid!r} is a {key.key_type} "
+                        f"{key.algorithm_name} key, not for {algorithm}")
     return key
 
 

@@ -94,6 +94,7 @@ def claims(**over: Any) -> dict[str, Any]:
 def refused(s: VoiceSettings, token: str, match: str | None = None) -> str:
     with pytest.raises(AuthError, match=None if match is None else f"(?i){match}") as exc:
         decode_claims(s, token)
+    assert str(exc.value).startswith("invalid token")  # what clients (and tests) look for
     return str(exc.value)
 
 
@@ -140,7 +141,7 @@ def test_an_algorithm_not_pinned_is_refused_even_with_the_right_secret() -> None
     s = settings(jwt_algorithms=["HS256"], jwt_secret=secret)
     token = jwt.encode(claims(), secret, "HS512")
     assert refused(s, token, "not allowed") == (
-        "token algorithm 'HS512' is not allowed (allowed: HS256)")
+        "invalid token: algorithm 'HS512' is not allowed (allowed: HS256)")
     assert decode_claims(settings(jwt_algorithms=["HS512"], jwt_secret=secret), token)
 
 
@@ -217,7 +218,7 @@ def test_claims_that_do_not_fit_are_refused(bad: dict[str, Any]) -> None:
 
 def test_a_huge_token_is_refused_before_it_is_parsed() -> None:
     token = jwt.encode(claims(padding="x" * MAX_TOKEN_BYTES), DEV_JWT_SECRET)
-    assert refused(settings(), token) == f"token is {len(token)} bytes; the limit is 8192"
+    assert refused(settings(), token) == f"invalid token: {len(token)} bytes; the limit is 8192"
 
 
 @pytest.mark.parametrize("token", [
@@ -377,7 +378,7 @@ def test_jwks_tokens_get_the_same_checks(idp: IdentityProvider) -> None:
 def test_jwks_unknown_or_missing_kid_is_refused(idp: IdentityProvider) -> None:
     s = idp.settings()
     assert refused(s, idp.sign(kid="rotated-away")) == (
-        "no key 'rotated-away' in the identity provider's JWKS")
+        "invalid token: no key 'rotated-away' in the identity provider's JWKS")
     token = jwt.encode(claims(iss="https://idp.example"), idp.rsa_key, "RS256")
     refused(s, token, "kid")
     # A key from elsewhere under a known kid does not verify.
