@@ -20,6 +20,7 @@ identity provider being unreachable is not the caller's fault: ``KeysUnavailable
 from __future__ import annotations
 
 import asyncio
+import logging
 import re
 import threading
 import time
@@ -31,6 +32,8 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from streams.capabilities import ROLES, Role
 from streams.settings import HS_ALGORITHMS, VoiceSettings
+
+log = logging.getLogger(__name__)
 
 MAX_TOKEN_BYTES = 8 * 1024
 """Longer tokens are refused before any parsing: no identity provider issues one this big."""
@@ -168,15 +171,14 @@ def _jwks_key(settings: VoiceSettings, token: str, algorithm: str) -> PyJWK:
         # The set first: a failure here is the provider's (unreachable, or not a usable JWKS).
         keys = client.get_signing_keys()
     except (PyJWKClientError, jwt.PyJWTError) as exc:
-        raise KeysUnavailable(f"the identity provider's keys cannot be fetched: {exc}") from None
+        raise _unavailable(client.uri, exc) from None
     key = client.match_kid(keys, kid)
     if key is None:
         try:
             # Refetches the set (a key just rotated in), at most once per cooldown.
             key = client.get_signing_key(kid)
         except PyJWKClientConnectionError as exc:
-            raise KeysUnavailable(
-                f"the identity provider's keys cannot be fetched: {exc}") from None
+            raise _unavailable(client.uri, exc) from None
         except (PyJWKClientError, jwt.PyJWTError):
             raise AuthError(
                 f"invalid token: no key {kid!r} in the identity provider's JWKS") from None
@@ -184,6 +186,12 @@ def _jwks_key(settings: VoiceSettings, token: str, algorithm: str) -> PyJWK:
         raise AuthError(f"invalid token: key {kid!r} is a {key.key_type} "
                         f"{key.algorithm_name} key, not for {algorithm}")
     return key
+
+
+def _unavailable(url: str, exc: Exception) -> KeysUnavailable:
+    # The cause goes to the log, not to the caller: it names the provider's internals.
+    log.warning("JWKS %s unavailable: %s", url, exc)
+    return KeysUnavailable("the identity provider's keys cannot be fetched; try again shortly")
 
 
 _clients: dict[tuple[str, float, float], PyJWKClient] = {}

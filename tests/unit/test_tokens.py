@@ -102,7 +102,7 @@ def refused(s: VoiceSettings, token: str, match: str | None = None) -> str:
 
 
 def test_minted_token_carries_audience_issuer_and_lifetime() -> None:
-    s = settings(jwt_audience="voice-edge", jwt_issuer="https://voice.example", )
+    s = settings(jwt_audience="voice-edge", jwt_issuer="https://voice.example")
     token = mint_token(s, "alice", "staff", "acme", ttl_s=60)
     raw = jwt.decode(token, options={"verify_signature": False})
     assert (raw["aud"], raw["iss"], raw["exp"] - raw["iat"]) == (
@@ -405,6 +405,7 @@ def test_jwks_server_down_is_503_with_retry_after(tmp_path: Path) -> None:
     assert resp.status_code == 503, resp.text
     assert resp.headers["Retry-After"] == "5"
     assert "identity provider" in resp.json()["detail"]
+    assert "127.0.0.1" not in resp.text and "refused" not in resp.text  # no internals
 
 
 def test_a_jwks_that_is_not_one_is_503(idp: IdentityProvider, tmp_path: Path) -> None:
