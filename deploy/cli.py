@@ -8,7 +8,8 @@ from pathlib import Path
 
 import typer
 
-from streams.settings import VoiceSettings, load_settings
+from streams.capabilities import ROLES
+from streams.settings import InsecureBind, VoiceSettings, check_bind, load_settings
 
 app = typer.Typer(help="Voice: a Kafka-native runtime for LLM agent conversations.",
                   no_args_is_help=True, add_completion=False)
@@ -30,7 +31,12 @@ def _settings(need_broker: bool = True) -> VoiceSettings:
         settings = load_settings()
     except ValueError as exc:
         raise typer.BadParameter(str(exc)) from None
-    if need_broker and not settings.kafka_bootstrap:
+    return _with_broker(settings) if need_broker else settings
+
+
+def _with_broker(settings: VoiceSettings) -> VoiceSettings:
+    """``settings`` with a bootstrap: configured, or a running `voice up`'s; else exit 2."""
+    if not settings.kafka_bootstrap:
         from deploy.supervisor import bootstrap_file
 
         path = bootstrap_file(settings)
@@ -42,14 +48,26 @@ def _settings(need_broker: bool = True) -> VoiceSettings:
     return settings
 
 
+def _refuse_insecure_bind(settings: VoiceSettings, host: str, process: str) -> None:
+    """Exit 2, saying what to set, before ``process`` listens on a non-loopback ``host`` with
+    a built-in dev secret (``streams.settings.check_bind``); runs before any connection."""
+    try:
+        check_bind(settings, host, process)
+    except InsecureBind as exc:
+        typer.echo(str(exc), err=True)
+        raise typer.Exit(2) from None
+
+
 @app.command()
 def up() -> None:
     """Run the whole stack in the foreground (local broker, simulator, worker, edge)."""
     from deploy.kafka_local import LocalKafkaError
     from deploy.supervisor import up as run_up
 
+    settings = _settings(need_broker=False)
+    _refuse_insecure_bind(settings, settings.edge_host, "voice up")  # before the broker starts
     try:
-        raise typer.Exit(run_up(_settings(need_broker=False)))
+        raise typer.Exit(run_up(settings))
     except LocalKafkaError as exc:
         typer.echo(f"voice up: {exc}", err=True)
         raise typer.Exit(1) from None
@@ -67,14 +85,17 @@ def worker(loglevel: str = typer.Option("warning", help="Faust log level.")) -> 
 @app.command()
 def edge(host: str = typer.Option(None), port: int = typer.Option(None)) -> None:
     """Run one edge (HTTP API); N edges can serve the same cluster."""
+    settings = _settings(need_broker=False)
+    bind = host or settings.edge_host
+    _refuse_insecure_bind(settings, bind, "voice edge")  # before anything loads or connects
+    settings = _with_broker(settings)
+
     import uvicorn
 
     from api.app import create_app
 
-    settings = _settings()
-    uvicorn.run(create_app(settings), host=host or settings.edge_host,
-                port=port or settings.edge_port, log_level="warning",
-                timeout_graceful_shutdown=5)
+    uvicorn.run(create_app(settings), host=bind, port=port or settings.edge_port,
+                log_level="warning", timeout_graceful_shutdown=5)
 
 
 @app.command()
@@ -158,12 +179,13 @@ def tail(
 @app.command()
 def token(
     sub: str = typer.Option(..., "--sub", help="Subject (user id)."),
-    role: str = typer.Option("participant", "--role",
-                             help="participant|staff|reviewer|representative|operator"),
+    role: str = typer.Option("participant", "--role", help="|".join(ROLES)),
     tenant: str = typer.Option("default", "--tenant"),
-    ttl: int = typer.Option(86400, "--ttl", help="Seconds until it expires."),
+    ttl: int = typer.Option(None, "--ttl", min=1, help="Seconds until it expires (default "
+                            "and maximum: VOICE_JWT_MAX_LIFETIME_S)."),
 ) -> None:
-    """Mint a dev JWT for local use (signed with VOICE_JWT_SECRET)."""
+    """Mint a dev JWT for local use (signed with VOICE_JWT_SECRET, with the deployment's
+    audience and issuer)."""
     from streams.tokens import mint_token
 
     try:

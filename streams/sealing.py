@@ -29,11 +29,7 @@ from cryptography.hazmat.primitives.ciphers.aead import AESGCM
 from cryptography.hazmat.primitives.kdf.scrypt import Scrypt
 
 from schemas.base import Sealed
-from streams.settings import VoiceSettings
-
-DEV_MASTER_KEY = b"voice-dev-master-key-NOT-SECRET!"
-"""The master key of ``VOICE_ENV=dev``/``test`` when none is set; public, so never for prod."""
-assert len(DEV_MASTER_KEY) == 32
+from streams.settings import DEV_MASTER_KEY, VoiceSettings
 
 _NONCE_BYTES = 12  # 96 bits: GCM's native nonce size, no GHASH-derived counter
 _FORMAT = 1

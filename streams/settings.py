@@ -1,13 +1,19 @@
 """Settings for every Voice process, read from ``VOICE_*`` environment variables.
 
 Built in a factory (``load_settings``), never at import, so tests can set the environment first.
-A default secret is refused outside ``VOICE_ENV=dev``.
+The built-in dev secrets are public (they are in this repository): ``VOICE_ENV=prod`` refuses them
+and any secret under 32 bytes, and ``check_bind`` refuses them, whatever ``VOICE_ENV`` says, in
+a process about to listen on a non-loopback address.
 """
 
 from __future__ import annotations
 
+import base64
+import binascii
+import ipaddress
 from pathlib import Path
 from typing import Literal
+from urllib.parse import urlparse
 
 from pydantic import Field, SecretStr, model_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
@@ -15,6 +21,29 @@ from pydantic_settings import BaseSettings, SettingsConfigDict
 from streams.ids import TENANT_PATTERN
 
 DEV_JWT_SECRET = "voice-dev-secret-not-for-production-use!"
+"""The JWT secret when ``VOICE_JWT_SECRET`` is unset; public, so never for prod or a public bind."""
+
+DEV_MASTER_KEY = b"voice-dev-master-key-NOT-SECRET!"
+"""The master key of ``VOICE_ENV=dev``/``test`` when none is set; public, so never for prod or a
+public bind (``streams.sealing`` uses it)."""
+assert len(DEV_MASTER_KEY) == 32
+
+MIN_SECRET_BYTES = 32
+"""The shortest ``VOICE_JWT_SECRET`` and ``VOICE_MASTER_KEY`` ``VOICE_ENV=prod`` accepts."""
+
+HS_ALGORITHMS = {"HS256": 32, "HS384": 48, "HS512": 64}
+"""Verified with ``VOICE_JWT_SECRET`` (the ones ``voice token`` can mint with) → the secret's
+least size in prod: its hash's output size (RFC 7518 §3.2)."""
+
+JWKS_ALGORITHMS = ("RS256", "ES256")
+"""Verified with a public key of the identity provider, fetched from ``VOICE_JWT_JWKS_URL``."""
+
+JwtAlgorithm = Literal["HS256", "HS384", "HS512", "RS256", "ES256"]
+"""Every algorithm a deployment may pin; ``none`` is not one and can never be."""
+
+HOW_TO_GENERATE_JWT_SECRET = "python -c 'import secrets; print(secrets.token_urlsafe(48))'"
+HOW_TO_GENERATE_MASTER_KEY = ("python -c 'import base64, os; "
+                              "print(base64.b64encode(os.urandom(32)).decode())'")
 
 
 class VoiceSettings(BaseSettings):
@@ -46,7 +75,33 @@ class VoiceSettings(BaseSettings):
     """Every response, streams included, ends before this bound."""
 
     jwt_secret: SecretStr = SecretStr(DEV_JWT_SECRET)
-    jwt_algorithm: str = "HS256"
+    """HMAC secret of HS* tokens (``voice token`` mints with it); at least 32 bytes in prod."""
+
+    jwt_algorithms: list[JwtAlgorithm] = Field(default=["HS256"], min_length=1)
+    """The pinned allow-list (RFC 8725 §3.1, JSON list): a token whose header names any other
+    algorithm is refused before its signature is looked at. HS* verify with the secret only,
+    RS256/ES256 with the JWKS only, so neither key can stand in for the other."""
+
+    jwt_jwks_url: str | None = None
+    """The identity provider's JWKS (``https://…/jwks.json``), for RS256/ES256 tokens."""
+
+    jwt_jwks_cache_s: float = Field(default=300.0, gt=0)
+    """How long fetched JWKS keys are reused before the set is fetched again."""
+
+    jwt_jwks_timeout_s: float = Field(default=5.0, gt=0, le=30)
+    """Longest wait for the JWKS endpoint; a failure answers 503 at the edge, never 500."""
+
+    jwt_audience: str = Field(default="voice", min_length=1)
+    """The ``aud`` every token must carry (``voice token`` mints it)."""
+
+    jwt_issuer: str = Field(default="voice", min_length=1)
+    """The ``iss`` every token must carry (``voice token`` mints it)."""
+
+    jwt_max_lifetime_s: int = Field(default=86_400, ge=1)
+    """Longest ``exp - iat`` accepted; a token meant to live longer is refused."""
+
+    jwt_leeway_s: float = Field(default=5.0, ge=0, le=30)
+    """Clock skew allowed on ``exp``, ``iat`` and ``nbf``; never more than 30 s."""
 
     default_tenant: str = Field(default="default", pattern=TENANT_PATTERN)
     """The tenant of a token that names neither a tenant nor memberships."""
@@ -55,7 +110,8 @@ class VoiceSettings(BaseSettings):
     edge_port: int = 8000
 
     master_key: SecretStr | None = None
-    """Wraps the per-conversation data keys of the local key store; required outside dev/test."""
+    """Wraps the per-conversation data keys of the local key store: base64 of 32 bytes, or a
+    passphrase; required (and at least 32 bytes) in prod. Unset in dev/test: the public dev key."""
 
     max_message_bytes: int = Field(default=16 * 1024, ge=1)
     """Largest participant message accepted (UTF-8 bytes); larger answers 422."""
@@ -91,10 +147,71 @@ class VoiceSettings(BaseSettings):
     midpoint, so a test can kill a worker in the middle of them. Unset in every deployment."""
 
     @model_validator(mode="after")
-    def _refuse_default_secrets(self) -> VoiceSettings:
-        if self.env == "prod" and self.jwt_secret.get_secret_value() == DEV_JWT_SECRET:
-            raise ValueError("VOICE_JWT_SECRET must be set when VOICE_ENV='prod'")
+    def _check_tokens(self) -> VoiceSettings:
+        jwks = [a for a in self.jwt_algorithms if a in JWKS_ALGORITHMS]
+        if jwks and not self.jwt_jwks_url:
+            raise ValueError(f"VOICE_JWT_ALGORITHMS allows {', '.join(jwks)}, whose keys come "
+                             "from the identity provider: set VOICE_JWT_JWKS_URL")
+        if self.jwt_jwks_url:
+            if not jwks:
+                raise ValueError("VOICE_JWT_JWKS_URL is set but VOICE_JWT_ALGORITHMS allows "
+                                 f"none of {', '.join(JWKS_ALGORITHMS)}")
+            url = urlparse(self.jwt_jwks_url)
+            if url.scheme not in ("http", "https") or not url.hostname:
+                raise ValueError(f"VOICE_JWT_JWKS_URL {self.jwt_jwks_url!r} is not an http(s) URL")
+            if self.env == "prod" and url.scheme != "https" and not is_loopback(url.hostname):
+                raise ValueError("VOICE_JWT_JWKS_URL must be https when VOICE_ENV='prod'")
         return self
+
+    @model_validator(mode="after")
+    def _refuse_weak_secrets(self) -> VoiceSettings:
+        if self.env != "prod":
+            return self
+        if self.verifies_with_secret:
+            secret = self.jwt_secret.get_secret_value()
+            if secret == DEV_JWT_SECRET:
+                raise ValueError("VOICE_JWT_SECRET must be set when VOICE_ENV='prod' (the "
+                                 "built-in one is public); generate one: "
+                                 f"{HOW_TO_GENERATE_JWT_SECRET}")
+            hs = [a for a in self.jwt_algorithms if a in HS_ALGORITHMS]
+            least, size = max(HS_ALGORITHMS[a] for a in hs), len(secret.encode("utf-8"))
+            if size < least:
+                raise ValueError(f"VOICE_JWT_SECRET is {size} bytes; VOICE_ENV='prod' needs at "
+                                 f"least {least} for {', '.join(hs)}: {HOW_TO_GENERATE_JWT_SECRET}")
+        key = self.master_key.get_secret_value().strip() if self.master_key else ""
+        if not key:
+            raise ValueError("VOICE_MASTER_KEY must be set when VOICE_ENV='prod'; generate one: "
+                             f"{HOW_TO_GENERATE_MASTER_KEY}")
+        if self.uses_dev_master_key:
+            raise ValueError("VOICE_MASTER_KEY is the public dev key, refused when "
+                             f"VOICE_ENV='prod'; generate one: {HOW_TO_GENERATE_MASTER_KEY}")
+        if len(key.encode("utf-8")) < MIN_SECRET_BYTES:
+            raise ValueError(f"VOICE_MASTER_KEY is {len(key.encode('utf-8'))} bytes; "
+                             f"VOICE_ENV='prod' needs at least {MIN_SECRET_BYTES}: "
+                             f"{HOW_TO_GENERATE_MASTER_KEY}")
+        return self
+
+    @property
+    def verifies_with_secret(self) -> bool:
+        """Whether tokens signed with ``VOICE_JWT_SECRET`` (HS*) are accepted at all."""
+        return any(a in HS_ALGORITHMS for a in self.jwt_algorithms)
+
+    @property
+    def uses_dev_jwt_secret(self) -> bool:
+        """Whether HS* tokens are verified with the public built-in secret."""
+        return self.verifies_with_secret and self.jwt_secret.get_secret_value() == DEV_JWT_SECRET
+
+    @property
+    def uses_dev_master_key(self) -> bool:
+        """Whether the key store would be wrapped by the public dev master key: unset (dev and
+        test fall back to it), or set to it (as base64 or as its literal text)."""
+        value = self.master_key.get_secret_value().strip() if self.master_key else ""
+        if not value or value == DEV_MASTER_KEY.decode("ascii"):
+            return True
+        try:
+            return base64.b64decode(value, validate=True) == DEV_MASTER_KEY
+        except binascii.Error:
+            return False
 
     @property
     def bootstrap(self) -> str:
@@ -105,6 +222,44 @@ class VoiceSettings(BaseSettings):
                 "or point it at a cluster (host:port)"
             )
         return self.kafka_bootstrap
+
+
+class InsecureBind(ValueError):
+    """A process was about to listen on a non-loopback address with a public dev secret."""
+
+
+def is_loopback(host: str) -> bool:
+    """Whether ``host`` (an address to bind or reach) is loopback only; a name other than
+    ``localhost`` may resolve anywhere, so it is not."""
+    host = host.strip().strip("[]")
+    if host.lower() == "localhost":
+        return True
+    try:
+        return ipaddress.ip_address(host).is_loopback
+    except ValueError:
+        return False
+
+
+def check_bind(settings: VoiceSettings, host: str, process: str) -> None:
+    """Refuse (``InsecureBind``, saying what to set) to let ``process`` listen on ``host`` when
+    it is not loopback and a built-in dev secret is in use, whatever ``VOICE_ENV`` says: anyone
+    who reaches the port could mint tokens, and the dev master key unwraps every data key.
+
+    Call it before connecting to anything, so a misconfigured process fails at once.
+    """
+    if is_loopback(host):
+        return
+    fixes = []
+    if settings.uses_dev_jwt_secret:
+        fixes.append(f"VOICE_JWT_SECRET (at least {MIN_SECRET_BYTES} bytes: "
+                     f"{HOW_TO_GENERATE_JWT_SECRET})")
+    if settings.uses_dev_master_key:
+        fixes.append(f"VOICE_MASTER_KEY (base64 of 32 random bytes: {HOW_TO_GENERATE_MASTER_KEY})")
+    if fixes:
+        raise InsecureBind(
+            f"{process} refuses to listen on {host!r}, which is not loopback, with the built-in "
+            f"dev secrets (public, in the repository): set {' and '.join(fixes)}, "
+            "or listen on 127.0.0.1")
 
 
 def load_settings(**overrides: object) -> VoiceSettings:

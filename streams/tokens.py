@@ -1,27 +1,67 @@
 """Bearer tokens: what a token claims (``Claims``), minting one for local use (``voice token``)
-and verifying one. Shared by the edge and the telemetry query endpoint, which both turn claims
-into capabilities through ``streams.capabilities``.
+and verifying one (RFC 8725). Shared by the edge and the telemetry query endpoint, which both
+turn claims into capabilities through ``streams.capabilities``.
 
 Claims: ``sub`` (non-empty), ``role`` (in the claimed tenant), ``tenant`` (optional),
 ``memberships`` (optional: tenant → role). A token naming neither a tenant nor memberships is a
 member of the deployment's default tenant only.
+
+Verification, in this order: size (``MAX_TOKEN_BYTES``) and shape; the header's ``alg``
+against the pinned allow-list (``VOICE_JWT_ALGORITHMS``; ``none`` can never be on it); the key
+chosen by that family alone — HS* the shared secret, RS256/ES256 the identity provider's key
+named by ``kid`` from ``VOICE_JWT_JWKS_URL`` — so one kind of key never verifies the other kind
+of token; the signature; ``exp``, ``iat``, ``aud``, ``iss`` required and checked with at most
+``VOICE_JWT_LEEWAY_S``; ``exp - iat`` at most ``VOICE_JWT_MAX_LIFETIME_S``; then the claims.
+
+Every refusal is an ``AuthError`` (the edge: 401) whose message never echoes the token. Only the
+identity provider being unreachable is not the caller's fault: ``KeysUnavailable`` (503).
 """
 
 from __future__ import annotations
 
+import asyncio
+import logging
+import re
+import threading
 import time
 from typing import Annotated
 
 import jwt
+from jwt import PyJWK, PyJWKClient
+from jwt.exceptions import PyJWKClientConnectionError, PyJWKClientError
 from pydantic import BaseModel, ConfigDict, Field, StringConstraints, ValidationError
 
 from streams.capabilities import ROLES, Role
 from streams.ids import TENANT_PATTERN
-from streams.settings import VoiceSettings
+from streams.settings import HS_ALGORITHMS, VoiceSettings
+
+log = logging.getLogger(__name__)
+
+MAX_TOKEN_BYTES = 8 * 1024
+"""Longer tokens are refused before any parsing: no identity provider issues one this big."""
+
+KEYS_RETRY_AFTER_S = 5
+"""The ``Retry-After`` of a 503 while the identity provider's keys cannot be fetched."""
+
+_COMPACT_JWS = re.compile(r"[A-Za-z0-9_-]+\.[A-Za-z0-9_-]+\.[A-Za-z0-9_-]*")
+"""RFC 7515 compact serialization: three base64url segments (the signature empty only for
+``alg: none``, which the allow-list refuses next)."""
+
+_KEY_TYPE = {"RS256": "RSA", "ES256": "EC"}
+"""The JWK ``kty`` each JWKS algorithm's key must have."""
 
 
 class AuthError(Exception):
     """A token that cannot be trusted; the message says why (never echoes the token)."""
+
+
+class KeysUnavailable(Exception):
+    """The identity provider's keys (JWKS) could not be fetched: not the caller's fault, and
+    not an internal error either (the edge answers 503 with ``Retry-After``)."""
+
+    def __init__(self, message: str, retry_after_s: int = KEYS_RETRY_AFTER_S) -> None:
+        super().__init__(message)
+        self.retry_after_s = retry_after_s
 
 
 class Claims(BaseModel):
@@ -47,32 +87,128 @@ class Claims(BaseModel):
 
 def mint_token(
     settings: VoiceSettings, sub: str, role: str, tenant: str | None = "default",
-    ttl_s: int = 86400, memberships: dict[str, str] | None = None,
+    ttl_s: int | None = None, memberships: dict[str, str] | None = None,
 ) -> str:
-    """A signed JWT for local use (``voice token``)."""
+    """A JWT signed with ``VOICE_JWT_SECRET`` for local use (``voice token``), carrying the
+    deployment's ``aud`` and ``iss``; ``ttl_s`` defaults to, and may not exceed, the maximum
+    lifetime (a negative one mints an expired token, for tests)."""
     for r in (role, *(memberships or {}).values()):
         if r not in ROLES:
             raise ValueError(f"role {r!r} is not one of {', '.join(ROLES)}")
+    algorithm = next((a for a in settings.jwt_algorithms if a in HS_ALGORITHMS), None)
+    if algorithm is None:
+        raise ValueError("VOICE_JWT_ALGORITHMS allows no HS* algorithm: tokens come only from "
+                         "the identity provider (VOICE_JWT_JWKS_URL), none can be minted here")
+    ttl = settings.jwt_max_lifetime_s if ttl_s is None else ttl_s
+    if ttl > settings.jwt_max_lifetime_s:
+        raise ValueError(f"a lifetime of {ttl} s is above VOICE_JWT_MAX_LIFETIME_S="
+                         f"{settings.jwt_max_lifetime_s}")
     now = int(time.time())
-    claims: dict[str, object] = {"sub": sub, "role": role, "iat": now, "exp": now + ttl_s}
+    claims: dict[str, object] = {"sub": sub, "role": role, "iat": now, "exp": now + ttl,
+                                 "aud": settings.jwt_audience, "iss": settings.jwt_issuer}
     if tenant is not None:
         claims["tenant"] = tenant
     if memberships:
         claims["memberships"] = memberships
-    return jwt.encode(claims, settings.jwt_secret.get_secret_value(), settings.jwt_algorithm)
+    return jwt.encode(claims, settings.jwt_secret.get_secret_value(), algorithm)
 
 
 def decode_claims(settings: VoiceSettings, token: str) -> Claims:
-    """The claims of a bearer token it verifies, or ``AuthError`` saying why."""
+    """The claims of a bearer token it verifies; ``AuthError`` saying why not, or
+    ``KeysUnavailable`` when the identity provider's keys cannot be fetched.
+
+    May block on the JWKS endpoint (at most ``VOICE_JWT_JWKS_TIMEOUT_S``): async callers use
+    ``verify_token``.
+    """
+    size = len(token.encode("utf-8", "replace"))
+    if size > MAX_TOKEN_BYTES:
+        raise AuthError(f"invalid token: {size} bytes; the limit is {MAX_TOKEN_BYTES}")
+    if not _COMPACT_JWS.fullmatch(token):
+        raise AuthError("invalid token: not a JWS in compact form (three base64url segments)")
     try:
+        algorithm = _pinned_algorithm(settings, token)
+        key: str | PyJWK = (settings.jwt_secret.get_secret_value() if algorithm in HS_ALGORITHMS
+                            else _jwks_key(settings, token, algorithm))
         raw = jwt.decode(
-            token, settings.jwt_secret.get_secret_value(), algorithms=[settings.jwt_algorithm],
-            options={"require": ["sub", "exp"]},
+            token, key, algorithms=[algorithm], audience=settings.jwt_audience,
+            issuer=settings.jwt_issuer, leeway=settings.jwt_leeway_s,
+            options={"require": ["sub", "exp", "iat", "aud", "iss"]},
         )
     except jwt.PyJWTError as exc:
         raise AuthError(f"invalid token: {exc}") from None
+    lifetime = int(raw["exp"]) - int(raw["iat"])  # pyjwt has checked that both are integers
+    if lifetime > settings.jwt_max_lifetime_s:
+        raise AuthError(f"invalid token: its lifetime (exp - iat) is {lifetime} s; the limit is "
+                        f"{settings.jwt_max_lifetime_s} s")
     try:
         return Claims.model_validate(raw)
     except ValidationError as exc:
         where = ", ".join(".".join(map(str, e["loc"])) or "claims" for e in exc.errors())
         raise AuthError(f"invalid token claims: {where}") from None
+
+
+async def verify_token(settings: VoiceSettings, token: str) -> Claims:
+    """``decode_claims`` for async callers: when keys may have to be fetched from the identity
+    provider, in a worker thread, so a slow JWKS endpoint never stalls the event loop."""
+    if settings.jwt_jwks_url:
+        return await asyncio.to_thread(decode_claims, settings, token)
+    return decode_claims(settings, token)
+
+
+def _pinned_algorithm(settings: VoiceSettings, token: str) -> str:
+    """The header's ``alg`` if the deployment pins it (RFC 8725 §3.1), before any key is used."""
+    alg = jwt.get_unverified_header(token).get("alg")
+    if not isinstance(alg, str) or alg not in settings.jwt_algorithms:
+        raise AuthError(f"invalid token: algorithm {alg!r} is not allowed (allowed: "
+                        f"{', '.join(settings.jwt_algorithms)})")
+    return alg
+
+
+def _jwks_key(settings: VoiceSettings, token: str, algorithm: str) -> PyJWK:
+    """The identity provider's key the token's ``kid`` names, of the type ``algorithm`` needs."""
+    kid = jwt.get_unverified_header(token).get("kid")
+    if not isinstance(kid, str) or not kid:
+        raise AuthError(f"invalid token: an {algorithm} token must name its key (kid)")
+    client = _jwks_client(settings)
+    try:
+        # The set first: a failure here is the provider's (unreachable, or not a usable JWKS).
+        keys = client.get_signing_keys()
+    except (PyJWKClientError, jwt.PyJWTError) as exc:
+        raise _unavailable(client.uri, exc) from None
+    key = client.match_kid(keys, kid)
+    if key is None:
+        try:
+            # Refetches the set (a key just rotated in), at most once per cooldown.
+            key = client.get_signing_key(kid)
+        except PyJWKClientConnectionError as exc:
+            raise _unavailable(client.uri, exc) from None
+        except (PyJWKClientError, jwt.PyJWTError):
+            raise AuthError(
+                f"invalid token: no key {kid!r} in the identity provider's JWKS") from None
+    if key.key_type != _KEY_TYPE[algorithm] or key.algorithm_name != algorithm:
+        raise AuthError(f"invalid token: key {kid!r} is a {key.key_type} "
+                        f"{key.algorithm_name} key, not for {algorithm}")
+    return key
+
+
+def _unavailable(url: str, exc: Exception) -> KeysUnavailable:
+    # The cause goes to the log, not to the caller: it names the provider's internals.
+    log.warning("JWKS %s unavailable: %s", url, exc)
+    return KeysUnavailable("the identity provider's keys cannot be fetched; try again shortly")
+
+
+_clients: dict[tuple[str, float, float], PyJWKClient] = {}
+_clients_lock = threading.Lock()
+
+
+def _jwks_client(settings: VoiceSettings) -> PyJWKClient:
+    """One client per JWKS URL and process, so its key set is cached across requests."""
+    if not settings.jwt_jwks_url:  # the settings' validator refuses a JWKS algorithm without one
+        raise RuntimeError("VOICE_JWT_JWKS_URL is not set")
+    spec = (settings.jwt_jwks_url, settings.jwt_jwks_cache_s, settings.jwt_jwks_timeout_s)
+    with _clients_lock:
+        if spec not in _clients:
+            _clients[spec] = PyJWKClient(spec[0], cache_jwk_set=True, lifespan=spec[1],
+                                         timeout=spec[2])
+        return _clients[spec]
+

@@ -40,7 +40,7 @@ from pydantic import BaseModel, ConfigDict, ValidationError
 from streams.capabilities import resolve_capabilities
 from streams.readonly_sql import SqlRefused, check_read_only
 from streams.settings import VoiceSettings
-from streams.tokens import AuthError, Claims, decode_claims
+from streams.tokens import AuthError, Claims, KeysUnavailable, decode_claims
 from telemetry.store import ClickHouseStore, QueryResult, TelemetrySettings, telemetry_settings
 
 log = logging.getLogger(__name__)
@@ -158,6 +158,8 @@ def authorize(settings: VoiceSettings, authorization: str | None) -> Claims:
     except AuthError as exc:
         message = str(exc) if token.strip() not in str(exc) else "invalid token"
         raise Refused(401, message, challenge) from None
+    except KeysUnavailable as exc:  # the identity provider's keys: not the caller's fault
+        raise Refused(503, str(exc), {"Retry-After": str(exc.retry_after_s)}) from None
     roles = claims.member_roles(settings.default_tenant).values()
     if not any(CAPABILITY in resolve_capabilities(role) for role in roles):
         raise Refused(403, f"the token's roles ({', '.join(sorted(set(roles)))}) do not grant "

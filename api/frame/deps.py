@@ -17,7 +17,7 @@ from streams.ids import TENANT_PATTERN, parse_turn
 from streams.producer import RecordProducer
 from streams.sealing import Sealer
 from streams.settings import VoiceSettings
-from streams.tokens import AuthError, decode_claims
+from streams.tokens import AuthError, KeysUnavailable, verify_token
 
 V = TypeVar("V")
 
@@ -55,9 +55,12 @@ async def get_principal(
         raise HTTPException(401, "missing bearer token (Authorization: Bearer …)")
     settings: VoiceSettings = request.app.state.settings
     try:
-        claims = decode_claims(settings, creds.credentials)
+        claims = await verify_token(settings, creds.credentials)
     except AuthError as exc:
         raise HTTPException(401, str(exc)) from None
+    except KeysUnavailable as exc:  # the identity provider's fault, not the caller's: retry
+        raise HTTPException(503, str(exc), headers={
+            "Retry-After": str(exc.retry_after_s)}) from None
     try:
         return resolve_principal(claims, x_tenant_id, settings.default_tenant)
     except TenantRefused as exc:

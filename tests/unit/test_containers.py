@@ -8,6 +8,7 @@ image, a dependency that starts too early, a subcommand the CLI does not have).
 from __future__ import annotations
 
 import json
+import os
 import re
 import shlex
 import tomllib
@@ -142,7 +143,7 @@ def test_voice_service_builds_the_image_and_reaches_the_stack(services: dict, na
     env = env_of(service)
     advertised = env_of(services["kafka"])["KAFKA_ADVERTISED_LISTENERS"]
     assert env["VOICE_KAFKA_BOOTSTRAP"] == advertised.removeprefix("PLAINTEXT://")
-    assert env["VOICE_ENV"] == "dev"
+    assert env["VOICE_ENV"] == "prod"
     assert env["VOICE_CLICKHOUSE_URL"] == "http://clickhouse:8123"
     sim_port = env_of(services["simulator"])["VOICE_SIMULATOR_PORT"]
     base_url = interpolated_default(env["ANTHROPIC_BASE_URL"])
@@ -201,12 +202,69 @@ def test_telemetry_waits_for_clickhouse(services: dict) -> None:
     assert services["telemetry"]["depends_on"]["clickhouse"]["condition"] == "service_healthy"
 
 
-def test_edge_publishes_8000_on_all_interfaces(services: dict) -> None:
+def test_edge_publishes_8000_on_loopback_only(services: dict) -> None:
     edge = services["edge"]
-    assert "8000:8000" in [str(p) for p in edge["ports"]]
+    assert [str(p) for p in edge["ports"]] == ["127.0.0.1:8000:8000"]
     env = env_of(edge)
-    assert env["VOICE_EDGE_HOST"] == "0.0.0.0"
+    assert env["VOICE_EDGE_HOST"] == "0.0.0.0"  # inside the container, for the published port
     assert env["VOICE_EDGE_PORT"] == "8000"
+
+
+def published_host_ips(service: dict) -> list[str]:
+    """The host address of each published port, in either of compose's syntaxes ("" = all)."""
+    ips = []
+    for port in service.get("ports") or []:
+        if isinstance(port, dict):
+            ips.append(str(port.get("host_ip", "")))
+        else:
+            parts = str(port).rsplit(":", 2)
+            ips.append(parts[0] if len(parts) == 3 else "")
+    return ips
+
+
+def test_no_service_publishes_a_port_beyond_loopback(services: dict) -> None:
+    wide = {name: ips for name, s in services.items()
+            if (ips := published_host_ips(s)) and any(ip != "127.0.0.1" for ip in ips)}
+    assert not wide, f"published on more than 127.0.0.1: {wide}"
+
+
+SECRETS = {"VOICE_JWT_SECRET": "openssl rand -base64 48",
+           "VOICE_MASTER_KEY": "openssl rand -base64 32"}
+
+
+@pytest.mark.parametrize("name", sorted(VOICE_SERVICES))
+def test_voice_services_require_real_secrets(services: dict, name: str) -> None:
+    # `${VAR:?message}`: compose refuses to start while VAR is unset or empty on the host,
+    # and says how to generate one; no default could be a secret.
+    env = env_of(services[name])
+    for var, how in SECRETS.items():
+        match = re.fullmatch(r"\$\{(\w+):\?([^}]+)\}", env.get(var) or "")
+        assert match and match[1] == var, f"{name}: {var} is {env.get(var)!r}"
+        assert how in match[2], match[2]
+
+
+def test_the_compose_environment_starts_an_edge_that_passes_the_bind_check(
+        services: dict, monkeypatch: pytest.MonkeyPatch) -> None:
+    from streams.settings import check_bind, load_settings
+
+    for var in [v for v in os.environ if v.startswith("VOICE_")]:
+        monkeypatch.delenv(var)
+    env = env_of(services["edge"])
+    filled = {"VOICE_JWT_SECRET": "j" * 64, "VOICE_MASTER_KEY": "a2V5" * 11}
+    for var, value in env.items():
+        if var.startswith("VOICE_"):
+            monkeypatch.setenv(var, filled.get(var, value or ""))
+    settings = load_settings()
+    check_bind(settings, settings.edge_host, "voice edge")  # raises on a dev secret
+
+
+def test_edge_and_worker_share_one_key_store(compose: dict, services: dict) -> None:
+    # The edge seals what participants send; the worker opens it: one key store for both.
+    mounts = {name: dict(v.split(":", 1)[::-1] for v in services[name].get("volumes") or [])
+              for name in ("edge", "worker")}
+    keys = "/var/lib/voice/state/keys"
+    assert mounts["edge"].get(keys) == mounts["worker"].get(keys) is not None, mounts
+    assert mounts["edge"][keys] in (compose.get("volumes") or {})
 
 
 # deploy/Dockerfile
@@ -272,6 +330,13 @@ def test_dockerfile_installs_the_lock_make_installs(instructions) -> None:
     runs = " && ".join(args_of(instructions, "RUN"))
     assert f"pip install --require-hashes -r {lock[1]}" in runs, runs
     assert re.search(r"pip install --no-deps \.(?:\s|$)", runs), "the project resolves again"
+
+
+def test_dockerfile_gives_the_key_store_folder_to_voice(instructions) -> None:
+    runs = " && ".join(args_of(instructions, "RUN"))
+    assert re.search(r"install -d -m 700 -o voice -g voice [^&]*/var/lib/voice/state/keys", runs)
+    env = " ".join(args_of(instructions, "ENV"))
+    assert "VOICE_STATE_DIR=/var/lib/voice/state" in env
 
 
 def test_dockerfile_runs_voice_as_non_root(instructions) -> None:

@@ -47,7 +47,8 @@ def test_schema_export_writes_every_type(tmp_path: Path) -> None:
 def test_prod_refuses_the_dev_secret() -> None:
     with pytest.raises(ValueError, match="VOICE_JWT_SECRET"):
         VoiceSettings(env="prod")
-    assert VoiceSettings(env="prod", jwt_secret="s3cret-for-prod-only-0123456789abcdef")
+    assert VoiceSettings(env="prod", jwt_secret="s3cret-for-prod-only-0123456789abcdef",
+                         master_key="a-master-passphrase-for-prod-only-0123")
 
 
 def test_token_round_trip_and_refusals() -> None:
