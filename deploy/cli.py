@@ -183,13 +183,22 @@ def token(
     tenant: str = typer.Option("default", "--tenant"),
     ttl: int = typer.Option(None, "--ttl", min=1, help="Seconds until it expires (default "
                             "and maximum: VOICE_JWT_MAX_LIFETIME_S)."),
+    member: list[str] = typer.Option([], "--member", help="Another membership, TENANT=ROLE "
+                                     "(repeatable); pick it per request with X-Tenant-ID."),
 ) -> None:
     """Mint a dev JWT for local use (signed with VOICE_JWT_SECRET, with the deployment's
     audience and issuer)."""
     from streams.tokens import mint_token
 
+    memberships: dict[str, str] = {}
+    for m in member:
+        t, sep, r = m.partition("=")
+        if not sep or not t or not r:
+            raise typer.BadParameter(f"--member {m!r}: expected TENANT=ROLE")
+        memberships[t] = r
     try:
-        typer.echo(mint_token(_settings(need_broker=False), sub, role, tenant, ttl))
+        typer.echo(mint_token(_settings(need_broker=False), sub, role, tenant, ttl,
+                              memberships=memberships or None))
     except ValueError as exc:
         raise typer.BadParameter(str(exc)) from None
 

@@ -70,3 +70,15 @@ def test_cli_token_command() -> None:
     result = CliRunner().invoke(app, ["token", "--sub", "bob", "--role", "reviewer"])
     assert result.exit_code == 0, result.output
     assert decode_claims(VoiceSettings(), result.output.strip()).role == "reviewer"
+
+
+def test_cli_token_with_memberships() -> None:
+    from deploy.cli import app
+
+    result = CliRunner().invoke(app, ["token", "--sub", "sam", "--role", "staff", "--tenant",
+                                      "t1", "--member", "t2=participant"])
+    assert result.exit_code == 0, result.output
+    claims = decode_claims(VoiceSettings(), result.output.strip())
+    assert claims.member_roles("default") == {"t1": "staff", "t2": "participant"}
+    bad = CliRunner().invoke(app, ["token", "--sub", "sam", "--member", "t2"])
+    assert bad.exit_code != 0 and "TENANT=ROLE" in bad.output
