@@ -10,6 +10,7 @@ from fastapi.exceptions import RequestValidationError
 from fastapi.security import HTTPAuthorizationCredentials, HTTPBearer
 
 from api.frame.auth import Principal, TenantRefused, resolve_principal
+from api.frame.models import HeaderText
 from api.frame.projection import Projection
 from api.frame.tail import EdgeTail
 from streams.capabilities import Capability
@@ -47,7 +48,7 @@ async def get_sealer(request: Request) -> Sealer:
 async def get_principal(
     request: Request,
     creds: Annotated[HTTPAuthorizationCredentials | None, Depends(_bearer)],
-    x_tenant_id: Annotated[str | None, Header(
+    x_tenant_id: Annotated[HeaderText | None, Header(
         max_length=128, description="The tenant to act in; the caller must be a member of it "
         "(default: the token's tenant, then its first membership)")] = None,
 ) -> Principal:
