@@ -140,8 +140,10 @@ _NOT_SCALAR = object()
 
 
 def _scalar(value: Any) -> Any:
-    if value is None or isinstance(value, bool | int):
+    if value is None or isinstance(value, bool):
         return value
+    if isinstance(value, int):  # beyond 64 bits, as text: clients' JSON numbers are doubles
+        return value if -(2**63) <= value < 2**64 else _text(str(value))
     if isinstance(value, float):
         return value if math.isfinite(value) else str(value)
     if isinstance(value, str):
