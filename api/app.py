@@ -1,5 +1,11 @@
 """The edge's FastAPI app, built in a factory (``create_app``); producer and tail start in the
-lifespan, and every product's views are fed by the one tail."""
+lifespan, and every product's views are fed by the one tail.
+
+Around the routes, outermost first: ``EdgeErrors`` (request ids, the catch-all 500,
+``Retry-After`` on every 503), gzip for responses of at least ``GZIP_MIN_BYTES`` (never for
+``text/event-stream``: Starlette's ``GZipMiddleware`` passes those through untouched and
+unbuffered), and ``BodyGuard`` (the body read within its limit before anything else runs).
+"""
 
 from __future__ import annotations
 
@@ -10,10 +16,15 @@ from contextlib import asynccontextmanager
 from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse
 from pydantic import BaseModel
+from starlette.middleware.gzip import DEFAULT_EXCLUDED_CONTENT_TYPES, GZipMiddleware
 
 from api import assistant, conversations, staff
 from api.assistant import AssistantViews
+from api.assistant.upload import UPLOAD_PATH, upload_body_limit
 from api.conversations import ConversationViews
+from api.frame.body import BodyGuard, BodyLimit
+from api.frame.commands import edge_producer
+from api.frame.errors import EdgeErrors, install_error_handlers
 from api.frame.models import CursorTooOldOut
 from api.frame.projection import CursorTooOld
 from api.frame.tail import EdgeTail
@@ -21,10 +32,12 @@ from api.staff import StaffViews
 from schemas.conversation import ConversationErased
 from streams.assistant_settings import assistant_settings
 from streams.envelope import Envelope
-from streams.producer import RecordProducer
 from streams.sealing import Sealer, sealer_for
 from streams.settings import VoiceSettings, load_settings
 from streams.topics import missing_topics
+
+GZIP_MIN_BYTES = 1024
+"""Responses at least this large are gzipped for a client that accepts it (seed 000 §2)."""
 
 
 class Health(BaseModel):
@@ -46,6 +59,7 @@ def on_record(views: ConversationViews, sealer: Sealer) -> Callable[[Envelope], 
 def create_app(settings: VoiceSettings | None = None) -> FastAPI:
     """Build the edge app for ``settings`` (read from the environment when omitted)."""
     settings = settings or load_settings()
+    chat_settings = assistant_settings(settings)
 
     @asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
@@ -54,9 +68,9 @@ def create_app(settings: VoiceSettings | None = None) -> FastAPI:
         app.state.settings = settings
         app.state.views = views
         app.state.sealer = sealer
-        app.state.producer = RecordProducer(settings)
+        app.state.producer = edge_producer(settings)
         app.state.staff = StaffViews(kept=settings.edge_events_kept)
-        app.state.assistant = AssistantViews(assistant_settings(settings))
+        app.state.assistant = AssistantViews(chat_settings)
         app.state.tail = EdgeTail(settings, on_conversation=on_record(views, sealer),
                                   more=app.state.staff.handlers(),
                                   located=app.state.assistant.tail_handlers())
@@ -71,6 +85,14 @@ def create_app(settings: VoiceSettings | None = None) -> FastAPI:
     app.include_router(conversations.router)
     app.include_router(staff.router)
     app.include_router(assistant.router)
+    install_error_handlers(app)
+    # add_middleware wraps what was added before: the last one added is the outermost.
+    app.add_middleware(BodyGuard,
+                       default=BodyLimit(settings.max_body_bytes, "VOICE_MAX_BODY_BYTES"),
+                       by_path={UPLOAD_PATH: upload_body_limit(chat_settings)})
+    app.add_middleware(GZipMiddleware, minimum_size=GZIP_MIN_BYTES, compresslevel=6,
+                       exclude_content_types=DEFAULT_EXCLUDED_CONTENT_TYPES)
+    app.add_middleware(EdgeErrors)
 
     @app.exception_handler(CursorTooOld)
     async def cursor_too_old(_request: Request, exc: CursorTooOld) -> JSONResponse:

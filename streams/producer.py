@@ -35,11 +35,38 @@ PRODUCER_CONFIG: dict[str, object] = {
 
 
 class ProduceError(Exception):
-    """The broker did not take a record; ``retryable`` says whether trying again may help."""
+    """The broker did not take a record; ``retryable`` says whether trying again may help,
+    ``code`` is the client's error code when it gave one."""
 
-    def __init__(self, message: str, retryable: bool) -> None:
+    def __init__(self, message: str, retryable: bool, code: int | None = None) -> None:
         super().__init__(message)
         self.retryable = retryable
+        self.code = code
+
+    @property
+    def too_large(self) -> bool:
+        """The record is over the size the client or the broker takes."""
+        return self.code == KafkaError.MSG_SIZE_TOO_LARGE
+
+
+class RecordTooLarge(ProduceError):
+    """A record over the size it may be produced at; it was never sent (not retryable)."""
+
+    def __init__(self, topic: str, size: int, limit: int) -> None:
+        super().__init__(f"a record of {size} bytes for {topic!r} is over the limit of {limit} "
+                         "bytes", retryable=False, code=KafkaError.MSG_SIZE_TOO_LARGE)
+        self.topic, self.size, self.limit = topic, size, limit
+
+
+def record_size(key: bytes | None, value: bytes | None,
+                headers: Sequence[tuple[str, bytes | None]] | None) -> int:
+    """Bytes of a record as the client sends it, before compression: key, value, headers.
+
+    The broker's ``max.message.bytes`` counts a batch (compressed, plus tens of bytes of
+    framing), so a record within a limit this measures, set below the broker's, always fits.
+    """
+    size = len(key or b"") + len(value or b"")
+    return size + sum(len(k.encode()) + len(v or b"") for k, v in headers or ())
 
 
 def producer_config(settings: VoiceSettings, **extra: object) -> dict[str, object]:
@@ -50,10 +77,14 @@ class RecordProducer:
     """A confluent-kafka producer with an asyncio face: ``await send(...)`` returns on the ack.
 
     A daemon thread serves delivery callbacks so the event loop never blocks on ``poll``.
+    With ``wait_when_full`` (the default) a full local queue is waited out; without it,
+    ``produce_raw`` raises the client's ``BufferError`` at once (the edge answers 503).
     """
 
-    def __init__(self, settings: VoiceSettings, **extra: object) -> None:
+    def __init__(self, settings: VoiceSettings, *, wait_when_full: bool = True,
+                 **extra: object) -> None:
         self._producer = Producer(producer_config(settings, **extra))
+        self._wait_when_full = wait_when_full
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._serve, name="voice-producer", daemon=True)
         self._thread.start()
@@ -76,7 +107,8 @@ class RecordProducer:
 
         def on_delivery(err: KafkaError | None, msg: Message) -> None:
             if err is not None:
-                exc = ProduceError(f"produce to {topic!r} failed: {err.str()}", err.retriable())
+                exc = ProduceError(f"produce to {topic!r} failed: {err.str()}", err.retriable(),
+                                   err.code())
                 loop.call_soon_threadsafe(_set_exception, fut, exc)
             else:
                 loop.call_soon_threadsafe(_set_result, fut, msg)
@@ -91,6 +123,8 @@ class RecordProducer:
                 self._producer.produce(topic, **kwargs)
                 break
             except BufferError:  # local queue full: let deliveries drain, then retry
+                if not self._wait_when_full:
+                    raise
                 self._producer.poll(0.01)
         return fut
 
@@ -127,14 +161,20 @@ class Publisher:
     def producer(self) -> RecordProducer:
         return self._producer()
 
-    def produce(self, spec: TopicSpec, env: Envelope) -> asyncio.Future[Message]:
-        """Produce now; the returned future resolves on the broker's ack."""
+    def produce(self, spec: TopicSpec, env: Envelope, max_bytes: int | None = None
+                ) -> asyncio.Future[Message]:
+        """Produce now; the returned future resolves on the broker's ack. A record over
+        ``max_bytes`` (``record_size``) raises ``RecordTooLarge`` and is not produced."""
         key, value, headers = encode(env)
-        return self._producer().produce_raw(topic_name(self.settings, spec), key, value, headers)
+        topic = topic_name(self.settings, spec)
+        if max_bytes is not None and (size := record_size(key, value, headers)) > max_bytes:
+            raise RecordTooLarge(topic, size, max_bytes)
+        return self._producer().produce_raw(topic, key, value, headers)
 
-    async def send(self, spec: TopicSpec, env: Envelope) -> Message:
-        """Produce one record and wait for the broker's ack."""
-        return await self.produce(spec, env)
+    async def send(self, spec: TopicSpec, env: Envelope, max_bytes: int | None = None
+                   ) -> Message:
+        """Produce one record and wait for the broker's ack (``max_bytes`` as ``produce``)."""
+        return await self.produce(spec, env, max_bytes)
 
     async def send_all(self, items: Sequence[tuple[TopicSpec, Envelope]]) -> None:
         """Produce in order (one partition per key keeps it), then wait for every ack."""

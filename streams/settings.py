@@ -113,8 +113,21 @@ class VoiceSettings(BaseSettings):
     """Wraps the per-conversation data keys of the local key store: base64 of 32 bytes, or a
     passphrase; required (and at least 32 bytes) in prod. Unset in dev/test: the public dev key."""
 
-    max_message_bytes: int = Field(default=16 * 1024, ge=1)
-    """Largest participant message accepted (UTF-8 bytes); larger answers 422."""
+    max_message_bytes: int = Field(default=16 * 1024, ge=1, le=64 * 1024)
+    """Largest participant message accepted (UTF-8 bytes); larger answers 422. At most 64 KiB,
+    the edge's bound on any one string of a request."""
+
+    max_body_bytes: int = Field(default=1024 * 1024, ge=16 * 1024)
+    """Largest request body the edge reads, on every route but the CSV upload (which has
+    ``VOICE_MAX_UPLOAD_BYTES``); larger answers 413 while reading, before the body is parsed or
+    the caller authenticated."""
+
+    max_record_bytes: int = Field(default=900_000, ge=16 * 1024, le=1_000_000)
+    """Largest record (key, value and headers) the edge produces; larger answers 413 and is
+    never sent. At most 1,000,000, the client's ``message.max.bytes``, itself below the
+    broker's default topic ``max.message.bytes`` (1,048,588); the default leaves room for the
+    writer's records, which carry a command's payload and a little more. Lower it if the
+    cluster's topics take less."""
 
     edge_events_kept: int = Field(default=10_000, ge=10)
     """Events an edge keeps per conversation for SSE resume; older cursors answer 409."""

@@ -10,9 +10,9 @@ from dataclasses import dataclass
 from typing import Annotated, Literal
 from uuid import UUID
 
-from pydantic import BaseModel, ConfigDict, Field, JsonValue
+from pydantic import BaseModel, Field, JsonValue
 
-from api.frame.models import NonBlank
+from api.frame.models import JsonObject, NonBlank, RequestModel
 from schemas.assistant import DATASET_ID
 
 DatasetId = Annotated[str, Field(pattern=DATASET_ID, description="A dataset id (32 lower-case "
@@ -22,26 +22,20 @@ MAX_COLUMNS = 500
 # --- requests ---------------------------------------------------------------------------------
 
 
-class InferenceParams(BaseModel):
+class InferenceParams(RequestModel):
     """Per-request sampling overrides (recorded with the turn)."""
-
-    model_config = ConfigDict(extra="forbid")
 
     temperature: float | None = Field(default=None, ge=0, le=1)
     top_p: float | None = Field(default=None, gt=0, le=1)
 
 
-class AdvancedOptions(BaseModel):
-    model_config = ConfigDict(extra="forbid")
-
+class AdvancedOptions(RequestModel):
     data_isolation: bool = Field(default=False, description="Keep this turn to its attached "
                                  "data: no suggested context from earlier turns.")
 
 
-class ChatRequest(BaseModel):
+class ChatRequest(RequestModel):
     """``POST /api/v1/assistant/chat``. Unknown fields are refused (422 names them)."""
-
-    model_config = ConfigDict(extra="forbid")
 
     message: NonBlank = Field(description="The user's typed text (non-blank; at most "
                                      "VOICE_MAX_MESSAGE_BYTES UTF-8 bytes).")
@@ -57,10 +51,10 @@ class ChatRequest(BaseModel):
     data_refs: list[DatasetId] = Field(default=[], max_length=20,
                                        description="Datasets to attach, by id.")
     inference_params: InferenceParams | None = None
-    focus_context: dict[str, JsonValue] | None = Field(default=None, description="What the "
-                                                       "user has open full-screen.")
-    selection_state: dict[str, JsonValue] | None = Field(default=None, description="The "
-                                                         "user's chart and map selections.")
+    focus_context: JsonObject | None = Field(default=None, description="What the user has "
+                                             "open full-screen (at most 64 KiB as JSON).")
+    selection_state: JsonObject | None = Field(default=None, description="The user's chart "
+                                               "and map selections (at most 64 KiB as JSON).")
     agentic_mode: bool = False
     skip_history: bool = Field(default=False, description="Run the turn without the "
                                "conversation's earlier messages.")

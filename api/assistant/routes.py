@@ -41,7 +41,7 @@ from api.frame.deps import (
     no_turn,
     not_found,
 )
-from api.frame.models import CancelRequested
+from api.frame.models import CancelRequested, HeaderText, inline_schema
 from api.frame.sse import SSE_HEADERS, TOO_OLD, Feed, sse_bytes, sse_stream
 from schemas.assistant import AssistantChat, AssistantDisplayRecorded, ChatOptions, DatasetRef
 from streams.envelope import new_id
@@ -116,7 +116,7 @@ async def _attach(views: AssistantViews, sealer: Sealer, owner: Principal, body:
 
 @router.post("/chat", response_model=None, responses={
     200: {"description": "stream: true: the turn's display events, then a final comment.",
-          "content": {"text/event-stream": {"schema": DisplayEventOut.model_json_schema()}}},
+          "content": {"text/event-stream": {"schema": inline_schema(DisplayEventOut)}}},
     202: {"description": "stream: false: the turn runs; read it later.",
           "model": ChatAccepted},
     **NOT_FOUND,
@@ -125,7 +125,7 @@ async def _attach(views: AssistantViews, sealer: Sealer, owner: Principal, body:
 async def chat(
     body: ChatRequest, request: Request, settings: SettingsDep, commands: CommandsDep,
     views: AssistantDep, sealer: SealerDep, principal: ConverseDep,
-    idempotency_key: Annotated[str | None, Header(
+    idempotency_key: Annotated[HeaderText | None, Header(
         alias="Idempotency-Key", min_length=1, max_length=200,
         description="Sending again with the same key returns the first turn.")] = None,
 ) -> EventSourceResponse | JSONResponse:

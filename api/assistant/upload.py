@@ -19,9 +19,11 @@ from fastapi import APIRouter, HTTPException, Request
 
 from api.assistant.deps import AssistantDep
 from api.assistant.models import CsvRejected, DatasetUploaded, check_csv
+from api.frame.body import BodyLimit
 from api.frame.commands import CommandsDep
 from api.frame.deps import ConverseDep, SealerDep
 from schemas.assistant import DatasetRecorded
+from streams.assistant_settings import AssistantSettings
 from streams.topics import DATASETS
 
 router = APIRouter(prefix="/api/v1/assistant", tags=["assistant"])
@@ -30,17 +32,27 @@ UPLOAD_OVERHEAD = 64 * 1024
 """Bytes of multipart framing and form fields accepted beyond the file's own limit."""
 
 
-async def _read_body(request: Request, limit: int, file_limit: int) -> bytes:
-    too_big = HTTPException(413, f"the upload is larger than {file_limit} bytes "
-                                 "(VOICE_MAX_UPLOAD_BYTES)")
+UPLOAD_PATH = f"{router.prefix}/files"
+
+
+def upload_body_limit(settings: AssistantSettings) -> BodyLimit:
+    """The body limit of the upload route: the file's limit plus the multipart framing. The
+    edge's ``BodyGuard`` enforces it before the route runs; ``_read_body`` again, for an app
+    mounted without the guard."""
+    return BodyLimit(settings.max_upload_bytes + UPLOAD_OVERHEAD,
+                     f"VOICE_MAX_UPLOAD_BYTES ({settings.max_upload_bytes}) plus {UPLOAD_OVERHEAD} "
+                     "bytes of form framing")
+
+
+async def _read_body(request: Request, limit: BodyLimit) -> bytes:
     declared = request.headers.get("content-length")
-    if declared and declared.isdigit() and int(declared) > limit:
-        raise too_big
+    if declared and declared.isdigit() and int(declared) > limit.max_bytes:
+        raise HTTPException(413, limit.detail)
     chunks, size = [], 0
     async for chunk in request.stream():
         size += len(chunk)
-        if size > limit:
-            raise too_big
+        if size > limit.max_bytes:
+            raise HTTPException(413, limit.detail)
         chunks.append(chunk)
     return b"".join(chunks)
 
@@ -86,7 +98,7 @@ async def upload_file(request: Request, commands: CommandsDep, views: AssistantD
     if not content_type.lower().startswith("multipart/form-data"):
         raise HTTPException(415, "send the CSV as multipart/form-data, in a part named 'file'")
     limit = views.settings.max_upload_bytes
-    body = await _read_body(request, limit + UPLOAD_OVERHEAD, limit)
+    body = await _read_body(request, upload_body_limit(views.settings))
     filename, data, fields = _file_part(content_type, body)
     if len(data) > limit:
         raise HTTPException(413, f"the file is {len(data)} bytes; the limit is {limit} bytes "

@@ -4,19 +4,17 @@ from __future__ import annotations
 
 from typing import Literal
 
-from pydantic import BaseModel, ConfigDict, Field, JsonValue
+from pydantic import BaseModel, Field, JsonValue
 
-from api.frame.models import NonBlank
+from api.frame.models import NonBlank, RequestModel
 from schemas.conversation import TurnState
 
 # --- requests ---------------------------------------------------------------------------------
 
 
-class MessageIn(BaseModel):
+class MessageIn(RequestModel):
     """``POST …/messages``. The byte limit (``VOICE_MAX_MESSAGE_BYTES``) is checked by the route,
     which knows the settings; it answers the same 422 shape, located at ``body.text``."""
-
-    model_config = ConfigDict(extra="forbid")
 
     text: NonBlank = Field(description="The participant's message: non-blank, at most "
                                   "VOICE_MAX_MESSAGE_BYTES UTF-8 bytes (16 KiB by default).")

@@ -43,7 +43,7 @@ from api.frame.deps import (
     not_found,
     owned_dependency,
 )
-from api.frame.models import CancelRequested
+from api.frame.models import CancelRequested, HeaderText
 from api.frame.sse import TOO_OLD, Feed, StreamEnd, cursor_dependency, sse_stream
 from schemas.conversation import EraseConversation, MessageRecorded, SendMessage, StartConversation
 from streams.envelope import Envelope, new_id
@@ -111,7 +111,7 @@ async def list_conversations(
 async def send_message(
     body: MessageIn, view: OwnedDep, settings: SettingsDep, commands: CommandsDep,
     views: ViewsDep, sealer: SealerDep,
-    idempotency_key: Annotated[str | None, Header(
+    idempotency_key: Annotated[HeaderText | None, Header(
         alias="Idempotency-Key", min_length=1, max_length=200,
         description="Sending again with the same key returns the first answer; "
                     "the message is recorded once.")] = None,

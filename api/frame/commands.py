@@ -2,15 +2,20 @@
 records the edge writes itself (a dataset, a contribution, a workflow's first record).
 
 ``CommandsDep`` is the one way a route records anything: it carries the caller's tenant, the
-``Publisher`` and the tail. A record the broker does not take answers 503.
+``Publisher`` and the tail. ``Commands.record`` is the edge's one produce path, so its checks
+hold for every route: a record over ``VOICE_MAX_RECORD_BYTES`` answers 413 and is never sent
+(the broker would refuse it); a record the broker does not take, or a client that cannot queue
+it, answers 503 (``Retry-After`` is added to every 503 by ``api.frame.errors``).
 """
 
 from __future__ import annotations
 
+import logging
+import math
 from dataclasses import dataclass
 from typing import Annotated, Any
 
-from confluent_kafka import Message
+from confluent_kafka import KafkaError, KafkaException, Message
 from fastapi import Depends, HTTPException
 
 from api.frame.auth import Principal
@@ -20,11 +25,23 @@ from schemas.base import Record
 from schemas.system import CommandAcknowledged
 from schemas.workflow import WorkflowCommandReceived, WorkflowStarted
 from streams.envelope import Envelope, new_id
-from streams.producer import ProduceError, Publisher
+from streams.producer import ProduceError, Publisher, RecordProducer, RecordTooLarge
 from streams.settings import VoiceSettings
 from streams.topics import COMMANDS, WORKFLOWS, TopicSpec
 
 EDGE_SOURCE = "/voice/edge"
+
+log = logging.getLogger(__name__)
+
+
+def edge_producer(settings: VoiceSettings) -> RecordProducer:
+    """The edge's producer: a record not acknowledged within half the gateway bound fails
+    (→ 503) instead of waiting out librdkafka's five minutes, and a full local queue (the
+    broker gone for a while) fails at once instead of blocking the event loop. Half: the
+    first record of a fresh producer also waits for its producer id, slower on a busy broker;
+    the ack then gets a third, so a route still answers within the bound."""
+    timeout_ms = max(1000, math.ceil(settings.gateway_bound_s * 1000 / 2))
+    return RecordProducer(settings, wait_when_full=False, **{"message.timeout.ms": timeout_ms})
 
 
 @dataclass
@@ -42,11 +59,22 @@ class Commands:
                         tenant=self.principal.tenant, **attrs)
 
     async def record(self, spec: TopicSpec, env: Envelope, what: str) -> Message:
-        """Produce ``env`` and wait for the broker's ack; 503 "could not {what}" if refused."""
+        """Produce ``env`` and wait for the broker's ack: 413 "could not {what}" when it is
+        over ``VOICE_MAX_RECORD_BYTES`` (never sent), 503 when the broker does not take it."""
+        limit = self.settings.max_record_bytes
         try:
-            return await self.publisher.send(spec, env)
-        except ProduceError as exc:
-            raise HTTPException(503, f"could not {what}: {exc}") from None
+            return await self.publisher.send(spec, env, max_bytes=limit)
+        except RecordTooLarge as exc:
+            raise HTTPException(413, f"could not {what}: the record would be {exc.size} bytes, "
+                                     f"over the limit of {limit} (VOICE_MAX_RECORD_BYTES); "
+                                     "send less") from None
+        except (ProduceError, KafkaException, BufferError) as exc:
+            log.warning("could not %s: %s: %s", what, type(exc).__name__, exc)
+            if _too_large(exc):  # within our limit, yet over the client's or the topic's
+                raise HTTPException(413, f"could not {what}: the broker refuses a record this "
+                                         "large; send less") from None
+            raise HTTPException(503, f"could not {what}: the broker did not take the record; "
+                                     "try again") from None
 
     async def submit(self, aggregate: str, record: Record, correlation: str | None = None
                      ) -> CommandAcknowledged:
@@ -74,6 +102,13 @@ class Commands:
         workflow = started.workflow
         env = self.envelope(started, workflow, seq=1, correlation=workflow, id=f"{workflow}:1")
         await self.record(WORKFLOWS, env, f"start {workflow!r}")
+
+
+def _too_large(exc: BaseException) -> bool:
+    if isinstance(exc, ProduceError):
+        return exc.too_large
+    err = exc.args[0] if isinstance(exc, KafkaException) and exc.args else None
+    return isinstance(err, KafkaError) and err.code() == KafkaError.MSG_SIZE_TOO_LARGE
 
 
 def refused(ack: CommandAcknowledged, what: str,

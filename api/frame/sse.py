@@ -20,7 +20,7 @@ from fastapi import Depends, Header, Query
 from fastapi.exceptions import RequestValidationError
 from fastapi.sse import ServerSentEvent, format_sse_event
 
-from api.frame.models import CursorTooOldOut
+from api.frame.models import CursorTooOldOut, HeaderText
 from api.frame.projection import CursorTooOld, KeptEvents
 
 KEEPALIVE_S = 5.0
@@ -83,7 +83,7 @@ def cursor_dependency(view_of: Callable[..., Any]) -> Callable[..., Awaitable[in
         after: Annotated[int | None, Query(ge=0, description="Resume after this seq (an event "
                                                               "id); wins over Last-Event-ID."
                                            )] = None,
-        last_event_id: Annotated[str | None, Header(alias="Last-Event-ID")] = None,
+        last_event_id: Annotated[HeaderText | None, Header(alias="Last-Event-ID")] = None,
     ) -> int:
         return served_cursor(view, resume_cursor(after, last_event_id))
 

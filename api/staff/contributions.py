@@ -14,7 +14,7 @@ from datetime import UTC, datetime
 from typing import Annotated
 
 from fastapi import APIRouter
-from pydantic import AfterValidator, BaseModel, ConfigDict
+from pydantic import AfterValidator, BaseModel
 
 from api.frame.auth import Principal
 from api.frame.commands import Commands, CommandsDep, refused
@@ -26,7 +26,7 @@ from api.frame.deps import (
     check_text_size,
     known_or_404,
 )
-from api.frame.models import NonBlank
+from api.frame.models import NonBlank, RequestModel
 from api.staff.deps import NOT_FOUND, StaffViewsDep
 from api.staff.views import StaffViews
 from schemas.staff import ContributionRecorded, FollowIssue, UnfollowIssue
@@ -37,11 +37,9 @@ public = APIRouter(prefix="/issues", tags=["issues"])
 mine = APIRouter(prefix="/me/issues", tags=["issues"])
 
 
-class ContributionIn(BaseModel):
+class ContributionIn(RequestModel):
     """``POST /me/issues/{issue}/contributions``; the byte limit is ``VOICE_MAX_MESSAGE_BYTES``.
     Surrounding whitespace is dropped before the text is sealed."""
-
-    model_config = ConfigDict(extra="forbid")
 
     text: Annotated[NonBlank, AfterValidator(str.strip)]
 

@@ -7,10 +7,11 @@ import secrets
 from typing import Literal
 
 from fastapi import APIRouter
-from pydantic import BaseModel, ConfigDict, Field, model_validator
+from pydantic import BaseModel, Field, model_validator
 
 from api.frame.commands import CommandsDep, refused
 from api.frame.deps import VIEW_WAIT_S, known, known_or_404
+from api.frame.models import RequestModel
 from api.staff.deps import NOT_FOUND, IssuesManageDep, IssuesReadDep, StaffViewsDep
 from api.staff.research import InvestigationOut, RunSummary, investigation_out, run_state
 from api.staff.views import IssueView, StaffViews
@@ -19,17 +20,13 @@ from schemas.staff import AddEvidence, OpenIssue, RecordDevelopment
 router = APIRouter(prefix="/staff", tags=["staff"])
 
 
-class IssueIn(BaseModel):
-    model_config = ConfigDict(extra="forbid")
-
+class IssueIn(RequestModel):
     title: str = Field(min_length=1, max_length=200)
     summary: str = Field("", max_length=4000)
 
 
-class EvidenceIn(BaseModel):
+class EvidenceIn(RequestModel):
     """A source: a title and its text, its URL, or both."""
-
-    model_config = ConfigDict(extra="forbid")
 
     title: str = Field(min_length=1, max_length=300)
     body: str | None = Field(None, max_length=16_000)
@@ -42,9 +39,7 @@ class EvidenceIn(BaseModel):
         return self
 
 
-class DevelopmentIn(BaseModel):
-    model_config = ConfigDict(extra="forbid")
-
+class DevelopmentIn(RequestModel):
     title: str = Field(min_length=1, max_length=200)
     body: str = Field(min_length=1, max_length=16_000)
 

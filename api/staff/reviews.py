@@ -7,10 +7,11 @@ import secrets
 from typing import Annotated, Literal
 
 from fastapi import APIRouter, Header, HTTPException
-from pydantic import BaseModel, ConfigDict, Field, model_validator
+from pydantic import BaseModel, Field, model_validator
 
 from api.frame.commands import CommandsDep
 from api.frame.deps import VIEW_WAIT_S, SealerDep, known_or_404
+from api.frame.models import MAX_STRING_CHARS, HeaderText, RequestModel
 from api.staff.deps import ReviewDecideDep, ReviewReadDep, StaffViewsDep
 from api.staff.views import StaffViews
 from schemas.workflow import WorkflowCommandReceived
@@ -21,11 +22,9 @@ ReviewState = Literal["checking", "waiting", "published", "rejected", "failed"]
 NO_CONTRIBUTION = {404: {"description": "No such contribution."}}
 
 
-class RedactionIn(BaseModel):
-    model_config = ConfigDict(extra="forbid")
-
-    start: int = Field(ge=0)
-    end: int = Field(gt=0)
+class RedactionIn(RequestModel):
+    start: int = Field(ge=0, le=MAX_STRING_CHARS)
+    end: int = Field(gt=0, le=MAX_STRING_CHARS)
     kind: str | None = Field(None, max_length=40)
 
     @model_validator(mode="after")
@@ -35,10 +34,8 @@ class RedactionIn(BaseModel):
         return self
 
 
-class ReviewIn(BaseModel):
+class ReviewIn(RequestModel):
     """``redact`` without spans redacts every flagged span; with spans, those."""
-
-    model_config = ConfigDict(extra="forbid")
 
     decision: Literal["approve", "reject", "redact"]
     redactions: list[RedactionIn] = Field(default_factory=list, max_length=500)
@@ -147,7 +144,7 @@ async def get_contribution(contribution: str, principal: ReviewReadDep, views: S
 async def review_contribution(
     contribution: str, body: ReviewIn, principal: ReviewDecideDep, commands: CommandsDep,
     views: StaffViewsDep,
-    idempotency_key: Annotated[str | None, Header(
+    idempotency_key: Annotated[HeaderText | None, Header(
         alias="Idempotency-Key", min_length=1, max_length=200,
         description="Repeating a review with the same key applies it once.")] = None,
 ) -> ReviewAccepted:
