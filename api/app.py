@@ -118,6 +118,9 @@ def create_app(settings: VoiceSettings | None = None) -> FastAPI:
         tail: EdgeTail = app.state.tail
         checks["consumers"] = "assigned" if tail.assigned.is_set() else "not assigned"
         checks["caught_up"] = tail.caught_up.is_set()
+        # Records the tail skipped (undecodable, or a view raised on them): not a reason to
+        # be unready — the writer side dead-letters them — but worth seeing.
+        checks["skipped"] = tail.skipped_counts()
         ready = (checks["broker"] == "ok" and checks["topics"] == "ok"
                  and tail.assigned.is_set() and tail.caught_up.is_set())
         return JSONResponse({"ready": ready, "checks": checks}, status_code=200 if ready else 503)

@@ -2,9 +2,8 @@
 
 A consumer never dies of one record: anything ``decode`` refuses — or a decoded record its
 consumer cannot handle (``dead_letter``) — goes to ``<topic>.dlq`` with the reason and its
-origin (``topic[partition]@offset``) in headers, and the caller moves on. A record too large
-for the dead-letter topic is kept there cut to ``DLQ_VALUE_KEPT`` bytes, its full length in the
-``voice_dlq_truncated`` header: the reason and the origin always arrive.
+origin (``topic[partition]@offset``) in headers (``streams.dead_letters``, the one way any
+consumer dead-letters), and the caller moves on.
 """
 
 from __future__ import annotations
@@ -12,29 +11,13 @@ from __future__ import annotations
 import logging
 from collections.abc import Sequence
 
-from confluent_kafka import KafkaException
-
+from streams.dead_letters import DLQ_VALUE_KEPT, send_dead_letter
 from streams.envelope import DecodeError, Envelope, decode, encode
-from streams.producer import ProduceError, RecordProducer, dlq_headers
-from streams.topics import dlq_name
+from streams.producer import RecordProducer
 
 log = logging.getLogger(__name__)
 
-DLQ_VALUE_KEPT = 64 * 1024
-"""Bytes of a too-large record's value its dead letter keeps."""
-
-
-async def _to_dlq(producer: RecordProducer, topic: str, key: bytes | None, value: bytes | None,
-                  headers: Sequence[tuple[str, bytes | None]] | None, reason: str,
-                  partition: int | None, offset: int | None) -> None:
-    out = dlq_headers(headers, reason, topic, partition, offset)
-    try:
-        await producer.produce_raw(dlq_name(topic), key, value, out)
-    except (ProduceError, KafkaException) as exc:
-        if "size too large" not in str(exc).lower() or value is None:
-            raise
-        await producer.produce_raw(dlq_name(topic), key, value[:DLQ_VALUE_KEPT],
-                                   [*out, ("voice_dlq_truncated", str(len(value)).encode())])
+__all__ = ["DLQ_VALUE_KEPT", "dead_letter", "decode_or_dead_letter", "decode_or_none"]
 
 
 async def decode_or_dead_letter(
@@ -52,7 +35,7 @@ async def decode_or_dead_letter(
     except DecodeError as exc:
         reason = exc.reason
     log.warning("dead-lettering %s[%s]@%s: %s", topic, partition, offset, reason)
-    await _to_dlq(producer, topic, key, value, headers, reason, partition, offset)
+    await send_dead_letter(producer, topic, partition, offset, key, value, headers, reason)
     return None
 
 
@@ -61,7 +44,7 @@ async def dead_letter(producer: RecordProducer, topic: str, env: Envelope, reaso
     """Produce a decoded record that could not be handled to ``<topic>.dlq`` (and await it)."""
     log.warning("dead-lettering %s[%s]@%s (%s): %s", topic, partition, offset, env.id, reason)
     key, value, headers = encode(env)
-    await _to_dlq(producer, topic, key, value, headers, reason, partition, offset)
+    await send_dead_letter(producer, topic, partition, offset, key, value, headers, reason)
 
 
 def decode_or_none(key: bytes | None, value: bytes | None,

@@ -135,6 +135,16 @@ class VoiceSettings(BaseSettings):
     step_attempts: int = Field(default=3, ge=1)
     """Immediate attempts of a failing workflow step before the workflow fails."""
 
+    consumer_retry_attempts: int = Field(default=3, ge=1, le=20)
+    """Attempts a consumer (a worker's agent, the telemetry sink) makes at one record before
+    it dead-letters it (``streams.retry``); a failure that says it is not retryable gets one."""
+
+    consumer_retry_initial_ms: int = Field(default=200, ge=0)
+    """Wait after a record's first failed attempt; it doubles after each further one …"""
+
+    consumer_retry_max_ms: int = Field(default=2_000, ge=0)
+    """… up to this. The consumer waits in line meanwhile, so keep the sum short."""
+
     model: str = "claude-sonnet-4-5"
     """The model agents call (through the simulator unless ANTHROPIC_API_KEY is set)."""
 

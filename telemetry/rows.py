@@ -255,3 +255,9 @@ def _workflow_row(rec: Record) -> dict[str, Any] | None:
         return {"workflow": rec.workflow, "scope": "workflow", "step": rec.step,
                 "attempt": rec.attempts, "status": "failed", "error": rec.error}
     return None
+
+
+def fallback_rows(raw: RawRecord, reason: str) -> Rows:
+    """An ``undecodable`` events row for a record whose own rows the store refused: its
+    place, headers, key, payload and ``reason`` (the sink's last word on it)."""
+    return _undecodable_rows(raw, reason)

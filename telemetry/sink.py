@@ -15,24 +15,46 @@ Order, always: **flush batch → insert → commit offsets.**
 * ClickHouse unavailable: the sink pauses every assigned partition, retries the same batch with
   exponential backoff (polling meanwhile, so it keeps its group membership), then resumes.
 * An undecodable record is an ``events`` row with ``ce_type = 'undecodable'`` and the reason.
+  On a topic no worker reads (acks, agent, telemetry, contributions, inbox, datasets) the sink
+  is its only backend consumer, so it also sends the record to ``<topic>.dlq`` with the reason;
+  on a topic a worker reads, the worker's agent does (one dead letter per record).
+* A record whose rows the store refuses (not unavailable: it answers, and says no) holds no
+  batch back for long: after ``VOICE_CONSUMER_RETRY_ATTEMPTS`` refusals of a batch the sink
+  halves it until it finds the records refused, inserts the rest, keeps each refused one as an
+  ``undecodable`` row with the store's reason, and sends it to ``<topic>.dlq`` (a record of a
+  ``.dlq`` topic is counted in ``skipped`` and logged instead).
+
+So the full order of a flush is: **insert (or isolate) → dead letters, each awaited → commit.**
+A dead letter the broker does not take is retried like an unavailable store: nothing is
+committed past a record that was neither stored nor dead-lettered.
 """
 
 from __future__ import annotations
 
+import asyncio
 import hashlib
 import logging
 import signal
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from typing import Any
 
 from confluent_kafka import Consumer, KafkaException, TopicPartition
 
+from streams.dead_letters import send_dead_letter
+from streams.producer import RecordProducer
+from streams.retry import RetryPolicy
 from streams.settings import VoiceSettings
-from streams.topics import all_specs, topic_name
-from telemetry.rows import KindCache, RawRecord, Rows, map_record
+from streams.topics import TOPICS, all_specs, topic_name
+from telemetry.rows import KindCache, RawRecord, Rows, fallback_rows, map_record
 from telemetry.schema import DATABASE, column_names, ensure_schema
-from telemetry.store import TelemetrySettings, TelemetryStore, open_store, telemetry_settings
+from telemetry.store import (
+    TelemetrySettings,
+    TelemetryStore,
+    open_store,
+    telemetry_settings,
+    unavailable,
+)
 
 log = logging.getLogger(__name__)
 
@@ -61,15 +83,51 @@ def consumer_config(settings: VoiceSettings) -> dict[str, object]:
     }
 
 
+DLQ_TIMEOUT_MS = 30_000
+"""Longest wait for the broker to take one of the sink's dead letters (not librdkafka's
+300 s: the sink does not poll meanwhile)."""
+
+
+def _token(ranges: dict[tuple[str, int], list[int]]) -> str:
+    """Same records → same token: their offset ranges, hashed (tokens stay short)."""
+    spec = ";".join(f"{t}:{p}:{a}-{b}" for (t, p), (a, b) in sorted(ranges.items()))
+    return "voice-telemetry-" + hashlib.sha256(spec.encode()).hexdigest()[:40]
+
+
+def _ranges(raws: Sequence[RawRecord]) -> dict[tuple[str, int], list[int]]:
+    out: dict[tuple[str, int], list[int]] = {}
+    for raw in raws:
+        r = out.setdefault((raw.topic, raw.partition), [raw.offset, raw.offset])
+        r[0], r[1] = min(r[0], raw.offset), max(r[1], raw.offset)
+    return out
+
+
+def _undecodable_reason(rows: Rows) -> str | None:
+    """The reason a record's rows say it is undecodable, or None."""
+    names = column_names("events")
+    for row in rows.tables.get("events", ()):
+        if row[names.index("ce_type")] == "undecodable":
+            return str(row[names.index("decode_error")] or "undecodable")
+    return None
+
+
 class _Batch:
     def __init__(self) -> None:
         self.rows = Rows()
+        self.items: list[tuple[RawRecord, Rows]] = []
+        """Each record with its rows, in arrival order (to find the ones a store refuses)."""
         self.records = 0
         self.ranges: dict[tuple[str, int], list[int]] = {}  # (topic, partition) → [first, last]
         self.started: float | None = None
+        self.dead: list[tuple[RawRecord, str]] = []
+        """Records to dead-letter before the commit, with the reason."""
+        self.refusals = 0
+        """Inserts of this batch the store refused (answered, and said no)."""
+        self.inserted = False
 
     def add(self, raw: RawRecord, rows: Rows, now: float) -> None:
         self.rows.extend(rows)
+        self.items.append((raw, rows))
         self.records += 1
         r = self.ranges.setdefault((raw.topic, raw.partition), [raw.offset, raw.offset])
         r[0], r[1] = min(r[0], raw.offset), max(r[1], raw.offset)
@@ -78,11 +136,32 @@ class _Batch:
 
     def token(self) -> str:
         """Same records → same token: the batch's offset ranges, hashed (tokens stay short)."""
-        spec = ";".join(f"{t}:{p}:{a}-{b}" for (t, p), (a, b) in sorted(self.ranges.items()))
-        return "voice-telemetry-" + hashlib.sha256(spec.encode()).hexdigest()[:40]
+        return _token(self.ranges)
 
     def offsets(self) -> list[TopicPartition]:
         return [TopicPartition(t, p, b + 1) for (t, p), (_a, b) in sorted(self.ranges.items())]
+
+
+class DeadLetters:
+    """The sink's dead letters, through the one mechanism (``streams.dead_letters``); its
+    producer is made at the first one."""
+
+    def __init__(self, settings: VoiceSettings) -> None:
+        self.settings = settings
+        self._producer: RecordProducer | None = None
+
+    def send(self, raw: RawRecord, reason: str) -> None:
+        """Produce ``raw`` to ``<topic>.dlq`` with ``reason``; return once the broker has it."""
+        if self._producer is None:
+            self._producer = RecordProducer(self.settings,
+                                            **{"message.timeout.ms": DLQ_TIMEOUT_MS})
+        asyncio.run(send_dead_letter(self._producer, raw.topic, raw.partition, raw.offset,
+                                     raw.key, raw.value, raw.headers, reason))
+
+    def close(self) -> None:
+        if self._producer is not None:
+            self._producer.close()
+            self._producer = None
 
 
 class Sink:
@@ -99,7 +178,9 @@ class Sink:
         consumer: Any | None = None,
         retry_initial_s: float = 0.2,
         clock: Callable[[], float] = time.monotonic,
+        dead_letter: Callable[[RawRecord, str], None] | None = None,
     ) -> None:
+        """``dead_letter(record, reason)`` replaces the Kafka dead-letter path (tests)."""
         self.settings: TelemetrySettings = telemetry_settings(settings)
         self.store = store if store is not None else open_store(self.settings)
         try:
@@ -110,6 +191,15 @@ class Sink:
             raise
         self._clock = clock
         self._retry_initial_s = retry_initial_s
+        self._policy = RetryPolicy.from_settings(self.settings)
+        self._dead_letters = DeadLetters(self.settings) if dead_letter is None else None
+        self._dead_letter = dead_letter or self._dead_letters.send  # type: ignore[union-attr]
+        self.sole_reader = {topic_name(self.settings, s) for s in TOPICS if not s.read_by_workers}
+        """Topics no worker reads: the sink dead-letters their undecodable records."""
+        self.dead_lettered = 0
+        """Records this sink sent to a dead-letter topic."""
+        self.skipped = 0
+        """Records of a ``.dlq`` topic the store refused (logged; there is no further DLQ)."""
         self._kinds = KindCache()
         self._batch = _Batch()
         self._held: list[Any] = []  # records that arrived while a flush was retrying
@@ -156,7 +246,11 @@ class Sink:
             log.warning("telemetry consumer: %s", err)
             return 0
         raw = RawRecord.from_message(msg)
-        self._batch.add(raw, map_record(raw, self._kinds), self._clock())
+        rows = map_record(raw, self._kinds)
+        self._batch.add(raw, rows, self._clock())
+        reason = _undecodable_reason(rows) if raw.topic in self.sole_reader else None
+        if reason is not None:
+            self._batch.dead.append((raw, f"telemetry: {reason}"))
         return 1
 
     # -- flushing ----------------------------------------------------------------------------
@@ -171,23 +265,21 @@ class Sink:
         batch = self._batch
         if not batch.records:
             return 0
-        token, attempt = batch.token(), 0
+        attempt = 0
         self._flushing, self._lost = True, False
         try:
             while True:
                 attempt += 1
                 try:
-                    t0 = time.perf_counter()
-                    self._insert(batch.rows, token)
-                    log.debug("inserted %d records in %.1f ms", batch.records,
-                              (time.perf_counter() - t0) * 1000)
+                    self._store(batch)
+                    self._send_dead_letters(batch)
                     break
                 except Exception as exc:
                     if max_attempts is not None and attempt >= max_attempts:
                         raise InsertFailed(f"insert failed {attempt}x: {exc}") from exc
                     delay = min(self.settings.telemetry_retry_max_s,
                                 self._retry_initial_s * 2 ** (attempt - 1))
-                    log.warning("telemetry insert failed (attempt %d), retrying in %.1fs: %s",
+                    log.warning("telemetry flush failed (attempt %d), retrying in %.1fs: %s",
                                 attempt, delay, exc)
                     self._pause()
                     self._wait(delay)
@@ -206,6 +298,86 @@ class Sink:
         for msg in held:
             self._take(msg)
         return batch.records
+
+    def _store(self, batch: _Batch) -> None:
+        """Insert the batch's rows (once); after repeated refusals, isolate what is refused."""
+        if batch.inserted:
+            return
+        try:
+            t0 = time.perf_counter()
+            self._insert(batch.rows, batch.token())
+            log.debug("inserted %d records in %.1f ms", batch.records,
+                      (time.perf_counter() - t0) * 1000)
+        except Exception as exc:
+            if unavailable(exc):
+                raise
+            batch.refusals += 1
+            if batch.refusals < self._policy.attempts:
+                raise
+            log.warning("the store refused a batch of %d records %d times (%s: %s); finding "
+                        "the records it refuses", batch.records, batch.refusals,
+                        type(exc).__name__, exc)
+            self._isolate(batch, exc)
+        batch.inserted = True
+
+    def _isolate(self, batch: _Batch, refusal: Exception) -> None:
+        """Insert the batch in halves, down to single records; each refused record is kept
+        as an ``undecodable`` row with the store's reason and queued for its dead-letter
+        topic. An unavailable store stops it (raised): the next attempt starts over, and the
+        halves already in are deduplicated by their tokens."""
+        refused: list[tuple[RawRecord, Exception]] = []
+
+        def insert(items: list[tuple[RawRecord, Rows]]) -> None:
+            rows = Rows()
+            for _raw, r in items:
+                rows.extend(r)
+            try:
+                self._insert(rows, _token(_ranges([raw for raw, _r in items])))
+            except Exception as exc:
+                if unavailable(exc):
+                    raise
+                if len(items) == 1:
+                    refused.append((items[0][0], exc))
+                    return
+                halve(items)
+
+        def halve(items: list[tuple[RawRecord, Rows]]) -> None:
+            half = len(items) // 2
+            insert(items[:half])
+            insert(items[half:])
+
+        if len(batch.items) > 1:
+            halve(batch.items)  # the whole batch was just refused
+        else:
+            refused.append((batch.items[0][0], refusal))
+        dead, skipped = [], 0
+        for raw, exc in refused:
+            reason = f"telemetry: the store refused its rows: {type(exc).__name__}: {exc}"
+            log.error("%s[%s]@%s: %s", raw.topic, raw.partition, raw.offset, reason)
+            try:  # what the analyst sees of it: the record's place, headers and the reason
+                self._insert(fallback_rows(raw, reason), _token(_ranges([raw])) + "-refused")
+            except Exception as fallback:
+                if unavailable(fallback):
+                    raise
+                log.error("the store refused the fallback row of %s[%s]@%s too: %s",
+                          raw.topic, raw.partition, raw.offset, fallback)
+            if raw.topic.endswith(".dlq"):
+                skipped += 1  # already a dead letter: the log line is its trace
+            else:
+                dead.append((raw, reason))
+        batch.dead.extend(dead)
+        self.skipped += skipped
+
+    def _send_dead_letters(self, batch: _Batch) -> None:
+        """Produce the batch's dead letters, each awaited; one that fails is raised (the
+        flush retries it, and commits nothing meanwhile)."""
+        while batch.dead:
+            raw, reason = batch.dead[0]
+            self._dead_letter(raw, reason)
+            batch.dead.pop(0)
+            self.dead_lettered += 1
+            log.warning("dead-lettered %s[%s]@%s: %s", raw.topic, raw.partition, raw.offset,
+                        reason)
 
     def _insert(self, rows: Rows, token: str) -> None:
         for table in TABLES:
@@ -292,6 +464,8 @@ class Sink:
             try:
                 self.consumer.close()
             finally:
+                if self._dead_letters is not None:
+                    self._dead_letters.close()
                 self.store.close()
 
 

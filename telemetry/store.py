@@ -20,6 +20,7 @@ from pathlib import Path
 from typing import Any, Protocol
 
 import clickhouse_connect
+from clickhouse_connect.driver.exceptions import OperationalError
 from pydantic import Field
 
 from streams.settings import VoiceSettings
@@ -55,6 +56,12 @@ def telemetry_settings(settings: VoiceSettings | None = None) -> TelemetrySettin
 
 class StoreUnavailable(Exception):
     """The store cannot be opened or did not take a call; retrying later may help."""
+
+
+def unavailable(exc: BaseException) -> bool:
+    """Whether ``exc`` says the store could not be reached (wait for it), rather than that it
+    answered and refused what it was given (a record it will refuse again)."""
+    return isinstance(exc, (StoreUnavailable, OperationalError, ConnectionError, TimeoutError))
 
 
 @dataclass

@@ -4,6 +4,14 @@ Every edge process reads all partitions of ``voice.acks`` (from the end: it only
 own commands) and of ``voice.conversations`` (from the beginning: the views it serves are
 derived from the log). A thread polls with confluent-kafka and hands decoded records to the
 event loop; nothing on a request path polls Kafka.
+
+A record the tail cannot use is skipped, logged (``topic[partition]@offset`` and why) and
+counted in ``skipped`` (``/readyz`` shows the counts): one the codec refuses, or one a view's
+handler raises on. The edge is a reader — every edge reads every record, from the beginning,
+at every start — so it never dead-letters: the writer side does, once per record (the worker
+agent that reads the topic, or the telemetry sink for a topic no worker reads; decision 0008).
+A skipped record never stops the tail, never makes the edge unready, and leaves that
+aggregate's view where it was (a caller waiting on it gets its bound's 503).
 """
 
 from __future__ import annotations
@@ -11,7 +19,9 @@ from __future__ import annotations
 import asyncio
 import logging
 import threading
+from collections import Counter
 from collections.abc import Callable, Mapping
+from typing import Any
 
 from confluent_kafka import OFFSET_BEGINNING, OFFSET_END, Consumer, TopicPartition
 
@@ -52,6 +62,9 @@ class EdgeTail:
         self.assigned = threading.Event()
         self.caught_up = threading.Event()
         """Set once the conversation log has been read up to its end at start."""
+        self.skipped: Counter[tuple[str, str]] = Counter()
+        """(topic, ``undecodable`` | ``not applied``) → records skipped since the start
+        (changed and read on the event loop only)."""
 
     def start(self) -> None:
         self._loop = asyncio.get_running_loop()
@@ -139,20 +152,42 @@ class EdgeTail:
 
     def _handle(self, topic: str, partition: int, offset: int, key: bytes | None,
                 value: bytes | None, headers: list[tuple[str, bytes]] | None) -> None:
+        assert self._loop is not None
         try:
             env = decode(key, value, headers)
-        except DecodeError as exc:  # the workers dead-letter it; the edge just skips it
-            log.debug("edge skips %s[%s]@%s: %s", topic, partition, offset, exc.reason)
+        except DecodeError as exc:  # the writer side dead-letters it; the edge skips it
+            log.info("edge skips %s[%s]@%s: %s", topic, partition, offset, exc.reason)
+            # Counted on the loop, like every other change of ``skipped``.
+            self._loop.call_soon_threadsafe(self.skipped.update, [(topic, "undecodable")])
             return
-        assert self._loop is not None
+        where = (topic, partition, offset)
         if topic == self.acks_topic:
-            self._loop.call_soon_threadsafe(self._resolve, env)
+            self._loop.call_soon_threadsafe(self._apply, where, self._resolve, env)
         elif topic in self.more:
-            self._loop.call_soon_threadsafe(self.more[topic], env)
+            self._loop.call_soon_threadsafe(self._apply, where, self.more[topic], env)
         elif topic in self.located:
-            self._loop.call_soon_threadsafe(self.located[topic], env, partition, offset)
+            self._loop.call_soon_threadsafe(self._apply, where, self.located[topic], env,
+                                            partition, offset)
         else:
-            self._loop.call_soon_threadsafe(self.on_conversation, env)
+            self._loop.call_soon_threadsafe(self._apply, where, self.on_conversation, env)
+
+    def _apply(self, where: tuple[str, int, int], handler: Callable[..., None],
+               *args: Any) -> None:
+        """Run one view's handler on the loop; a record it raises on is logged and counted."""
+        try:
+            handler(*args)
+        except Exception:
+            topic, partition, offset = where
+            self.skipped[(topic, "not applied")] += 1
+            log.exception("edge view could not apply %s[%s]@%s; skipped", topic, partition,
+                          offset)
+
+    def skipped_counts(self) -> dict[str, dict[str, int]]:
+        """``skipped`` by topic, for ``/readyz``."""
+        out: dict[str, dict[str, int]] = {}
+        for (topic, why), n in sorted(self.skipped.items()):
+            out.setdefault(topic, {})[why] = n
+        return out
 
     def _resolve(self, env: Envelope) -> None:
         fut = self._waiters.get(env.key)

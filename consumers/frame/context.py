@@ -8,7 +8,9 @@ one ``Publisher``, the sealer, the workflow runtime, the agent runner (the one o
 model client) and the writer of ``voice.commands``.
 
 Records of ``voice.commands`` go to the aggregate that owns their record type (see
-``consumers.frame.writer``); nothing routes them by hand. It must never import a product.
+``consumers.frame.writer``); nothing routes them by hand. Every agent consumes through
+``consumers.frame.failures``: a record it cannot process is retried, then dead-lettered, and
+never committed past unless it was one or the other. It must never import a product.
 """
 
 from __future__ import annotations
@@ -21,6 +23,7 @@ import faust
 
 from consumers.engine.runner import AgentRunner
 from consumers.frame.aggregate import Ack, Aggregate
+from consumers.frame.failures import Halt, RawDispatch, RecordGuard, consume
 from consumers.frame.writer import Raw, Writer, acknowledgement
 from consumers.intake import decode_or_dead_letter, decode_or_none
 from consumers.workflows.engine import WorkflowDef
@@ -29,6 +32,7 @@ from schemas.base import Record
 from schemas.workflow import LeaseCheck, WorkflowCommandReceived
 from streams.envelope import Envelope
 from streams.producer import Publisher, RecordProducer
+from streams.retry import RetryPolicy, Unprocessable
 from streams.sealing import sealer_for
 from streams.settings import VoiceSettings
 from streams.topics import ACKS, COMMANDS, WORKFLOWS, TopicSpec, topic_name
@@ -36,7 +40,6 @@ from streams.topics import ACKS, COMMANDS, WORKFLOWS, TopicSpec, topic_name
 log = logging.getLogger(__name__)
 
 Dispatch = Callable[[Envelope, Any], Awaitable[None]]
-RawDispatch = Callable[[Raw, Any], Awaitable[None]]
 SOURCE = "/voice/worker"
 
 
@@ -83,6 +86,9 @@ class WorkerContext:
         self.runtime = WorkflowRuntime(settings, self.table("workflows"), self.publisher)
         self.writer = Writer(self.publisher, topic_name(settings, COMMANDS))
         self.products: list[Product] = []
+        self.retry_policy = RetryPolicy.from_settings(settings)
+        self.guards: dict[str, RecordGuard] = {}
+        """Each agent's guard, by agent name (its dead-letter count)."""
         self.on_command((WorkflowCommandReceived,), self._forward_workflow_command)
         self.wire_raw(COMMANDS, self._on_command_record, agent_name="voice_commands_agent")
         self.wire(WORKFLOWS, self._on_workflow_record, manual_ack=True)
@@ -134,7 +140,10 @@ class WorkerContext:
         """Run ``dispatch(envelope, event)`` for every decodable record of ``spec``.
 
         Several agents may read one topic (each names itself); exactly one of them — the
-        topic's first, ``dead_letter=True`` — sends undecodable records to the DLQ.
+        topic's first, ``dead_letter=True`` — sends undecodable records to the DLQ. A record
+        on an aggregate's log without its seq (every writer gives one) is ``Unprocessable``
+        for each of them: every such consumer dedupes by seq. Failures of ``dispatch`` are
+        retried, then dead-lettered, as ``wire_raw`` says.
         """
 
         async def on_raw(raw: Raw, event: Any) -> None:
@@ -143,36 +152,44 @@ class WorkerContext:
                                                   raw.offset, raw.key, raw.value, raw.headers)
             else:
                 env = decode_or_none(raw.key, raw.value, raw.headers)
-            if env is not None:
-                await dispatch(env, event)
-            elif manual_ack:
-                event.ack()
+            if env is None:
+                if manual_ack:
+                    event.ack()
+                return
+            if env.seq is None and spec in self.writer.logs:
+                raise Unprocessable(f"{env.type!r} on the log {spec.name!r} has no seq")
+            await dispatch(env, event)
 
         self.wire_raw(spec, on_raw, manual_ack, agent_name)
 
     def wire_raw(self, spec: TopicSpec, dispatch: RawDispatch, manual_ack: bool = False,
                  agent_name: str | None = None) -> None:
-        """Run ``dispatch(raw, event)`` for every record of ``spec``, undecoded."""
+        """Run ``dispatch(raw, event)`` for every record of ``spec``, undecoded.
+
+        A record ``dispatch`` fails on is retried (``VOICE_CONSUMER_RETRY_*``), then sent to
+        ``<topic>.dlq`` with the reason, and the agent goes on; if even the dead letter fails,
+        the worker stops without committing it (``consumers.frame.failures``). With
+        ``manual_ack`` the handler acknowledges what it handled (when it is done with it).
+        """
         name = topic_name(self.settings, spec)
         topic = self.app.topic(name, key_type=bytes, value_type=bytes, key_serializer="raw",
                                value_serializer="raw", partitions=self.settings.topic_partitions)
+        agent_name = agent_name or f"{spec.name.replace('.', '_')}_agent"
+        guard = RecordGuard(agent_name, lambda: self.producer, self.retry_policy)
+        self.guards[agent_name] = guard
 
         async def agent(stream: Any) -> None:
-            source = stream.noack() if manual_ack else stream
-            async for event in source.events():
-                msg = event.message
-                headers = (list(msg.headers.items()) if isinstance(msg.headers, dict)
-                           else msg.headers)
-                try:
-                    await dispatch(Raw(name, msg.partition, msg.offset, msg.key, msg.value,
-                                       headers), event)
-                except Exception:  # one record never stops the consumer
-                    log.exception("record %s[%s]@%s failed", name, msg.partition, msg.offset)
-                    if manual_ack:
-                        event.ack()
+            # Never acknowledged by the stream: ``consume`` acknowledges a record once it is
+            # handled or dead-lettered, and never one that is neither.
+            await consume(stream.noack().events(), name, guard, dispatch, manual_ack,
+                          self._halt)
 
-        agent.__name__ = agent_name or f"{spec.name.replace('.', '_')}_agent"
-        self.app.agent(topic, name=agent.__name__)(agent)
+        agent.__name__ = agent_name
+        self.app.agent(topic, name=agent_name)(agent)
+
+    async def _halt(self, exc: Halt) -> None:
+        """Stop the worker: a record could be neither processed nor dead-lettered."""
+        await self.app.crash(exc)
 
     # --- what the context itself consumes ---------------------------------------------------
 

@@ -4,7 +4,8 @@ For each record of ``voice.commands`` (consumed by one agent, key = the aggregat
 aggregate's commands arrive in order at one writer):
 
 1. **decode** — bytes that are not a record go to ``<topic>.dlq`` with the reason;
-2. **route** — by record type, to the aggregate (or plain handler) that owns it;
+2. **route** — by record type, to the aggregate (or plain handler) that owns it; a type
+   nobody owns goes to ``<topic>.dlq``;
 3. **tenant, then dedupe** — a command of another tenant than the aggregate's is answered
    ``no such …`` (as if it did not exist) and applied nowhere; a command id the state
    remembers is answered again ("duplicate", with the detail it got the first time) and never
@@ -20,6 +21,10 @@ aggregate's commands arrive in order at one writer):
    without waiting for its own delivery: the records it announces are durable and the table
    says so already, and waiting would cost every command a second broker round trip;
 8. Faust commits the offset after the agent has moved on.
+
+Anything else that fails (a table write, a plain handler's produce, a dead letter the broker
+does not take) is raised to the agent, which retries the record and then dead-letters it — or
+stops without committing it (``consumers.frame.failures``, decision 0008).
 
 A crash before 6 redelivers the command against the old state: the same records with the same
 ids and seqs (``decide`` is deterministic), which readers dedupe. A crash between 6 and 7
@@ -47,6 +52,7 @@ from schemas.base import Record
 from schemas.system import CommandAcknowledged
 from streams.envelope import Envelope
 from streams.producer import ProduceError, RecordProducer, deliver_all
+from streams.retry import Unprocessable
 from streams.topics import ACKS, TopicSpec
 
 log = logging.getLogger(__name__)
@@ -155,6 +161,11 @@ class Writer:
         for type_ in agg.commands:
             self._owners[type_] = (agg, table)
 
+    @property
+    def logs(self) -> set[TopicSpec]:
+        """The logs the registered aggregates append to (every record there has a seq)."""
+        return {agg.log for agg, _table in self._owners.values()}
+
     def route(self, types: tuple[type[Record], ...], handler: Handler) -> None:
         """Hand commands of ``types`` that no aggregate writes to ``handler``."""
         for type_ in types:
@@ -174,14 +185,16 @@ class Writer:
             await self.dispatch(env, raw)
 
     async def dispatch(self, env: Envelope, raw: Raw | None = None) -> None:
-        """Step 2 for a decoded record; commands nobody owns are left alone."""
+        """Step 2 for a decoded record. A record nobody owns is ``Unprocessable``: every
+        worker runs every product, so no other writer will take it (it is dead-lettered)."""
         owner = self._owners.get(type(env.record))
         if owner is not None:
             await self.handle(owner[0], owner[1], env, raw)
             return
         handler = self._handlers.get(type(env.record))
-        if handler is not None:
-            await handler(env)
+        if handler is None:
+            raise Unprocessable(f"no writer takes {env.type!r} on {self.topic!r}")
+        await handler(env)
 
     async def handle(self, agg: Aggregate[Any], table: MutableMapping[Any, Any], cmd: Envelope,
                      raw: Raw | None = None) -> None:
@@ -220,10 +233,9 @@ class Writer:
         if state is not None and new is not None:
             state.seq = new.seq  # ``apply`` decided on a copy: this is still the stored state
             table[cmd.key] = agg.dump(state)
-        try:
-            await self._dead_letter(cmd, reason, raw)
-        except Exception:  # the broker is refusing everything: the log line is what is left
-            log.exception("could not dead-letter command %s", cmd.id)
+        # Raised when it fails: the command is then neither recorded nor dead-lettered, so the
+        # agent retries it (decided afresh under the new seqs) and never commits past it.
+        await self._dead_letter(cmd, reason, raw)
         if agg.acknowledges(cmd):
             ack = Ack.rejected("could not record the command; try again", retryable=True)
             self._send_ack(acknowledgement(cmd, ack, agg.source))

@@ -28,6 +28,7 @@ from consumers.workflows.engine import Pause, StepContext, Transition, WorkflowD
 from schemas.workflow import StepOutcome, WorkflowCommandReceived, WorkflowStarted
 from streams.envelope import Envelope
 from streams.producer import Publisher
+from streams.retry import Unprocessable
 from streams.settings import VoiceSettings
 from streams.topics import WORKFLOWS, topic_name
 
@@ -87,9 +88,9 @@ class WorkflowRuntime:
             t: Transition | None = None
             if isinstance(rec, WorkflowStarted):
                 wf = self.defs.get(rec.kind)
-                if wf is None:
-                    log.error("no workflow kind %r (workflow %r)", rec.kind, workflow)
-                elif state is None:
+                if wf is None:  # dead-lettered by the agent (``consumers.frame.failures``)
+                    raise Unprocessable(f"no workflow kind {rec.kind!r} (workflow {workflow!r})")
+                if state is None:
                     t = engine.start(wf, rec)
                     t.state.tenant = env.tenant or rec.input.get("tenant")
             elif isinstance(rec, WorkflowCommandReceived) and not self._same_tenant(state, env):

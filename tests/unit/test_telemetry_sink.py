@@ -236,3 +236,112 @@ def test_undecodable_records_are_rows_and_the_sink_goes_on(parts):
     rows = store.query("SELECT ce_type, decode_error != '' FROM voice.events ORDER BY topic").rows
     assert rows == [("voice.agent.model_call.v1", None), ("undecodable", True)]
     assert sorted(log[-1].split(" ")[1].split(",")) == ["voice.agent:0:2", "voice.commands:1:1"]
+
+
+# --- records the sink cannot store (decision 0008) ------------------------------------------
+
+
+class DeadLetterBox:
+    """The sink's dead-letter path, in memory: journals each send in the shared log."""
+
+    def __init__(self, log: list[str], failures: int = 0) -> None:
+        self.log, self.failures = log, failures
+        self.sent: list[tuple[str, int, str]] = []
+
+    def __call__(self, raw, reason: str) -> None:
+        if self.failures:
+            self.failures -= 1
+            self.log.append("dead letter FAILED")
+            raise ConnectionError("broker away")
+        self.sent.append((raw.topic, raw.offset, reason))
+        self.log.append(f"dead letter {raw.topic}:{raw.offset}")
+
+
+@pytest.fixture
+def guarded(tmp_path: Path) -> Iterator[tuple[list[str], FakeConsumer, FlakyStore, Sink,
+                                              DeadLetterBox]]:
+    log: list[str] = []
+    settings = TelemetrySettings(state_dir=tmp_path, env="test", kafka_bootstrap="unused:1",
+                                 telemetry_batch_rows=100, telemetry_flush_ms=60_000,
+                                 consumer_retry_attempts=2)
+    consumer, store = FakeConsumer(log), FlakyStore(open_store(settings), log)
+    box = DeadLetterBox(log)
+    sink = Sink(settings, store=store, consumer=consumer, retry_initial_s=0.0,
+                dead_letter=box)
+    yield log, consumer, store, sink, box
+    sink.close(flush=False)
+
+
+def poison(offset: int, topic: str = "voice.agent") -> Msg:
+    """Decodable, yet the store refuses its rows: a seq past Int64."""
+    rec = ModelCallRecorded(workflow="wf", call_id="bad", agent_name="a", iteration=1,
+                            request_model="m")
+    k, v, h = encode(Envelope(record=rec, key="wf", source="/t", time=T0, seq=2**70))
+    return Msg(topic, 0, offset, k, v, h)
+
+
+def test_a_record_the_store_refuses_is_isolated_dead_lettered_and_the_rest_stored(guarded):
+    log, consumer, store, sink, box = guarded
+    consumer.queue = [msg(0), msg(1), poison(2), msg(3), msg(4)]
+    sink.poll_once()
+    assert sink.flush() == 5
+    # The four good records are in; the refused one is an undecodable row with the reason.
+    assert count(store, "model_calls") == 4
+    rows = store.query("SELECT offset, ce_type, decode_error FROM voice.events FINAL "
+                       "ORDER BY offset").rows
+    assert [r[:2] for r in rows] == [(0, "voice.agent.model_call.v1"),
+                                     (1, "voice.agent.model_call.v1"), (2, "undecodable"),
+                                     (3, "voice.agent.model_call.v1"),
+                                     (4, "voice.agent.model_call.v1")]
+    assert rows[2][2].startswith("telemetry: the store refused its rows: DataError")
+    [(topic, offset, reason)] = box.sent
+    assert (topic, offset) == ("voice.agent", 2) and reason == rows[2][2]
+    # Dead letter first, then the commit past it.
+    assert log.index("dead letter voice.agent:2") < log.index("commit voice.agent:0:5")
+    assert sink.dead_lettered == 1
+
+
+def test_an_unavailable_store_is_waited_for_never_taken_for_a_refusal(guarded):
+    log, consumer, store, sink, box = guarded
+    consumer.queue = [msg(0), msg(1)]
+    sink.poll_once()
+    store.failures = 5  # ConnectionError, more times than the policy's attempts
+    assert sink.flush() == 2
+    assert box.sent == [] and count(store, "model_calls") == 2
+    assert log[-2:] == ["commit voice.agent:0:2", "resume"]
+
+
+def test_undecodable_records_are_dead_lettered_by_the_sink_only_where_no_worker_reads(guarded):
+    log, consumer, store, sink, box = guarded
+    consumer.queue = [Msg("voice.agent", 0, 0, b"k", b"\xff", None),        # sink only
+                      Msg("voice.commands", 0, 0, b"k", b"\xff", None),     # a worker's
+                      Msg("voice.agent.dlq", 0, 0, b"k", b"\xff", None)]    # a dead letter
+    sink.poll_once()
+    sink.flush()
+    assert [(t, o) for t, o, _r in box.sent] == [("voice.agent", 0)]
+    assert box.sent[0][2] == "telemetry: ce_specversion is None, expected '1.0'"
+    assert count(store, "events") == 3  # each is still a row, with its reason
+
+
+def test_a_dead_letter_that_fails_holds_the_commit_until_it_goes(guarded):
+    log, consumer, store, sink, box = guarded
+    consumer.queue = [msg(0), Msg("voice.acks", 1, 7, b"k", b"\xff", None)]
+    sink.poll_once()
+    box.failures = 10**6
+    with pytest.raises(InsertFailed):
+        sink.flush(max_attempts=3)
+    assert consumer.committed == [] and not any(e.startswith("commit") for e in log)
+    box.failures = 2
+    assert sink.flush() == 2
+    assert box.sent == [("voice.acks", 7, "telemetry: ce_specversion is None, expected '1.0'")]
+    assert count(store, "events") == 2  # the retried flush inserted nothing twice
+    assert log[-3:-1] == ["dead letter voice.acks:7", "commit voice.acks:1:8,voice.agent:0:1"]
+
+
+def test_a_refused_record_of_a_dead_letter_topic_is_counted_not_dead_lettered_again(guarded):
+    log, consumer, store, sink, box = guarded
+    consumer.queue = [poison(0, "voice.agent.dlq"), msg(1)]
+    sink.poll_once()
+    assert sink.flush() == 2
+    assert box.sent == [] and sink.skipped == 1 and count(store, "model_calls") == 1
+    assert log[-2] == "commit voice.agent:0:2,voice.agent.dlq:0:1"

@@ -19,6 +19,7 @@ from schemas.staff import OpenIssue
 from schemas.system import CommandAcknowledged
 from streams.envelope import Envelope, encode
 from streams.producer import ProduceError
+from streams.retry import Unprocessable
 from streams.topics import ACKS, CONVERSATIONS, TopicSpec
 
 CNV = "cnv-00112233aabbccdd"
@@ -284,6 +285,40 @@ def test_records_the_broker_refuses_are_dead_lettered_and_their_seqs_never_reuse
     assert [e.seq for e in out.log() if e.causation == "c2"] == [5, 6, 7]
     run(writer.dispatch(idem("c3")))  # the client's retry, same idempotency key
     assert out.acks()[-1].outcome == "accepted" and out.acks()[-1].seq == 8
+
+
+def test_refused_records_whose_dead_letter_fails_too_are_raised_not_committed_past(parts
+                                                                                   ) -> None:  # noqa: ANN001
+    # Regression (issue 12): the writer logged the failed dead letter and answered the command
+    # rejected; the agent then committed past a command that was neither recorded nor
+    # dead-lettered. Now it raises, so the agent retries it (and never commits past it).
+    _, out, table, writer = parts
+    run(writer.dispatch(start()))
+    out.refuse = "voice.conversations"
+
+    def no_dlq(*_args: Any, **_kw: Any) -> Any:
+        raise ProduceError("produce to 't.voice.commands.dlq' failed: Local: Message timed "
+                           "out", retryable=True)
+
+    out.produce_raw = no_dlq  # type: ignore[method-assign]
+    acks = len(out.acks())
+    with pytest.raises(ProduceError, match="commands.dlq"):
+        run(writer.dispatch(send("c1")))
+    assert len(out.acks()) == acks  # no answer for a command the writer has not settled
+    state = ConversationState.from_dict(table[CNV])
+    assert state is not None and state.seq == 4 and "c1" not in state.commands
+    del out.produce_raw  # the broker is back: the agent's retry records it, under new seqs
+    run(writer.dispatch(send("c1")))
+    assert out.acks()[-1].outcome == "accepted" and out.acks()[-1].seq == 5
+
+
+def test_a_command_type_nobody_owns_is_unprocessable(parts) -> None:  # noqa: ANN001
+    _, out, _table, writer = parts
+    stray = Envelope(record=OpenIssue(issue=ISS, title="t", by="sam"), key=ISS, source="/test",
+                     id="stray")
+    with pytest.raises(Unprocessable, match="no writer takes 'voice.issue.open.v1'"):
+        run(writer.dispatch(stray))
+    assert out.sent == []
 
 
 def test_a_command_of_another_tenant_is_answered_no_such_and_applies_nothing(parts) -> None:  # noqa: ANN001

@@ -1,0 +1,96 @@
+"""What a worker's agent does with a record it cannot process (decision 0008).
+
+Every agent that ``WorkerContext.wire`` / ``wire_raw`` makes consumes through ``consume``,
+which runs each record through a ``RecordGuard``, in this order:
+
+1. **handle** the record, retried per ``streams.retry.RetryPolicy`` (a failure that says it is
+   not retryable — ``Unprocessable``, a broker refusal that is not retriable — gets one try);
+2. still failing: **dead-letter** it as it came (key, value, headers) to ``<topic>.dlq`` with the
+   reason (``streams.dead_letters``, the one way any consumer does), the dead letter itself
+   retried the same way, and awaited;
+3. **acknowledge** it, so Faust may commit past it (Faust commits up to the first offset not
+   acknowledged); an agent whose handler holds records (``manual_ack``: the workflow runtime's
+   lease) acknowledges a handled record itself, and only a dead-lettered one is acknowledged
+   here;
+4. the dead letter failing too: ``Halt``. The record is **not** acknowledged and the agent
+   stops the worker (``faust.App.crash``): nothing is committed past it, and the partition's
+   next owner — this worker restarted by ``voice up``, or another one — reads it again from the
+   last commit. A record is never both unhandled and committed.
+
+It never swallows a failure without either a dead letter or a stop.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import functools
+import logging
+from collections.abc import AsyncIterable, Awaitable, Callable
+from typing import Any
+
+from consumers.frame.writer import Raw
+from streams.dead_letters import send_dead_letter
+from streams.producer import RecordProducer
+from streams.retry import RetryPolicy, Sleep, attempt
+
+log = logging.getLogger(__name__)
+
+RawDispatch = Callable[[Raw, Any], Awaitable[None]]
+
+
+class Halt(Exception):
+    """A record was neither processed nor dead-lettered: its consumer must stop without
+    committing it."""
+
+
+class RecordGuard:
+    """Retries one consumer's records, dead-letters those that keep failing, counts both."""
+
+    def __init__(self, consumer: str, producer: Callable[[], RecordProducer],
+                 policy: RetryPolicy, sleep: Sleep = asyncio.sleep) -> None:
+        """``consumer`` names the agent in each dead letter's reason; ``producer`` is a
+        callable so the worker's producer can be made lazily in its own loop."""
+        self.consumer = consumer
+        self.policy = policy
+        self._producer = producer
+        self._sleep = sleep
+        self.dead_lettered = 0
+        """Records this consumer sent to a dead-letter topic (diagnostics and tests)."""
+
+    async def run(self, raw: Raw, handle: Callable[[], Awaitable[object]]) -> bool:
+        """Handle ``raw``: True when handled, False when dead-lettered, ``Halt`` when neither."""
+        failure, tries = await attempt(handle, self.policy, self._sleep)
+        if failure is None:
+            return True
+        reason = (f"{self.consumer} failed after {tries} attempt{'s' if tries > 1 else ''}: "
+                  f"{type(failure).__name__}: {failure}")
+        log.error("dead-lettering %s[%s]@%s: %s", raw.topic, raw.partition, raw.offset, reason,
+                  exc_info=failure)
+        send = functools.partial(send_dead_letter, self._producer(), raw.topic, raw.partition,
+                                 raw.offset, raw.key, raw.value, raw.headers, reason)
+        lost, _ = await attempt(send, self.policy, self._sleep)
+        if lost is not None:
+            raise Halt(f"{raw.topic}[{raw.partition}]@{raw.offset} could be neither processed "
+                       f"({reason}) nor dead-lettered ({type(lost).__name__}: {lost})"
+                       ) from lost
+        self.dead_lettered += 1
+        return False
+
+
+async def consume(events: AsyncIterable[Any], topic: str, guard: RecordGuard,
+                  dispatch: RawDispatch, manual_ack: bool,
+                  halt: Callable[[Halt], Awaitable[object]]) -> None:
+    """The body of one agent: every Faust event of ``topic`` through ``guard`` (module
+    docstring); ``events`` must not acknowledge by itself (``stream.noack().events()``)."""
+    async for event in events:
+        msg = event.message
+        headers = list(msg.headers.items()) if isinstance(msg.headers, dict) else msg.headers
+        raw = Raw(topic, msg.partition, msg.offset, msg.key, msg.value, headers)
+        try:
+            handled = await guard.run(raw, functools.partial(dispatch, raw, event))
+        except Halt as exc:
+            log.critical("stopping: %s", exc)
+            await halt(exc)
+            return
+        if not (manual_ack and handled):
+            event.ack()
