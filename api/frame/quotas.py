@@ -118,6 +118,8 @@ class Admission:
 
 
 async def admission(request: Request, principal: PrincipalDep) -> AsyncIterator[Admission]:
+    """The request's ``Admission``, shared by every dependency of the request (FastAPI caches
+    it), released after the response is sent."""
     held = Admission(edge_quotas(request), principal)
     try:
         yield held
