@@ -24,6 +24,11 @@ class AssistantSettings(VoiceSettings):
     assistant_model: str | None = None
     """Model of the assistant agent; unset uses ``VOICE_MODEL``."""
 
+    def configured_models(self) -> list[tuple[str, str]]:
+        """The configured models, the assistant's own included (it must be allowed too)."""
+        own = [("VOICE_ASSISTANT_MODEL", self.assistant_model)] if self.assistant_model else []
+        return [*super().configured_models(), *own]
+
     assistant_query_rows: int = Field(default=1000, ge=1, le=100_000)
     """Rows ``query_dataset`` returns at most (the model sees the first 50 of them)."""
 

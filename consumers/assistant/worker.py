@@ -120,7 +120,7 @@ class Assistant:
             attempt=ctx.attempt, request=request, options=inp.get("options") or {},
             refs=[DatasetRef.model_validate(r) for r in inp.get("datasets") or []],
             history=history, patterns=patterns, source=self.datasets, box=self.box,
-            client=self.agents.client, sink=sink, cancel=ctx.cancel)
+            client=self.agents.client_for(tenant), sink=sink, cancel=ctx.cancel)
         outcome = OUTCOMES[result.end_reason]
         reason = "; ".join(f"{e.kind}: {e.message}" for e in result.errors) or None
         await submit(AssistantTurnEnded(conversation=conversation, turn=turn, state=outcome,
@@ -188,10 +188,12 @@ class Assistant:
                                 source=SOURCE)
         result = await self.agents.run(extractor_spec(self.settings), TurnInput(
             turn_id=ctx.workflow, user_message=extraction_prompt(request, chain),
-            conversation_id=inp["conversation"], attempt=ctx.attempt, skip_history=True), sink)
+            conversation_id=inp["conversation"], attempt=ctx.attempt, skip_history=True), sink,
+            tenant=inp.get("tenant"))
         if result.end_reason == "error" or not result.final_text.strip():
             raise StepError(f"the extractor gave no pattern ({result.end_reason}: "
-                            + "; ".join(e.message for e in result.errors) + ")")
+                            + "; ".join(e.message for e in result.errors) + ")",
+                            retryable=result.retryable)
         return {"pattern": await self._record_pattern(inp, "extracted",
                                                       extracted(result.final_text, request))}
 

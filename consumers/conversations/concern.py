@@ -159,9 +159,16 @@ async def run_concern_extraction(spec: AgentSpec, client: Any, sink: EffectSink,
     if result.end_reason == "cancelled":
         return ConcernReply(text="", proposal=None, cancelled=cancel.reason or "cancelled")
     if result.end_reason == "error":
-        raise ConcernAgentFailed("; ".join(f"{e.kind}: {e.message}" for e in result.errors))
+        raise ConcernAgentFailed("; ".join(f"{e.kind}: {e.message}" for e in result.errors),
+                                 retryable=result.retryable)
     return parse_reply(result.final_text)
 
 
 class ConcernAgentFailed(Exception):
-    """The engine ended the turn with an error (model unavailable, …); the step retries."""
+    """The engine ended the turn with an error; the step retries (model unavailable, …)
+    unless another attempt would meet the same refusal (``retryable``: a spent token quota,
+    a model outside the registry), so the turn ends at once with the reason."""
+
+    def __init__(self, message: str, retryable: bool = True) -> None:
+        super().__init__(message)
+        self.retryable = retryable

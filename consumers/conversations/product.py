@@ -54,10 +54,12 @@ class Conversations:
         await self.turns.on_conversation_record(env)
 
     async def concern_agent(self, conversation: str, turn: str, attempt: int,
-                            history: list[dict[str, Any]], cancel: CancelToken) -> ConcernReply:
-        """One concern-extraction turn; its effects become records keyed by the turn."""
+                            history: list[dict[str, Any]], cancel: CancelToken,
+                            tenant: str | None = None) -> ConcernReply:
+        """One concern-extraction turn of ``tenant`` (its model tokens count against that
+        tenant's budget); its effects become records keyed by the turn."""
         assert self.ctx is not None and self.spec is not None, "register() first"
         agents = self.ctx.agents
-        return await run_concern_extraction(self.spec, agents.client,
-                                            agents.sink(turn, sealed=True), conversation, turn,
-                                            attempt, history, cancel)
+        return await run_concern_extraction(self.spec, agents.client_for(tenant),
+                                            agents.sink(turn, sealed=True, tenant=tenant),
+                                            conversation, turn, attempt, history, cancel)

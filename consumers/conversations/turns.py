@@ -38,10 +38,10 @@ log = logging.getLogger(__name__)
 KIND = "conversation-turn"
 SOURCE = "/voice/turn-worker"
 
-ConcernAgent = Callable[[str, str, int, list[dict[str, Any]], CancelToken],
+ConcernAgent = Callable[[str, str, int, list[dict[str, Any]], CancelToken, str | None],
                       Awaitable[ConcernReply]]
 """(conversation, turn, attempt, Messages-API history ending with the user message, the
-step's cancel token) → reply."""
+step's cancel token, the tenant whose model-token budget the turn uses) → reply."""
 
 
 def transcript_entry(env: Envelope) -> dict[str, Any] | None:
@@ -112,8 +112,8 @@ class Turns:
             raise StepError(f"conversation {conversation!r} was erased", retryable=False) from None
         if not history or history[-1]["role"] != "user":
             raise StepError(f"turn {turn!r} has no participant message", retryable=False)
-        reply = await self.agent(conversation, turn, ctx.attempt, history, ctx.cancel)
         tenant = ctx.input.get("tenant")
+        reply = await self.agent(conversation, turn, ctx.attempt, history, ctx.cancel, tenant)
         if reply.cancelled:
             await self._submit(conversation, turn, tenant, "state", TurnStateChanged(
                 conversation=conversation, turn=turn, state="CouldNotInterpret",
