@@ -4,7 +4,7 @@ The edge counts requests per principal with them (``api.frame.quotas``) and the 
 model tokens per tenant (``consumers.engine.budget``), so both live here, on neither side of the
 wall. Both are plain objects with an injectable clock (tests move time, never sleep), and both
 keep bounded memory. What they count is what *this process* saw: nothing here is shared between
-processes (``docs/security/quotas.md`` says what that means for a deployment).
+processes (``docs/security.md`` says what that means for a deployment).
 
 A limit of 0 means unlimited: nothing is counted or kept.
 """

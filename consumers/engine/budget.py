@@ -10,7 +10,7 @@ the budget ends with ``TOKEN_QUOTA_EXCEEDED``, naming the tenant, the limit, the
 when it frees; no model is called for it.
 
 The count is this worker process's memory: it is not shared between workers and a restarted
-worker starts from zero (``docs/security/quotas.md``).
+worker starts from zero (``docs/security.md``).
 """
 
 from __future__ import annotations
