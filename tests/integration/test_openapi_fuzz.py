@@ -190,9 +190,11 @@ class Run:
 
 def caller_of(case: Case) -> str:
     """Whose token the case sent (the reproducing curl masks it): ``role sub@tenant``."""
-    auth = (case.headers or {}).get("Authorization", "")
-    if not auth.startswith("Bearer "):
+    auth = next((v for k, v in (case.headers or {}).items() if k.lower() == "authorization"), "")
+    if not auth:
         return "no token"
+    if not isinstance(auth, str) or not auth.startswith("Bearer "):
+        return f"Authorization: {auth!r}"
     try:
         claims = jwt.decode(auth.removeprefix("Bearer "), options={"verify_signature": False})
     except jwt.PyJWTError:
