@@ -383,7 +383,7 @@ async def run_matrix(stack: Stack, res: Resources) -> dict[tuple[str, str], list
 
 
 def matrix_markdown() -> str:
-    """``ROUTES`` as the Markdown table of ``docs/security/matrix.md``; print it with
+    """``ROUTES`` as the Markdown table of ``docs/security.md``; print it with
     ``python -c 'import tests.integration.test_authz_matrix as t; print(t.matrix_markdown())'``."""
     scope = {"owner": "the owner's (anyone else: 404)",
              "tenant": "its tenant's (another tenant: 404)",
