@@ -42,7 +42,7 @@ from api.frame.deps import (
     not_found,
 )
 from api.frame.model_registry import check_model
-from api.frame.models import CancelRequested, HeaderText, inline_schema
+from api.frame.models import CancelRequested, HeaderText, sse_event_schema
 from api.frame.quotas import TOO_MANY, AdmissionDep, quota, stream_slot
 from api.frame.sse import SSE_HEADERS, TOO_OLD, Feed, sse_bytes, sse_stream
 from schemas.assistant import AssistantChat, AssistantDisplayRecorded, ChatOptions, DatasetRef
@@ -118,7 +118,8 @@ async def _attach(views: AssistantViews, sealer: Sealer, owner: Principal, body:
 
 @router.post("/chat", response_model=None, dependencies=[quota("messages")], responses={
     200: {"description": "stream: true: the turn's display events, then a final comment.",
-          "content": {"text/event-stream": {"schema": inline_schema(DisplayEventOut)}}},
+          "content": {"text/event-stream": {
+              "schema": sse_event_schema("display", DisplayEventOut)}}},
     202: {"description": "stream: false: the turn runs; read it later.",
           "model": ChatAccepted},
     **NOT_FOUND,

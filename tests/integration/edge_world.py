@@ -73,7 +73,7 @@ def resign(settings: VoiceSettings, good: str, *, secret: str | None = None,
     payload = jwt.decode(good, options={"verify_signature": False})
     payload.update(claims)
     key = secret if secret is not None else settings.jwt_secret.get_secret_value()
-    return jwt.encode(payload, key, algorithm=settings.jwt_algorithm)
+    return jwt.encode(payload, key, algorithm=settings.jwt_algorithms[0])
 
 
 def bad_tokens(settings: VoiceSettings, good: str) -> dict[str, str | None]:
