@@ -52,9 +52,11 @@ class ProduceError(Exception):
 class RecordTooLarge(ProduceError):
     """A record over the size it may be produced at; it was never sent (not retryable)."""
 
-    def __init__(self, topic: str, size: int, limit: int) -> None:
-        super().__init__(f"a record of {size} bytes for {topic!r} is over the limit of {limit} "
-                         "bytes", retryable=False, code=KafkaError.MSG_SIZE_TOO_LARGE)
+    def __init__(self, topic: str, size: int, limit: int, key: object = None) -> None:
+        of = f"{topic!r}" if key is None else f"{topic!r} (key {key!r})"
+        super().__init__(f"a record of {size} bytes for {of} is over the limit of {limit} "
+                         "bytes (VOICE_MAX_RECORD_BYTES)", retryable=False,
+                         code=KafkaError.MSG_SIZE_TOO_LARGE)
         self.topic, self.size, self.limit = topic, size, limit
 
 

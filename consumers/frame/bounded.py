@@ -40,6 +40,6 @@ class BoundedTable(faust.Table):  # type: ignore[misc]  # Faust's classes are un
         """Check the size, then store and send the changelog record as Faust does."""
         size = changelog_size(self, key, value)
         if size > self.max_bytes:
-            raise RecordTooLarge(f"{self.changelog_topic.get_topic_name()} (key {key!r})",
-                                 size, self.max_bytes)
+            raise RecordTooLarge(self.changelog_topic.get_topic_name(), size, self.max_bytes,
+                                 key=key)
         super().on_key_set(key, value)

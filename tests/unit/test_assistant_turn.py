@@ -19,8 +19,8 @@ from consumers.assistant.sqlbox import SqlBox
 from consumers.assistant.transcript import EXTRACT_KIND, TURN_KIND, Transcript
 from consumers.assistant.turn import ConversationSink, run_assistant_turn
 from consumers.engine import RecordingSink
-from consumers.frame.logrefs import MemoryLogReader
 from consumers.engine.testing import ScriptedModel, text
+from consumers.frame.logrefs import MemoryLogReader
 from deploy.simulator import serve_simulator
 from schemas.assistant import (
     AppendDisplay,

@@ -54,7 +54,8 @@ def test_a_table_refuses_a_value_whose_changelog_record_is_over_the_bound() -> N
     big = {"entries": ["x" * 1000] * 40}
     size = changelog_size(table, "k", big)
     assert size == len(codecs.dumps("json", "k")) + len(codecs.dumps("json", big)) > LIMIT
-    with pytest.raises(RecordTooLarge, match=r"sized-changelog \(key 'k'\)"):
+    with pytest.raises(RecordTooLarge, match=r"sized-changelog' \(key 'k'\) is over the limit "
+                                             r"of 32768 bytes \(VOICE_MAX_RECORD_BYTES\)"):
         table["k"] = big
     assert "k" not in table, "nothing was stored"
 
