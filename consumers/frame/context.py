@@ -70,6 +70,13 @@ def faust_app(settings: VoiceSettings) -> faust.App:
         # poll loop (steps run as tasks), so these can stay short.
         broker_session_timeout=10,
         broker_heartbeat_interval=2,
+        # A running workflow step holds its record unacknowledged (its lease) until the step's
+        # outcome record is consumed. Faust's default waits for every unacknowledged record
+        # before a rebalance, while consuming nothing — so a rebalance during a step (a worker
+        # joining, a broker pause expiring the session) waited forever. Without the wait, the
+        # committed offset still stops below a held lease, and the runtime lets go of the steps
+        # of revoked partitions (``keep_only``) and resumes redelivered ones.
+        stream_wait_empty=False,
     )
 
 
