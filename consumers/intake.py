@@ -31,9 +31,12 @@ async def _to_dlq(producer: RecordProducer, topic: str, key: bytes | None, value
     try:
         await producer.produce_raw(dlq_name(topic), key, value, out)
     except (ProduceError, KafkaException) as exc:
-        if "size too large" not in str(exc).lower() or value is None:
+        too_large = getattr(exc, "too_large", False) or "size too large" in str(exc).lower()
+        if not too_large or value is None:
             raise
-        await producer.produce_raw(dlq_name(topic), key, value[:DLQ_VALUE_KEPT],
+        # Half the record bound leaves room for the key and headers whatever it is set to.
+        kept = min(DLQ_VALUE_KEPT, getattr(producer, "max_bytes", 2 * DLQ_VALUE_KEPT) // 2)
+        await producer.produce_raw(dlq_name(topic), key, value[:kept],
                                    [*out, ("voice_dlq_truncated", str(len(value)).encode())])
 
 

@@ -39,7 +39,8 @@ class AssistantSettings(VoiceSettings):
     """A query in the SQL sandbox that runs longer is stopped (its process is killed)."""
 
     assistant_history_bytes: int = Field(default=256 * 1024, ge=1024)
-    """Sealed transcript a turn carries at most (the most recent entries are kept)."""
+    """Sealed transcript a turn reads at most (the most recent requests and replies); its
+    input holds their positions on the log, never their content."""
 
     assistant_dataset_cache_bytes: int = Field(default=64 * MIB, ge=MIB)
     """Opened datasets a worker keeps in memory (least recently used go first)."""

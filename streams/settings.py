@@ -130,6 +130,12 @@ class VoiceSettings(BaseSettings):
     writer's records, which carry a command's payload and a little more. Lower it if the
     cluster's topics take less."""
 
+    history_read_bytes: int = Field(default=512 * 1024, ge=16 * 1024)
+    """Sealed content a conversation turn reads at most past the conversation's last summary
+    (its most recent messages and replies). A history over the engine's token budget is
+    summarised well before this; only when summarising failed are older records left out
+    of a turn, and the turn is told so."""
+
     edge_events_kept: int = Field(default=10_000, ge=10)
     """Events an edge keeps per conversation for SSE resume; older cursors answer 409."""
 
