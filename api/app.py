@@ -24,7 +24,7 @@ from api.assistant.upload import UPLOAD_PATH, upload_body_limit
 from api.conversations import ConversationViews
 from api.frame.body import BodyGuard, BodyLimit
 from api.frame.commands import edge_producer
-from api.frame.errors import EdgeErrors, install_error_handlers
+from api.frame.errors import EDGE_ERRORS, EdgeErrors, install_error_handlers
 from api.frame.models import CursorTooOldOut
 from api.frame.projection import CursorTooOld
 from api.frame.tail import EdgeTail
@@ -82,9 +82,8 @@ def create_app(settings: VoiceSettings | None = None) -> FastAPI:
             app.state.producer.close()
 
     app = FastAPI(title="Voice edge", version="0.1.0", lifespan=lifespan)
-    app.include_router(conversations.router)
-    app.include_router(staff.router)
-    app.include_router(assistant.router)
+    for router in (conversations.router, staff.router, assistant.router):
+        app.include_router(router, responses=EDGE_ERRORS)
     install_error_handlers(app)
     # add_middleware wraps what was added before: the last one added is the outermost.
     app.add_middleware(BodyGuard,

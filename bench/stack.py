@@ -119,6 +119,13 @@ class Stack:
                             fut.result(timeout=60)
 
 
+BENCH_QUOTAS = {f"VOICE_QUOTA_{name}": "1000000000" for name in (
+    "MESSAGES_PER_MINUTE", "CONVERSATIONS_PER_DAY", "UPLOADS_PER_DAY", "STREAMS",
+    "TENANT_TOKENS_PER_DAY")}
+"""One principal posts hundreds of messages a minute here: quotas stay counted (their cost is
+measured) but never refuse."""
+
+
 def stack(ctx: Context, workers: int | None = None) -> Stack:
     """The run's stack (started on first use, on the run's broker)."""
     global _STACK
@@ -146,9 +153,11 @@ def stack(ctx: Context, workers: int | None = None) -> Stack:
         model_env = {"ANTHROPIC_API_KEY": "simulator", "ANTHROPIC_BASE_URL": st.simulator_url}
         for i in range(workers or bench.workers):
             st.procs[f"worker{i}"] = spawn_voice(settings, "worker",
-                                                 log=state / f"worker{i}.log", **model_env)
+                                                 log=state / f"worker{i}.log", **model_env,
+                                                 **BENCH_QUOTAS)
         wait_group_stable(settings, worker_group(settings))
-        edge = spawn_voice(settings, "edge", "--port", str(edge_port), log=state / "edge.log")
+        edge = spawn_voice(settings, "edge", "--port", str(edge_port), log=state / "edge.log",
+                           **BENCH_QUOTAS)
         st.procs["edge"] = edge
         st.edge_url = f"http://127.0.0.1:{edge_port}"
         wait_http_ready(f"{st.edge_url}/readyz", proc=edge)

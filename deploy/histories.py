@@ -1,7 +1,8 @@
 """Recorded histories: a workflow's records exported to a file that the test suite replays.
 
 A history holds the raw records (key, value, headers) of one turn — its lifecycle on
-``voice.workflows`` and its agent records on ``voice.agent`` — and, because its content is
+``voice.workflows``, its agent records on ``voice.agent`` and its conversation's log on
+``voice.conversations`` (which the turn's input refers to) — and, because its content is
 sealed, the conversation's data key. Export only test conversations: the key opens them.
 """
 
@@ -17,7 +18,7 @@ from streams.ids import turn_conversation
 from streams.reading import read_topic
 from streams.sealing import MemoryKeyStore, Sealer, sealer_for
 from streams.settings import VoiceSettings
-from streams.topics import AGENT, WORKFLOWS, topic_name
+from streams.topics import AGENT, CONVERSATIONS, WORKFLOWS, topic_name
 
 
 def _raw(msg: Any) -> dict[str, Any]:
@@ -32,6 +33,9 @@ def export_history(settings: VoiceSettings, workflow: str, path: Path) -> Path:
         msgs = read_topic(settings, topic_name(settings, spec), key=workflow.encode())
         records[spec.name] = [_raw(m) for m in msgs]
     conversation = turn_conversation(workflow) or workflow
+    # The turn's input refers to the conversation's records: they come along.
+    msgs = read_topic(settings, topic_name(settings, CONVERSATIONS), key=conversation.encode())
+    records[CONVERSATIONS.name] = [_raw(m) for m in msgs]
     store = sealer_for(settings)._store  # the same local store the stack seals with
     version = store.current_version(conversation)
     keys = {str(v): base64.b64encode(store.get(conversation, v)).decode()

@@ -98,15 +98,43 @@ async def rerun_workflow(settings: VoiceSettings, workflow: str,
                          sealer: Sealer | None = None) -> list[str]:
     """Run a recorded turn again in a fresh engine with the model responses and tool results
     served from the log; returns the divergences (empty when the re-run matches)."""
+    conversation = turn_conversation(workflow) or workflow
     return await rerun_turn(settings, workflow, records(settings, WORKFLOWS, workflow),
-                            records(settings, AGENT, workflow), sealer or sealer_for(settings))
+                            records(settings, AGENT, workflow), sealer or sealer_for(settings),
+                            records(settings, CONVERSATIONS, conversation))
+
+
+def turn_history(sealer: Sealer, inp: dict[str, Any], conversation_log: list[Envelope]
+                 ) -> list[dict[str, Any]]:
+    """The history a turn's step read, rebuilt from its input: the records its reference
+    names, found by seq in the conversation's log (or, for a turn started before inputs were
+    references, its copied transcript). ``LookupError`` names a record that is not there."""
+    from consumers.conversations.turns import history_of, open_transcript
+
+    conversation = inp["conversation"]
+    if "transcript" in inp:
+        return open_transcript(sealer, conversation, inp["transcript"])
+    ref = inp["history"]
+    by_seq: dict[int, Envelope] = {}
+    for env in conversation_log:
+        if env.seq is not None:
+            by_seq.setdefault(env.seq, env)
+    wanted = [p[0] for p in ([ref["summary"]] if ref.get("summary") else []) + ref["entries"]]
+    missing = [seq for seq in wanted if seq not in by_seq]
+    if missing:
+        raise LookupError(f"records {missing} of conversation {conversation!r} are not on "
+                          "its log")
+    return history_of(sealer, conversation, [by_seq[seq] for seq in wanted],
+                      ref.get("omitted_through") or 0)[0]
 
 
 async def rerun_turn(settings: VoiceSettings, workflow: str, lifecycle: list[Envelope],
-                     agent: list[Envelope], sealer: Sealer) -> list[str]:
-    """Re-run one conversation turn from its lifecycle and agent records (log or history)."""
+                     agent: list[Envelope], sealer: Sealer,
+                     conversation_log: list[Envelope] | None = None) -> list[str]:
+    """Re-run one conversation turn from its lifecycle and agent records and the
+    conversation's log (which its input refers to), from the log or a recorded history."""
     from consumers.conversations.concern import MemoryIssueCatalog, concern_spec
-    from consumers.conversations.turns import KIND, open_transcript
+    from consumers.conversations.turns import KIND
     from consumers.engine import TurnInput, effects_from_envelopes, rerun
     from schemas.workflow import StepSucceeded, WorkflowStarted
 
@@ -122,7 +150,10 @@ async def rerun_turn(settings: VoiceSettings, workflow: str, lifecycle: list[Env
     prefix = f"{workflow}/a{attempt}/"
     recorded = effects_from_envelopes([e for e in agent if e.id.startswith(prefix)], sealer)
     conversation = started.input["conversation"]
-    history = open_transcript(sealer, conversation, started.input["transcript"])
+    try:
+        history = turn_history(sealer, started.input, conversation_log or [])
+    except LookupError as exc:
+        return [str(exc)]
     spec = concern_spec(settings, MemoryIssueCatalog())
     turn_input = TurnInput(turn_id=workflow, user_message=history[-1]["content"],
                            history=history[:-1], conversation_id=conversation, attempt=attempt)

@@ -123,6 +123,20 @@ class TurnStateChanged(Record):
     reason: str | None = None
 
 
+@record_type("voice.conversation.history_summarised.v1")
+class HistorySummarised(Record):
+    """A summary of the conversation through ``through_seq``, made by the compaction model
+    when a turn's history was over its budget (submitted by the turn's step). Later turns read
+    it and only the records after ``through_seq``, so what a turn reads stays bounded."""
+
+    conversation: str
+    turn: str
+    summary_id: str
+    through_seq: int = Field(ge=1)
+    """The last seq of the conversation the summary covers."""
+    text: Sealed
+
+
 @record_type("voice.conversation.erased.v1")
 class ConversationErased(Record):
     conversation: str

@@ -24,6 +24,11 @@ class AssistantSettings(VoiceSettings):
     assistant_model: str | None = None
     """Model of the assistant agent; unset uses ``VOICE_MODEL``."""
 
+    def configured_models(self) -> list[tuple[str, str]]:
+        """The configured models, the assistant's own included (it must be allowed too)."""
+        own = [("VOICE_ASSISTANT_MODEL", self.assistant_model)] if self.assistant_model else []
+        return [*super().configured_models(), *own]
+
     assistant_query_rows: int = Field(default=1000, ge=1, le=100_000)
     """Rows ``query_dataset`` returns at most (the model sees the first 50 of them)."""
 
@@ -34,7 +39,8 @@ class AssistantSettings(VoiceSettings):
     """A query in the SQL sandbox that runs longer is stopped (its process is killed)."""
 
     assistant_history_bytes: int = Field(default=256 * 1024, ge=1024)
-    """Sealed transcript a turn carries at most (the most recent entries are kept)."""
+    """Sealed transcript a turn reads at most (the most recent requests and replies); its
+    input holds their positions on the log, never their content."""
 
     assistant_dataset_cache_bytes: int = Field(default=64 * MIB, ge=MIB)
     """Opened datasets a worker keeps in memory (least recently used go first)."""

@@ -3,7 +3,7 @@
 The record goes as it came (key, value, its own headers) plus ``voice_dlq_reason`` and its
 origin (``voice_dlq_topic``/``_partition``/``_offset``, see ``streams.producer.dlq_headers``),
 and the call returns once the broker has it. A record too large for the dead-letter topic is
-kept there cut to ``DLQ_VALUE_KEPT`` bytes, its full length in the ``voice_dlq_truncated``
+kept there cut to ``DLQ_VALUE_KEPT`` bytes (or half the producer's record bound, if less), its full length in the ``voice_dlq_truncated``
 header: the reason and the origin always arrive.
 
 The worker (``consumers.intake``, ``consumers.frame.failures``) and the telemetry sink use it;
@@ -36,7 +36,10 @@ async def send_dead_letter(producer: RecordProducer, topic: str, partition: int 
     try:
         await producer.produce_raw(dlq_name(topic), key, value, out)
     except (ProduceError, KafkaException) as exc:
-        if "size too large" not in str(exc).lower() or value is None:
+        too_large = getattr(exc, "too_large", False) or "size too large" in str(exc).lower()
+        if not too_large or value is None:
             raise
-        await producer.produce_raw(dlq_name(topic), key, value[:DLQ_VALUE_KEPT],
+        # Half the record bound leaves room for the key and headers whatever it is set to.
+        kept = min(DLQ_VALUE_KEPT, getattr(producer, "max_bytes", 2 * DLQ_VALUE_KEPT) // 2)
+        await producer.produce_raw(dlq_name(topic), key, value[:kept],
                                    [*out, ("voice_dlq_truncated", str(len(value)).encode())])

@@ -52,9 +52,11 @@ class ProduceError(Exception):
 class RecordTooLarge(ProduceError):
     """A record over the size it may be produced at; it was never sent (not retryable)."""
 
-    def __init__(self, topic: str, size: int, limit: int) -> None:
-        super().__init__(f"a record of {size} bytes for {topic!r} is over the limit of {limit} "
-                         "bytes", retryable=False, code=KafkaError.MSG_SIZE_TOO_LARGE)
+    def __init__(self, topic: str, size: int, limit: int, key: object = None) -> None:
+        of = f"{topic!r}" if key is None else f"{topic!r} (key {key!r})"
+        super().__init__(f"a record of {size} bytes for {of} is over the limit of {limit} "
+                         "bytes (VOICE_MAX_RECORD_BYTES)", retryable=False,
+                         code=KafkaError.MSG_SIZE_TOO_LARGE)
         self.topic, self.size, self.limit = topic, size, limit
 
 
@@ -79,12 +81,19 @@ class RecordProducer:
     A daemon thread serves delivery callbacks so the event loop never blocks on ``poll``.
     With ``wait_when_full`` (the default) a full local queue is waited out; without it,
     ``produce_raw`` raises the client's ``BufferError`` at once (the edge answers 503).
+
+    Every record of every process passes ``produce_raw``, so this is where the record bound
+    holds: a record over ``VOICE_MAX_RECORD_BYTES`` (set below the broker's
+    ``max.message.bytes``) raises ``RecordTooLarge`` and is never sent. Its caller fails
+    that one record (a step fails and its turn ends with the reason, a command is
+    dead-lettered); nothing the broker would refuse later can reach it.
     """
 
     def __init__(self, settings: VoiceSettings, *, wait_when_full: bool = True,
                  **extra: object) -> None:
         self._producer = Producer(producer_config(settings, **extra))
         self._wait_when_full = wait_when_full
+        self.max_bytes = settings.max_record_bytes
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._serve, name="voice-producer", daemon=True)
         self._thread.start()
@@ -101,7 +110,11 @@ class RecordProducer:
         headers: Sequence[tuple[str, bytes]] | None = None,
         partition: int | None = None,
     ) -> asyncio.Future[Message]:
-        """Produce bytes; the future resolves with the delivered message (or ProduceError)."""
+        """Produce bytes; the future resolves with the delivered message (or ProduceError).
+
+        ``RecordTooLarge`` (raised here, nothing sent) for a record over ``max_bytes``."""
+        if (size := record_size(key, value, headers)) > self.max_bytes:
+            raise RecordTooLarge(topic, size, self.max_bytes)
         loop = asyncio.get_running_loop()
         fut: asyncio.Future[Message] = loop.create_future()
 
@@ -190,7 +203,7 @@ async def deliver_all(produce: Callable[[TopicSpec, Envelope], Awaitable[object]
     for spec, env in items:
         try:
             pending.append(asyncio.ensure_future(produce(spec, env)))
-        except KafkaException as exc:  # refused before sending, e.g. a record too large
+        except (KafkaException, ProduceError) as exc:  # refused before sending: too large
             refused = exc
             break
     results = await asyncio.gather(*pending, return_exceptions=True)

@@ -11,12 +11,13 @@ from __future__ import annotations
 import base64
 import binascii
 import ipaddress
+import json
 from pathlib import Path
-from typing import Literal
+from typing import Annotated, Literal
 from urllib.parse import urlparse
 
-from pydantic import Field, SecretStr, model_validator
-from pydantic_settings import BaseSettings, SettingsConfigDict
+from pydantic import Field, SecretStr, field_validator, model_validator
+from pydantic_settings import BaseSettings, NoDecode, SettingsConfigDict
 
 from streams.ids import TENANT_PATTERN
 
@@ -129,6 +130,12 @@ class VoiceSettings(BaseSettings):
     writer's records, which carry a command's payload and a little more. Lower it if the
     cluster's topics take less."""
 
+    history_read_bytes: int = Field(default=512 * 1024, ge=16 * 1024)
+    """Sealed content a conversation turn reads at most past the conversation's last summary
+    (its most recent messages and replies). A history over the engine's token budget is
+    summarised well before this; only when summarising failed are older records left out
+    of a turn, and the turn is told so."""
+
     edge_events_kept: int = Field(default=10_000, ge=10)
     """Events an edge keeps per conversation for SSE resume; older cursors answer 409."""
 
@@ -153,6 +160,11 @@ class VoiceSettings(BaseSettings):
 
     compaction_model: str = "claude-haiku-4-5"
 
+    models: Annotated[list[str], NoDecode] = []
+    """``VOICE_MODELS``: the models this deployment allows (comma-separated or a JSON list); a
+    ``model_override`` outside it answers 422 ``MODEL_NOT_FOUND``. Unset: the configured models
+    (``allowed_models``). Every configured model must be in it, or the settings are refused."""
+
     simulator_url: str = "http://127.0.0.1:8100"
     """Where the model simulator listens when ANTHROPIC_API_KEY is unset."""
 
@@ -164,6 +176,26 @@ class VoiceSettings(BaseSettings):
     ``up_restart_window_s`` before the whole stack stops."""
 
     up_restart_window_s: float = Field(default=300.0, gt=0)
+
+    quota_messages_per_minute: int = Field(default=60, ge=0)
+    """Messages (conversation messages and assistant chat turns) a principal may send per
+    minute, per edge; more answer 429 with ``Retry-After``. 0: unlimited."""
+
+    quota_conversations_per_day: int = Field(default=500, ge=0)
+    """Conversations (participant and assistant) a principal may open per day, per edge."""
+
+    quota_uploads_per_day: int = Field(default=200, ge=0)
+    """Dataset uploads a principal may make per day, per edge."""
+
+    quota_streams: int = Field(default=10, ge=0)
+    """SSE streams a principal may hold open at once on one edge."""
+
+    quota_tenant_tokens_per_day: int = Field(default=10_000_000, ge=0)
+    """Model tokens (input, cached input and output) a tenant's turns may use per day, counted
+    by each worker; a turn that starts over it ends with ``TOKEN_QUOTA_EXCEEDED``."""
+
+    quota_tracked_keys: int = Field(default=100_000, ge=1)
+    """Principals (or tenants) each quota counter remembers at most (bounded memory)."""
 
     staff_step_delay_ms: str = ""
     """Tests only: ``step=ms,step=ms``; the named staff workflow steps sleep that long at their
@@ -235,6 +267,39 @@ class VoiceSettings(BaseSettings):
             return base64.b64decode(value, validate=True) == DEV_MASTER_KEY
         except binascii.Error:
             return False
+
+    @field_validator("models", mode="before")
+    @classmethod
+    def _split_models(cls, value: object) -> object:
+        """``a,b`` or ``["a", "b"]`` from the environment; a list as it is."""
+        if isinstance(value, str):
+            text = value.strip()
+            if text.startswith("["):
+                return json.loads(text)
+            return [m.strip() for m in text.split(",") if m.strip()]
+        return value
+
+    def configured_models(self) -> list[tuple[str, str]]:
+        """(setting, model) of every model this process is configured to call."""
+        return [("VOICE_MODEL", self.model),
+                *(("VOICE_FALLBACK_MODELS", m) for m in self.fallback_models),
+                ("VOICE_COMPACTION_MODEL", self.compaction_model)]
+
+    @property
+    def allowed_models(self) -> tuple[str, ...]:
+        """The model registry: ``VOICE_MODELS``, else every configured model (in order)."""
+        names = self.models or [m for _, m in self.configured_models()]
+        return tuple(dict.fromkeys(names))
+
+    @model_validator(mode="after")
+    def _configured_models_are_allowed(self) -> VoiceSettings:
+        if self.models:
+            outside = [f"{name}={m!r}" for name, m in self.configured_models()
+                       if m not in self.models]
+            if outside:
+                raise ValueError(f"{', '.join(outside)} not in VOICE_MODELS {self.models!r}: "
+                                 "a configured model must be one the deployment allows")
+        return self
 
     @property
     def bootstrap(self) -> str:

@@ -47,6 +47,20 @@ def kafka_bootstrap(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
 
 
 @pytest.fixture
+def own_broker(tmp_path: Path) -> Iterator[object]:
+    """A broker of this test's own (``LocalKafka``), to stop, pause and start again without
+    touching the session's."""
+    from deploy.kafka_local import LocalKafka, free_port
+
+    broker = LocalKafka(data_dir=tmp_path / "kafka", port=free_port(), heap="512m")
+    broker.start()
+    try:
+        yield broker
+    finally:
+        broker.stop()
+
+
+@pytest.fixture
 def settings(kafka_bootstrap: str, tmp_path: Path) -> VoiceSettings:
     """This test's settings: its own topic prefix and group prefix, topics created."""
     s = unique_settings(kafka_bootstrap, tmp_path)

@@ -24,7 +24,8 @@ def test_recorded_turn_reruns_without_divergence(path: Path) -> None:
     workflow, sealer, envs = load_history(path)
     assert envs["voice.agent"], "a history holds the turn's agent records"
     divergences = asyncio.run(rerun_turn(VoiceSettings(), workflow, envs["voice.workflows"],
-                                         envs["voice.agent"], sealer))
+                                         envs["voice.agent"], sealer,
+                                         envs.get("voice.conversations")))
     assert divergences == []
 
 

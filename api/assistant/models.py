@@ -43,8 +43,8 @@ class ChatRequest(RequestModel):
                                          "caller's; omitted, a new one is opened.")
     dataset_id: DatasetId | None = Field(default=None, description="An explicit dataset.")
     model_override: str | None = Field(default=None, pattern=r"^[A-Za-z0-9][\w.:-]{0,99}$",
-                                       description="The model for this turn (an unknown one "
-                                       "fails the turn with MODEL_NOT_FOUND).")
+                                       description="The model for this turn, one of "
+                                       "VOICE_MODELS (another answers 422 MODEL_NOT_FOUND).")
     file_context: list[Annotated[str, Field(max_length=4000)]] = Field(
         default=[], max_length=20, description="Context strings of attached files; "
         "'ID: <dataset id>' in one attaches that dataset.")

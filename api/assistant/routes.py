@@ -41,7 +41,9 @@ from api.frame.deps import (
     no_turn,
     not_found,
 )
-from api.frame.models import CancelRequested, HeaderText, inline_schema
+from api.frame.model_registry import check_model
+from api.frame.models import CancelRequested, HeaderText, sse_event_schema
+from api.frame.quotas import TOO_MANY, AdmissionDep, quota, stream_slot
 from api.frame.sse import SSE_HEADERS, TOO_OLD, Feed, sse_bytes, sse_stream
 from schemas.assistant import AssistantChat, AssistantDisplayRecorded, ChatOptions, DatasetRef
 from streams.envelope import new_id
@@ -114,17 +116,20 @@ async def _attach(views: AssistantViews, sealer: Sealer, owner: Principal, body:
     return list(out.values())
 
 
-@router.post("/chat", response_model=None, responses={
+@router.post("/chat", response_model=None, dependencies=[quota("messages")], responses={
     200: {"description": "stream: true: the turn's display events, then a final comment.",
-          "content": {"text/event-stream": {"schema": inline_schema(DisplayEventOut)}}},
+          "content": {"text/event-stream": {
+              "schema": sse_event_schema("display", DisplayEventOut)}}},
     202: {"description": "stream: false: the turn runs; read it later.",
           "model": ChatAccepted},
     **NOT_FOUND,
     409: {"description": "The conversation is busy with another turn."},
-    422: {"description": "A field is invalid (the detail names it)."}})
+    422: {"description": "A field is invalid (the detail names it); a model_override "
+                         "outside VOICE_MODELS is MODEL_NOT_FOUND."},
+    **TOO_MANY})
 async def chat(
     body: ChatRequest, request: Request, settings: SettingsDep, commands: CommandsDep,
-    views: AssistantDep, sealer: SealerDep, principal: ConverseDep,
+    views: AssistantDep, sealer: SealerDep, principal: ConverseDep, admission: AdmissionDep,
     idempotency_key: Annotated[HeaderText | None, Header(
         alias="Idempotency-Key", min_length=1, max_length=200,
         description="Sending again with the same key returns the first turn.")] = None,
@@ -132,11 +137,15 @@ async def chat(
     """Record a chat message; its turn runs on a worker. Streams the turn or answers 202."""
     started = asyncio.get_running_loop().time()
     check_text_size(settings, body.message, "message")
+    check_model(views.settings.allowed_models, body.model_override)
+    if body.stream:
+        admission.open_stream()
     if body.conversation_id is not None:
         conversation, create = str(body.conversation_id), False
         if await find_owned(views.conversations, conversation, principal) is None:
             raise not_found("conversation", conversation)
     else:
+        admission.charge("conversations")
         conversation, create = str(uuid.uuid4()), True
         await asyncio.to_thread(sealer.create, conversation)
     attached = await _attach(views, sealer, principal, body)
@@ -173,7 +182,7 @@ async def chat(
 
 
 @router.get("/conversations/{conversation}/stream", response_class=EventSourceResponse,
-            responses={**NOT_FOUND, **TOO_OLD})
+            dependencies=[stream_slot()], responses={**NOT_FOUND, **TOO_OLD, **TOO_MANY})
 async def stream(view: OwnedDep, cursor: CursorDep, settings: SettingsDep, views: AssistantDep,
                  sealer: SealerDep) -> AsyncIterator[ServerSentEvent]:
     """``event: display`` after ``after``, in order; ends when no turn runs and all is sent,

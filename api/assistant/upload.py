@@ -22,6 +22,7 @@ from api.assistant.models import CsvRejected, DatasetUploaded, check_csv
 from api.frame.body import BodyLimit
 from api.frame.commands import CommandsDep
 from api.frame.deps import ConverseDep, SealerDep
+from api.frame.quotas import TOO_MANY, quota
 from schemas.assistant import DatasetRecorded
 from streams.assistant_settings import AssistantSettings
 from streams.topics import DATASETS
@@ -82,7 +83,8 @@ def _dataset_name(filename: str | None, given: str | None) -> str:
     return re.sub(r"[\x00-\x1f]", "", raw)[:200] or "dataset.csv"
 
 
-@router.post("/files", status_code=201, responses={
+@router.post("/files", status_code=201, dependencies=[quota("uploads")], responses={
+    **TOO_MANY,
     413: {"description": "Larger than VOICE_MAX_UPLOAD_BYTES."},
     415: {"description": "Not multipart/form-data."},
     422: {"description": "Not a CSV with a header and at least one row (the detail says why)."},

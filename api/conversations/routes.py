@@ -44,6 +44,7 @@ from api.frame.deps import (
     owned_dependency,
 )
 from api.frame.models import CancelRequested, HeaderText
+from api.frame.quotas import TOO_MANY, quota, stream_slot
 from api.frame.sse import TOO_OLD, Feed, StreamEnd, cursor_dependency, sse_stream
 from schemas.conversation import EraseConversation, MessageRecorded, SendMessage, StartConversation
 from streams.envelope import Envelope, new_id
@@ -78,7 +79,7 @@ def opening(views: ConversationViews, conversation: str) -> Iterator[None]:
         raise not_found("conversation", conversation) from None
 
 
-@router.post("", status_code=201)
+@router.post("", status_code=201, dependencies=[quota("conversations")], responses=TOO_MANY)
 async def create_conversation(
     commands: CommandsDep, views: ViewsDep, sealer: SealerDep, principal: ConverseDep,
 ) -> ConversationCreated:
@@ -106,8 +107,9 @@ async def list_conversations(
             for v in views.list_for(principal)]
 
 
-@router.post("/{conversation}/messages", status_code=202,
-             responses={**NOT_FOUND, 409: {"description": "The conversation refused it."}})
+@router.post("/{conversation}/messages", status_code=202, dependencies=[quota("messages")],
+             responses={**NOT_FOUND, 409: {"description": "The conversation refused it."},
+                        **TOO_MANY})
 async def send_message(
     body: MessageIn, view: OwnedDep, settings: SettingsDep, commands: CommandsDep,
     views: ViewsDep, sealer: SealerDep,
@@ -218,7 +220,7 @@ async def erase_conversation(
 
 
 @router.get("/{conversation}/stream", response_class=EventSourceResponse,
-            responses={**NOT_FOUND, **TOO_OLD})
+            dependencies=[stream_slot()], responses={**NOT_FOUND, **TOO_OLD, **TOO_MANY})
 async def stream(view: OwnedDep, cursor: CursorDep, settings: SettingsDep, views: ViewsDep,
                  sealer: SealerDep) -> AsyncIterator[ServerSentEvent]:
     """Events: ``message`` (participant's or agent's), ``proposal``, ``turn``; ``id:`` = seq."""

@@ -86,7 +86,11 @@ class Commands:
         cmd_id = new_id()
         env = self.envelope(record, aggregate, correlation=correlation or cmd_id, id=cmd_id)
         fut = self.tail.expect_ack(cmd_id)  # before producing: the ack may come back at once
-        await self.record(COMMANDS, env, "record the command")
+        try:
+            await self.record(COMMANDS, env, "record the command")
+        except BaseException:  # not on the log: nobody will answer it
+            self.tail.forget_ack(cmd_id)
+            raise
         try:
             return await self.tail.wait_ack(cmd_id, fut, self.settings.gateway_bound_s / 3)
         except AckTimeout as exc:

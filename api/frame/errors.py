@@ -23,6 +23,7 @@ from typing import Any
 from confluent_kafka import KafkaException
 from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
+from pydantic import BaseModel
 from starlette.datastructures import Headers, MutableHeaders
 from starlette.responses import JSONResponse
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
@@ -80,6 +81,35 @@ class EdgeErrors:
                 raise
             body = {"detail": "internal error", "request_id": rid}
             await JSONResponse(body, status_code=500)(scope, receive, send_with_id)
+
+
+class ErrorOut(BaseModel):
+    """An error the edge answers: what went wrong, in words (never internals)."""
+
+    detail: str
+    request_id: str | None = None
+
+
+_RETRY_AFTER = {"Retry-After": {"description": "Seconds to wait before trying again.",
+                                "schema": {"type": "integer", "minimum": 1}}}
+
+_JSON = {"application/json": {"schema": ErrorOut.model_json_schema()}}
+"""Errors are JSON on every route, a streaming one's too (not its ``text/event-stream``)."""
+
+EDGE_ERRORS: dict[int | str, dict[str, Any]] = {
+    401: {"content": _JSON, "description": "No bearer token, or one that fails a check "
+                                           "(signature, expiry, audience, issuer, claims)."},
+    403: {"content": _JSON, "description": "The caller's role in the active tenant lacks the "
+                                           "route's capability, or X-Tenant-ID names a tenant "
+                                           "the caller is not a member of."},
+    413: {"content": _JSON, "description": "The body (or the record it would make) is over "
+                                           "the limit the detail names."},
+    503: {"content": _JSON, "headers": _RETRY_AFTER,
+          "description": "The broker, the key service or the identity provider is unavailable; "
+                         "retry after Retry-After seconds (nothing was recorded, or a retry "
+                         "with the same Idempotency-Key is answered as the first)."},
+}
+"""What every authenticated route may answer besides its own codes (OpenAPI ``responses``)."""
 
 
 def unavailable(what: str) -> JSONResponse:

@@ -123,6 +123,16 @@ def inline_schema(model: type[BaseModel]) -> dict[str, Any]:
     return resolve(schema, frozenset())
 
 
+def sse_event_schema(event: str, data: type[BaseModel]) -> dict[str, Any]:
+    """The schema of one event of a ``text/event-stream`` response: its ``event`` name, its
+    ``id`` and its ``data``, a JSON document of ``data``'s schema (``contentSchema``; comments,
+    such as keep-alives, are not events)."""
+    return {"type": "object", "required": ["event", "data"],
+            "properties": {"event": {"const": event}, "id": {"type": "string"},
+                           "data": {"type": "string", "contentMediaType": "application/json",
+                                    "contentSchema": inline_schema(data)}}}
+
+
 class CursorTooOldOut(BaseModel):
     """``409`` of a stream (or a read) from a cursor: reconnect with ``after=oldest_cursor``
     (events before it are gone from this edge) or read the aggregate instead."""

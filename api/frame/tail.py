@@ -82,6 +82,12 @@ class EdgeTail:
         self._waiters[command_id] = fut
         return fut
 
+    def forget_ack(self, command_id: str) -> None:
+        """Drop interest in a command's ack (its command was never produced)."""
+        fut = self._waiters.pop(command_id, None)
+        if fut is not None and not fut.done():
+            fut.cancel()
+
     async def wait_ack(self, command_id: str, fut: asyncio.Future[Envelope], timeout: float
                        ) -> CommandAcknowledged:
         try:

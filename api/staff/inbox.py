@@ -15,6 +15,7 @@ from fastapi.sse import EventSourceResponse, ServerSentEvent
 from pydantic import BaseModel
 
 from api.frame.deps import PublicDep, SettingsDep
+from api.frame.quotas import TOO_MANY, stream_slot
 from api.frame.sse import TOO_OLD, Feed, cursor_dependency, served_cursor, sse_stream
 from api.staff.deps import StaffViewsDep
 from api.staff.views import InboxView
@@ -72,7 +73,8 @@ async def get_inbox(
                     notifications=[notification_out(e) for e in view.events_after(cursor)])
 
 
-@router.get("/stream", response_class=EventSourceResponse, responses=TOO_OLD)
+@router.get("/stream", response_class=EventSourceResponse,
+            dependencies=[stream_slot("issues.public")], responses={**TOO_OLD, **TOO_MANY})
 async def stream_inbox(view: InboxDep, cursor: CursorDep, settings: SettingsDep,
                        views: StaffViewsDep) -> AsyncIterator[ServerSentEvent]:
     """Events: ``notification``, each with ``id:`` = the inbox seq."""

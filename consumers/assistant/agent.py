@@ -35,7 +35,7 @@ def assistant_spec(settings: AssistantSettings, tools: ToolRegistry) -> AgentSpe
                      model=settings.assistant_model or settings.model,
                      fallback_models=tuple(settings.fallback_models),
                      compaction_model=settings.compaction_model, max_output_tokens=4096,
-                     tool_guidance=TOOL_GUIDANCE)
+                     tool_guidance=TOOL_GUIDANCE, allowed_models=settings.allowed_models)
 
 
 def dataset_line(d: dict[str, Any]) -> str:

@@ -2,8 +2,9 @@
 
 ``Assistant().register(ctx)`` is all the worker needs. The sequencer of assistant conversations
 becomes the writer of their commands (``consumers.frame``); an agent on ``voice.assistant``
-keeps each conversation's sealed transcript and patterns and starts the turn and extraction
-workflows; and the workflows are registered:
+keeps each conversation's transcript index (positions of its requests, replies and patterns on
+the log) and starts the turn and extraction workflows, whose steps read those records back;
+and the workflows are registered:
 
 - ``assistant-turn`` (id = turn id): one step, the assistant agent on the engine;
 - ``assistant-extraction`` (id = ``{turn}:extract``): ``provisional`` (no model) then
@@ -28,6 +29,7 @@ from consumers.assistant.transcript import EXTRACT_KIND, TURN_KIND, Transcript
 from consumers.assistant.turn import OUTCOMES, ConversationSink, run_assistant_turn
 from consumers.engine import TurnInput
 from consumers.frame.context import WorkerContext
+from consumers.frame.logrefs import LogUnavailable
 from consumers.workflows.engine import StepContext, StepDef, WorkflowDef, WorkflowState
 from consumers.workflows.runtime import StepError
 from schemas.assistant import (
@@ -61,7 +63,8 @@ class Assistant:
         self.out = ctx.publisher
         self.agents = ctx.agents
         ctx.aggregate(AssistantSequencer())
-        self.transcripts = ctx.table("assistant_transcripts")
+        self.transcripts = ctx.table("assistant_index")
+        self.reader = ctx.log_reader
         self.box = SqlBox(self.settings.assistant_sql_timeout_s)
         self.datasets = KafkaDatasets(self.settings, ctx.sealer,
                                       self.settings.assistant_dataset_cache_bytes)
@@ -85,9 +88,10 @@ class Assistant:
 
     # --- the log: transcripts, patterns, workflow starts --------------------------------------
 
-    async def _on_log_record(self, env: Envelope, event: Any) -> None:  # noqa: ARG002
+    async def _on_log_record(self, env: Envelope, event: Any) -> None:
         transcript = Transcript.from_dict(self.transcripts.get(env.key))
-        starts = transcript.apply(env, self.settings.assistant_history_bytes,
+        starts = transcript.apply(env, event.message.partition, event.message.offset,
+                                  self.settings.assistant_history_bytes,
                                   self.settings.assistant_patterns_kept)
         if starts is None:
             return  # a redelivered record
@@ -105,10 +109,11 @@ class Assistant:
         """Open the request and transcript, run the assistant, record how the turn ended."""
         inp = ctx.input
         conversation, turn, tenant = inp["conversation"], inp["turn"], inp.get("tenant")
+        records = await self._read(inp, "request", "transcript", "patterns")
         try:
-            request = Transcript.open_request(self.sealer, conversation, inp)
-            history = Transcript.open_history(self.sealer, conversation, inp["transcript"])
-            patterns = Transcript.open_patterns(self.sealer, conversation, inp["patterns"])
+            request = Transcript.open_request(self.sealer, conversation, records["request"][0])
+            history = Transcript.open_history(self.sealer, conversation, records["transcript"])
+            patterns = Transcript.open_patterns(self.sealer, conversation, records["patterns"])
         except KeyErased:
             raise StepError(f"conversation {conversation!r} was erased", retryable=False) from None
         submit = self._submitter(conversation, turn, tenant)
@@ -120,7 +125,7 @@ class Assistant:
             attempt=ctx.attempt, request=request, options=inp.get("options") or {},
             refs=[DatasetRef.model_validate(r) for r in inp.get("datasets") or []],
             history=history, patterns=patterns, source=self.datasets, box=self.box,
-            client=self.agents.client, sink=sink, cancel=ctx.cancel)
+            client=self.agents.client_for(tenant), sink=sink, cancel=ctx.cancel)
         outcome = OUTCOMES[result.end_reason]
         reason = "; ".join(f"{e.kind}: {e.message}" for e in result.errors) or None
         await submit(AssistantTurnEnded(conversation=conversation, turn=turn, state=outcome,
@@ -155,9 +160,23 @@ class Assistant:
 
     # --- assistant-extraction --------------------------------------------------------------
 
-    def _exchange(self, inp: dict[str, Any]) -> tuple[dict[str, Any], dict[str, Any]]:
+    async def _read(self, inp: dict[str, Any], *names: str) -> dict[str, list[Envelope]]:
+        """The records the workflow's input refers to (``inp["log"]``), read from the log."""
+        if "log" not in inp:
+            raise StepError(f"workflow of turn {inp.get('turn')!r} was started by an older "
+                            "worker (its input is a copy, no longer read); send the message "
+                            "again", retryable=False)
         try:
-            return Transcript.open_exchange(self.sealer, inp["conversation"], inp)
+            return await Transcript.read(self.reader, inp["conversation"], inp["log"], *names)
+        except LogUnavailable as exc:
+            raise StepError(f"the records of turn {inp.get('turn')!r} cannot be read: {exc}",
+                            retryable=exc.retryable) from None
+
+    async def _exchange(self, inp: dict[str, Any]) -> tuple[dict[str, Any], dict[str, Any]]:
+        records = await self._read(inp, "user", "assistant")
+        try:
+            return Transcript.open_exchange(self.sealer, inp["conversation"],
+                                            records["user"][0], records["assistant"][0])
         except KeyErased:
             raise StepError(f"conversation {inp['conversation']!r} was erased",
                             retryable=False) from None
@@ -176,22 +195,24 @@ class Assistant:
 
     async def provisional_step(self, ctx: StepContext) -> dict[str, Any]:
         """Record what was asked and which tools ran, at once and without a model."""
-        request, chain = self._exchange(ctx.input)
+        request, chain = await self._exchange(ctx.input)
         return {"pattern": await self._record_pattern(ctx.input, "provisional",
                                                       provisional(request, chain))}
 
     async def extract_step(self, ctx: StepContext) -> dict[str, Any]:
         """Ask the compaction agent for the exchange's pattern and record it."""
         inp = ctx.input
-        request, chain = self._exchange(inp)
+        request, chain = await self._exchange(inp)
         sink = self.agents.sink(ctx.workflow, sealed=True, tenant=inp.get("tenant"),
                                 source=SOURCE)
         result = await self.agents.run(extractor_spec(self.settings), TurnInput(
             turn_id=ctx.workflow, user_message=extraction_prompt(request, chain),
-            conversation_id=inp["conversation"], attempt=ctx.attempt, skip_history=True), sink)
+            conversation_id=inp["conversation"], attempt=ctx.attempt, skip_history=True), sink,
+            tenant=inp.get("tenant"))
         if result.end_reason == "error" or not result.final_text.strip():
             raise StepError(f"the extractor gave no pattern ({result.end_reason}: "
-                            + "; ".join(e.message for e in result.errors) + ")")
+                            + "; ".join(e.message for e in result.errors) + ")",
+                            retryable=result.retryable)
         return {"pattern": await self._record_pattern(inp, "extracted",
                                                       extracted(result.final_text, request))}
 

@@ -7,6 +7,7 @@ message. The agent has no memory of its own: the transcript is handed to it per 
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import re
 from dataclasses import dataclass
@@ -19,6 +20,7 @@ from consumers.engine import (
     CancelToken,
     EffectSink,
     Hint,
+    HistorySummary,
     Ok,
     Tool,
     ToolContext,
@@ -56,6 +58,9 @@ class ConcernReply:
     """The reason, when the agent said it could not interpret the message."""
     cancelled: str | None = None
     """Why the turn was cancelled before the agent answered."""
+    summary: HistorySummary | None = None
+    """The summary the engine made of the older history (it was over the budget), which the
+    step records so later turns read it instead of the messages it covers."""
 
 
 def parse_reply(answer: str) -> ConcernReply:
@@ -159,9 +164,16 @@ async def run_concern_extraction(spec: AgentSpec, client: Any, sink: EffectSink,
     if result.end_reason == "cancelled":
         return ConcernReply(text="", proposal=None, cancelled=cancel.reason or "cancelled")
     if result.end_reason == "error":
-        raise ConcernAgentFailed("; ".join(f"{e.kind}: {e.message}" for e in result.errors))
-    return parse_reply(result.final_text)
+        raise ConcernAgentFailed("; ".join(f"{e.kind}: {e.message}" for e in result.errors),
+                                 retryable=result.retryable)
+    return dataclasses.replace(parse_reply(result.final_text), summary=result.summary)
 
 
 class ConcernAgentFailed(Exception):
-    """The engine ended the turn with an error (model unavailable, …); the step retries."""
+    """The engine ended the turn with an error; the step retries (model unavailable, …)
+    unless another attempt would meet the same refusal (``retryable``: a spent token quota,
+    a model outside the registry), so the turn ends at once with the reason."""
+
+    def __init__(self, message: str, retryable: bool = True) -> None:
+        super().__init__(message)
+        self.retryable = retryable

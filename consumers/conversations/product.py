@@ -1,9 +1,10 @@
-"""The conversation product on the worker: its sequencer, its transcripts, its turn workflow.
+"""The conversation product on the worker: its sequencer, its transcript index, its turn workflow.
 
 ``Conversations().register(ctx)`` is all the worker needs: the sequencer becomes the writer of
-conversation commands, the transcript table is fed from ``voice.conversations`` (which also
-starts each requested turn's workflow), and the ``conversation-turn`` workflow runs the
-concern-extraction agent through the context's agent runner.
+conversation commands, the transcript index (positions of each conversation's records, never
+content) is fed from ``voice.conversations`` (which also starts each requested turn's
+workflow), and the ``conversation-turn`` workflow runs the concern-extraction agent through
+the context's agent runner.
 """
 
 from __future__ import annotations
@@ -40,24 +41,28 @@ class Conversations:
         self.spec: AgentSpec | None = None
 
     def register(self, ctx: WorkerContext) -> None:
-        """Add the sequencer, the transcript table and consumer, and the turn workflow."""
+        """Add the sequencer, the transcript index and its consumer, and the turn workflow."""
         self.ctx = ctx
         self.spec = concern_spec(ctx.settings, self.issues)
         ctx.aggregate(ConversationSequencer())
-        self.turns = Turns(ctx.publisher, ctx.table("transcripts"), ctx.sealer,
-                           self._agent or self.concern_agent)
+        self.turns = Turns(ctx.publisher, ctx.table("transcript_index"), ctx.sealer,
+                           self._agent or self.concern_agent, ctx.log_reader,
+                           ctx.settings.history_read_bytes)
         ctx.workflow(self.turns.definition)
         ctx.wire(CONVERSATIONS, self._on_record)
 
-    async def _on_record(self, env: Envelope, event: Any) -> None:  # noqa: ARG002
+    async def _on_record(self, env: Envelope, event: Any) -> None:
         assert self.turns is not None
-        await self.turns.on_conversation_record(env)
+        await self.turns.on_conversation_record(env, event.message.partition,
+                                                event.message.offset)
 
     async def concern_agent(self, conversation: str, turn: str, attempt: int,
-                            history: list[dict[str, Any]], cancel: CancelToken) -> ConcernReply:
-        """One concern-extraction turn; its effects become records keyed by the turn."""
+                            history: list[dict[str, Any]], cancel: CancelToken,
+                            tenant: str | None = None) -> ConcernReply:
+        """One concern-extraction turn of ``tenant`` (its model tokens count against that
+        tenant's budget); its effects become records keyed by the turn."""
         assert self.ctx is not None and self.spec is not None, "register() first"
         agents = self.ctx.agents
-        return await run_concern_extraction(self.spec, agents.client,
-                                            agents.sink(turn, sealed=True), conversation, turn,
-                                            attempt, history, cancel)
+        return await run_concern_extraction(self.spec, agents.client_for(tenant),
+                                            agents.sink(turn, sealed=True, tenant=tenant),
+                                            conversation, turn, attempt, history, cancel)

@@ -17,6 +17,7 @@ from schemas.conversation import (
     ConversationErased,
     ConversationStarted,
     EraseConversation,
+    HistorySummarised,
     MessageRecorded,
     ProposalRecorded,
     ReplyRecorded,
@@ -51,7 +52,7 @@ class ConversationSequencer(Aggregate[ConversationState]):
     log = CONVERSATIONS
     source = SOURCE
     commands = (StartConversation, SendMessage, EraseConversation, ReplyRecorded,
-                ProposalRecorded, TurnStateChanged)
+                ProposalRecorded, TurnStateChanged, HistorySummarised)
 
     def decide(self, state: ConversationState | None, cmd: Envelope
                ) -> Decision[ConversationState]:
@@ -86,7 +87,8 @@ class ConversationSequencer(Aggregate[ConversationState]):
                 remember(state.commands, idem, ack.memo())
             return Decision(state, records, ack)
 
-        if isinstance(rec, (ReplyRecorded, ProposalRecorded, TurnStateChanged)):
+        if isinstance(rec, (ReplyRecorded, ProposalRecorded, TurnStateChanged,
+                            HistorySummarised)):
             # Results of a turn, submitted by the turn worker through the commands topic.
             records = append(state, rec)
             return Decision(state, records, Ack.accepted(state.seq))

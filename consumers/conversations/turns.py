@@ -1,26 +1,35 @@
-"""The conversation-turn workflow (id ``{conversation}:turn-{seq}``) and its transcript.
+"""The conversation-turn workflow (id ``{conversation}:turn-{seq}``) and what its step reads.
 
-The conversation product keeps each conversation's sealed transcript in a Faust table, fed by the
-conversation log. ``TurnRequested`` starts the workflow with the sealed transcript up to the
-message as its input, so the step needs no other state. The one step opens the transcript,
-hands it to the concern-extraction agent, and submits the reply, proposal and turn state to
-the conversation's sequencer as commands with ids derived from the turn — a step re-run after
-a crash submits the same ids, and the sequencer records each exactly once.
+The conversation product keeps, per conversation, a ``TranscriptIndex``: where its transcript
+is on ``voice.conversations`` — positions, never content, bounded in count and in the bytes
+they point at. ``TurnRequested`` starts the workflow with a *reference* as its input: the
+conversation, the message seq, the log partition and the positions of the records the turn
+reads (the latest history summary, then the messages and replies after it). So a workflow's
+records stay small however long the conversation grows, and no table value holds a transcript.
+
+The one step reads those records back from the log (``consumers.frame.logrefs``), opens them,
+hands them to the concern-extraction agent, and submits the summary (when the engine made one
+because the history was over its budget), reply, proposal and turn state to the
+conversation's sequencer as commands with ids derived from the turn — a step re-run after a
+crash submits the same ids, and the sequencer records each exactly once.
 """
 
 from __future__ import annotations
 
 import logging
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Sequence
+from dataclasses import asdict, dataclass, field
 from typing import Any
 
 from consumers.conversations.concern import ConcernReply
 from consumers.engine.cancel import CancelToken
+from consumers.frame.logrefs import LogReader, LogUnavailable, Position, recent
 from consumers.workflows.engine import StepContext, StepDef, WorkflowDef, WorkflowState
 from consumers.workflows.runtime import StepError
 from schemas.base import Record, Sealed
 from schemas.conversation import (
     ConversationErased,
+    HistorySummarised,
     MessageRecorded,
     ProposalRecorded,
     ReplyRecorded,
@@ -31,17 +40,18 @@ from schemas.workflow import WorkflowStarted
 from streams.envelope import Envelope
 from streams.producer import Publisher
 from streams.sealing import KeyErased, Sealer
-from streams.topics import COMMANDS, WORKFLOWS
+from streams.topics import COMMANDS, CONVERSATIONS, WORKFLOWS
 
 log = logging.getLogger(__name__)
 
 KIND = "conversation-turn"
 SOURCE = "/voice/turn-worker"
+READ_SETTING = "VOICE_HISTORY_READ_BYTES"
 
-ConcernAgent = Callable[[str, str, int, list[dict[str, Any]], CancelToken],
+ConcernAgent = Callable[[str, str, int, list[dict[str, Any]], CancelToken, str | None],
                       Awaitable[ConcernReply]]
 """(conversation, turn, attempt, Messages-API history ending with the user message, the
-step's cancel token) → reply."""
+step's cancel token, the tenant whose model-token budget the turn uses) → reply."""
 
 
 def transcript_entry(env: Envelope) -> dict[str, Any] | None:
@@ -56,64 +66,199 @@ def transcript_entry(env: Envelope) -> dict[str, Any] | None:
     return None
 
 
-def open_transcript(sealer: Sealer, conversation: str, transcript: list[dict[str, Any]]
-                    ) -> list[dict[str, Any]]:
-    """The sealed transcript as Messages-API history (opened only to hand it to the model)."""
+def open_entries(sealer: Sealer, conversation: str, entries: Sequence[dict[str, Any]]
+                 ) -> tuple[list[dict[str, Any]], list[int]]:
+    """Sealed transcript entries as Messages-API history (opened only to hand it to the
+    model), and the last seq each history message holds (roles alternate: consecutive
+    entries of one role are joined)."""
     history: list[dict[str, Any]] = []
-    for e in transcript:
+    seqs: list[int] = []
+    for e in entries:
         text = sealer.open_text(conversation, e["content_id"], Sealed.model_validate(e["sealed"]))
-        if history and history[-1]["role"] == e["role"]:  # keep roles alternating
+        if history and history[-1]["role"] == e["role"]:
             history[-1]["content"] += "\n\n" + text
+            seqs[-1] = e["seq"]
         else:
             history.append({"role": e["role"], "content": text})
-    return history
+            seqs.append(e["seq"])
+    return history, seqs
+
+
+def open_transcript(sealer: Sealer, conversation: str, transcript: list[dict[str, Any]]
+                    ) -> list[dict[str, Any]]:
+    """A copied sealed transcript (the input of turns started before inputs were references)
+    as Messages-API history."""
+    return open_entries(sealer, conversation, transcript)[0]
+
+
+def history_of(sealer: Sealer, conversation: str, records: Sequence[Envelope],
+               omitted_through: int = 0) -> tuple[list[dict[str, Any]], list[int]]:
+    """The history a turn hands the model, from the records its input refers to: the
+    summary (if any) leads the first message, then the messages and replies after it; and the
+    last seq each history message holds. A turn whose older records were left out unsummarised
+    is told so in the same place."""
+    summary: HistorySummarised | None = None
+    entries = []
+    for env in records:
+        if isinstance(env.record, HistorySummarised):
+            summary = env.record
+        elif (entry := transcript_entry(env)) is not None:
+            entries.append(entry)
+    history, seqs = open_entries(sealer, conversation, entries)
+    notes, through = [], 0
+    if summary is not None:
+        through = summary.through_seq
+        text = sealer.open_text(conversation, summary.summary_id, summary.text)
+        notes.append(f"[CONVERSATION SUMMARY through seq {through}]\n{text}")
+    if omitted_through > through:
+        through = omitted_through
+        notes.append(f"[Earlier messages of this conversation, through seq {omitted_through}, "
+                     f"are left out: they are over the history a turn reads ({READ_SETTING}) "
+                     "and could not be summarised.]")
+    if notes:
+        note = "\n\n".join(notes)
+        if history and history[0]["role"] == "user":
+            history[0]["content"] = f"{note}\n\n{history[0]['content']}"
+        else:
+            history.insert(0, {"role": "user", "content": note})
+            seqs.insert(0, through)
+    return history, seqs
+
+
+@dataclass
+class TranscriptIndex:
+    """Where a conversation's transcript is on its log (a Faust table value, as a dict).
+
+    Positions only, never content: the latest summary, then the messages and replies after
+    it — the most recent whose sealed content fits the read budget, at most
+    ``logrefs.MAX_ENTRIES`` of them — so the value stays a few kilobytes at most.
+    """
+
+    partition: int | None = None
+    entries: list[dict[str, int]] = field(default_factory=list)
+    """``{"seq", "offset", "bytes"}`` of each message and reply after the summary."""
+    summary: dict[str, int] | None = None
+    """``{"seq", "offset", "through"}`` of the latest ``HistorySummarised``."""
+    omitted_through: int = 0
+    """The last seq left out of the index unsummarised (over the read budget); 0 if none."""
+
+    @classmethod
+    def from_dict(cls, d: dict[str, Any] | None) -> TranscriptIndex:
+        return cls() if not isinstance(d, dict) else cls(**d)
+
+    def to_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+    @property
+    def covered(self) -> int:
+        """The last seq the summary covers (0 without one)."""
+        return self.summary["through"] if self.summary else 0
+
+    def apply(self, env: Envelope, partition: int, offset: int, budget: int) -> bool:
+        """Index one log record; whether the index changed (a redelivery changes nothing)."""
+        rec, seq = env.record, env.seq
+        if seq is None:
+            return False
+        if isinstance(rec, HistorySummarised):
+            if rec.through_seq <= self.covered:
+                return False
+            self.partition = partition
+            self.summary = {"seq": seq, "offset": offset, "through": rec.through_seq}
+            self.entries = [e for e in self.entries if e["seq"] > rec.through_seq]
+            if self.omitted_through <= rec.through_seq:
+                self.omitted_through = 0
+            return True
+        if not isinstance(rec, (MessageRecorded, ReplyRecorded)):
+            return False
+        if seq <= self.covered or (self.entries and self.entries[-1]["seq"] >= seq):
+            return False
+        self.partition = partition
+        entries = [*self.entries, {"seq": seq, "offset": offset,
+                                   "bytes": len(rec.text.ciphertext)}]
+        self.entries = recent(entries, budget)
+        if len(self.entries) < len(entries):
+            self.omitted_through = max(self.omitted_through,
+                                       entries[len(entries) - len(self.entries) - 1]["seq"])
+        return True
+
+    def reference(self, message_seq: int, partition: int) -> dict[str, Any]:
+        """What a turn of ``message_seq`` reads: positions of records up to the message."""
+        return {"partition": self.partition if self.partition is not None else partition,
+                "summary": None if self.summary is None
+                else Position(self.summary["seq"], self.summary["offset"]).to_json(),
+                "entries": [Position(e["seq"], e["offset"]).to_json()
+                            for e in self.entries if e["seq"] <= message_seq],
+                "omitted_through": self.omitted_through}
 
 
 class Turns:
-    """Feeds transcripts, starts turn workflows, and runs their one step."""
+    """Keeps each conversation's transcript index, starts turn workflows, runs their step."""
 
-    def __init__(self, publisher: Publisher, transcripts: Any, sealer: Sealer,
-                 agent: ConcernAgent) -> None:
+    def __init__(self, publisher: Publisher, index: Any, sealer: Sealer, agent: ConcernAgent,
+                 reader: LogReader, read_bytes: int) -> None:
+        """``index`` is the table of ``TranscriptIndex`` values; ``reader`` fetches the
+        records a turn refers to; ``read_bytes`` is ``VOICE_HISTORY_READ_BYTES``."""
         self.publisher = publisher
-        self.transcripts = transcripts
+        self.index = index
         self.sealer = sealer
         self.agent = agent
+        self.reader = reader
+        self.read_bytes = read_bytes
         self.definition = WorkflowDef(KIND, (StepDef("reply", self.reply_step),),
                                       on_end=self.on_end)
 
-    async def on_conversation_record(self, env: Envelope) -> None:
-        """Keep the sealed transcript; start the workflow of each requested turn."""
+    async def on_conversation_record(self, env: Envelope, partition: int, offset: int) -> None:
+        """Index the record at ``partition``/``offset``; start the workflow of each
+        requested turn (again on a redelivery: its start is idempotent)."""
         rec = env.record
-        entry = transcript_entry(env)
-        if entry is not None:
-            entries = list(self.transcripts.get(env.key) or [])
-            if not entries or entries[-1]["seq"] < entry["seq"]:
-                self.transcripts[env.key] = [*entries, entry]
-        elif isinstance(rec, TurnRequested):
-            upto = [e for e in (self.transcripts.get(env.key) or [])
-                    if e["seq"] <= rec.message_seq]
+        if isinstance(rec, ConversationErased):
+            self.index.pop(env.key, None)
+            self.sealer.purge(env.key)
+            return
+        index = TranscriptIndex.from_dict(self.index.get(env.key))
+        if isinstance(rec, TurnRequested):
             started = WorkflowStarted(workflow=rec.turn, kind=KIND, input={
                 "conversation": rec.conversation, "turn": rec.turn,
-                "message_seq": rec.message_seq, "tenant": env.tenant, "transcript": upto})
+                "message_seq": rec.message_seq, "tenant": env.tenant,
+                "history": index.reference(rec.message_seq, partition)})
             out = Envelope(record=started, key=rec.turn, source=SOURCE, subject=rec.turn,
                            seq=1, tenant=env.tenant, correlation=env.correlation,
                            causation=env.id, id=f"{rec.turn}:1")
             await self.publisher.send(WORKFLOWS, out)
-        elif isinstance(rec, ConversationErased):
-            self.transcripts.pop(env.key, None)
-            self.sealer.purge(env.key)
+        elif index.apply(env, partition, offset, self.read_bytes):
+            self.index[env.key] = index.to_dict()
+
+    async def read_history(self, conversation: str, inp: dict[str, Any]
+                           ) -> tuple[list[dict[str, Any]], list[int]]:
+        """The turn's history (and the last seq of each message), read from the log."""
+        if "transcript" in inp:  # started before a turn's input became a reference
+            return open_entries(self.sealer, conversation, inp["transcript"])
+        ref = inp["history"]
+        refs = ([ref["summary"]] if ref.get("summary") else []) + list(ref["entries"])
+        records = await self.reader.read(CONVERSATIONS, int(ref["partition"]), conversation,
+                                         [Position.from_json(p) for p in refs])
+        return history_of(self.sealer, conversation, records, ref.get("omitted_through") or 0)
 
     async def reply_step(self, ctx: StepContext) -> dict[str, Any]:
-        """Open the sealed transcript, run the agent, submit reply + proposal + state."""
+        """Read and open the history, run the agent, submit summary, reply, proposal, state."""
         conversation, turn = ctx.input["conversation"], ctx.input["turn"]
         try:
-            history = open_transcript(self.sealer, conversation, ctx.input["transcript"])
+            history, seqs = await self.read_history(conversation, ctx.input)
         except KeyErased:
             raise StepError(f"conversation {conversation!r} was erased", retryable=False) from None
+        except LogUnavailable as exc:
+            raise StepError(f"the history of turn {turn!r} cannot be read: {exc}",
+                            retryable=exc.retryable) from None
         if not history or history[-1]["role"] != "user":
             raise StepError(f"turn {turn!r} has no participant message", retryable=False)
-        reply = await self.agent(conversation, turn, ctx.attempt, history, ctx.cancel)
         tenant = ctx.input.get("tenant")
+        reply = await self.agent(conversation, turn, ctx.attempt, history, ctx.cancel, tenant)
+        if reply.summary is not None and 0 < reply.summary.summary_through <= len(seqs):
+            summary_id = f"{turn}:summary"
+            await self._submit(conversation, turn, tenant, "summary", HistorySummarised(
+                conversation=conversation, turn=turn, summary_id=summary_id,
+                through_seq=seqs[reply.summary.summary_through - 1],
+                text=self.sealer.seal(conversation, summary_id, reply.summary.text)))
         if reply.cancelled:
             await self._submit(conversation, turn, tenant, "state", TurnStateChanged(
                 conversation=conversation, turn=turn, state="CouldNotInterpret",

@@ -14,9 +14,10 @@ Public names: ``AgentRunner``, ``ModelSettings``, ``run_turn``, ``AgentSpec``, `
 ``DisplayChunk``, ``ModelCallEffect``, ``ToolCallEffect``), ``DisplayEvent``,
 ``DisplayFactory``, ``ModelError``, ``ModelNotFound``, ``AnthropicModel``, ``ModelPort``,
 ``ReplayClient``, ``recorded_tools``, ``compare_effects``, ``rerun``,
-``effects_from_envelopes``, ``sanitize_json``.
+``effects_from_envelopes``, ``sanitize_json``, ``TokenBudget``, ``TokenQuotaExceeded``.
 """
 
+from consumers.engine.budget import TokenBudget, TokenQuotaExceeded
 from consumers.engine.cancel import CancelToken
 from consumers.engine.display import DisplayFactory
 from consumers.engine.effects import (
@@ -65,8 +66,9 @@ __all__ = [
     "DisplayEvent", "DisplayFactory", "Effect", "EffectSink", "Err", "Hint", "HintSignal",
     "HistorySummary", "KafkaEffectSink", "ModelCallEffect", "ModelError", "ModelNotFound",
     "ModelPort", "ModelSettings", "Ok", "PersistMessage", "PlanStep", "PlanUpdate", "RecordingSink",
-    "ReplayClient", "StateView", "TelemetryEffect", "Tool", "ToolCallEffect", "ToolContext",
-    "ToolNotAllowed", "ToolRegistry", "TurnError", "TurnInput", "TurnResult", "Usage",
+    "ReplayClient", "StateView", "TelemetryEffect", "TokenBudget", "TokenQuotaExceeded", "Tool",
+    "ToolCallEffect", "ToolContext", "ToolNotAllowed", "ToolRegistry", "TurnError", "TurnInput",
+    "TurnResult", "Usage",
     "compare_effects", "effects_from_envelopes", "recorded_tools", "rerun", "run_turn",
     "sanitize_json",
 ]

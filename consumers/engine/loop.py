@@ -105,6 +105,12 @@ class _Turn:
 
     async def run(self) -> TurnResult:
         ti, spec = self.ti, self.spec
+        if ti.model_override is not None and not spec.allows(ti.model_override):
+            # Defence in depth: the edge refuses these; a forged command must not reach a model.
+            self.errors.append(TurnError("MODEL_NOT_FOUND", f"model_override "
+                                         f"{ti.model_override!r} is not one of this "
+                                         f"deployment's models (VOICE_MODELS)"))
+            return await self._finish("error")
         history = [] if ti.skip_history else list(ti.history)
         has_previous = any(m.get("role") == "assistant" for m in history)
         await self._telemetry("user_message_labels",

@@ -56,6 +56,7 @@ ERROR_KINDS: dict[str, tuple[str, bool]] = {
     "MalformedResponse": ("MALFORMED_RESPONSE", False),
     "APIConnectionError": ("CONNECTION", False),
     "APITimeoutError": ("CONNECTION", False),
+    "TokenQuotaExceeded": ("TOKEN_QUOTA_EXCEEDED", False),
 }
 
 

@@ -4,6 +4,10 @@ It builds the client lazily (inside the worker's event loop, on first use) from 
 and ``ANTHROPIC_*`` (``consumers.engine.client``), makes the effect sinks whose records carry
 a turn's model calls, tool calls and display events, and runs an ``AgentSpec`` on the turn loop.
 A test or a benchmark passes its own client (a ``ModelPort`` fake) instead.
+
+It also keeps the worker's ``TokenBudget`` (model tokens per tenant per day): ``client_for``
+gives a turn the model port that counts its tenant's tokens and refuses a turn that starts
+over the budget (``TOKEN_QUOTA_EXCEEDED``).
 """
 
 from __future__ import annotations
@@ -11,10 +15,12 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Any
 
+from consumers.engine.budget import TokenBudget
 from consumers.engine.cancel import CancelToken
 from consumers.engine.client import ModelSettings, model_client
 from consumers.engine.effects import SOURCE, EffectSink, KafkaEffectSink, RecordSender
 from consumers.engine.loop import run_turn
+from consumers.engine.model import ModelPort, as_model_port
 from consumers.engine.tools import ToolRegistry
 from consumers.engine.types import AgentSpec, TurnInput, TurnResult
 from streams.sealing import Sealer
@@ -33,6 +39,9 @@ class AgentRunner:
         self._producer = producer
         self._client = client
         self._model = model
+        self._port: ModelPort | None = None
+        self.budget = TokenBudget(settings.quota_tenant_tokens_per_day,
+                                  max_tenants=settings.quota_tracked_keys)
 
     @property
     def client(self) -> Any:
@@ -40,6 +49,13 @@ class AgentRunner:
         if self._client is None:
             self._client = model_client(self.settings, self._model or ModelSettings())
         return self._client
+
+    def client_for(self, tenant: str | None) -> ModelPort:
+        """The model port of one turn of ``tenant`` (the default tenant when unknown): counts
+        its tokens against the tenant's budget, and refuses the turn if it is spent."""
+        if self._port is None:
+            self._port = as_model_port(self.client)
+        return self.budget.port(self._port, tenant or self.settings.default_tenant)
 
     @property
     def producer(self) -> RecordSender:
@@ -51,7 +67,8 @@ class AgentRunner:
         return AgentSpec(name=name, identity=identity, tools=tools or ToolRegistry(),
                          model=model or self.settings.model,
                          fallback_models=tuple(self.settings.fallback_models),
-                         compaction_model=self.settings.compaction_model, **budget)
+                         compaction_model=self.settings.compaction_model,
+                         allowed_models=self.settings.allowed_models, **budget)
 
     def sink(self, workflow: str, *, sealed: bool = False, tenant: str | None = None,
              causation: str | None = None, source: str = SOURCE) -> EffectSink:
@@ -62,6 +79,6 @@ class AgentRunner:
                                causation=causation, source=source)
 
     async def run(self, spec: AgentSpec, turn_input: TurnInput, sink: EffectSink,
-                  cancel: CancelToken | None = None) -> TurnResult:
-        """One agent turn on the turn loop; returns once every effect is durable."""
-        return await run_turn(spec, turn_input, self.client, sink, cancel)
+                  cancel: CancelToken | None = None, tenant: str | None = None) -> TurnResult:
+        """One agent turn of ``tenant`` on the turn loop; returns once every effect is durable."""
+        return await run_turn(spec, turn_input, self.client_for(tenant), sink, cancel)

@@ -17,6 +17,8 @@ from pydantic import BaseModel, ConfigDict, Field
 from consumers.engine.tools import ToolRegistry
 
 EndReason = Literal["end_turn", "max_turns", "context_limit", "cancelled", "error"]
+TERMINAL_KINDS = frozenset({"MODEL_NOT_FOUND", "TOKEN_QUOTA_EXCEEDED"})
+"""Error kinds another attempt of the same turn would meet again."""
 
 
 @dataclass(frozen=True)
@@ -40,6 +42,15 @@ class AgentSpec:
     failed_approach_threshold: int = 2
     tool_guidance: str = ""
     """Extra prose about how to use the tools, appended to the generated tool list."""
+    allowed_models: tuple[str, ...] = ()
+    """The deployment's model registry (``VOICE_MODELS``): a turn's ``model_override`` must be
+    one of these or of the spec's own models, else the turn ends ``MODEL_NOT_FOUND`` with no
+    model called."""
+
+    def allows(self, model: str) -> bool:
+        """Whether a turn may ask for ``model`` (an override)."""
+        own = (self.model, *self.fallback_models, self.compaction_model)
+        return model in own or model in self.allowed_models
 
 
 @dataclass(frozen=True)
@@ -77,7 +88,8 @@ class TurnInput:
     principal: Any = None
     dataset_ids: tuple[str, ...] = ()
     model_override: str | None = None
-    """An explicit model pick; unknown → ``MODEL_NOT_FOUND``, never a silent substitute."""
+    """An explicit model pick; outside the spec's registry (``AgentSpec.allows``) or unknown to
+    the provider → ``MODEL_NOT_FOUND``, never a silent substitute."""
     summary: HistorySummary | None = None
     """The conversation's stored summary, reused when it still covers the right prefix."""
     attempt: int = 1
@@ -129,6 +141,12 @@ class TurnResult:
     warnings: tuple[str, ...] = ()
     model_calls: int = 0
     summary: HistorySummary | None = None
+
+    @property
+    def retryable(self) -> bool:
+        """Whether running the turn again may end otherwise: not when every error is one
+        another attempt would meet again (a model outside the registry, a spent quota)."""
+        return not self.errors or any(e.kind not in TERMINAL_KINDS for e in self.errors)
 
     def __post_init__(self) -> None:
         if bool(self.errors) != (self.end_reason == "error"):

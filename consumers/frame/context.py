@@ -5,7 +5,8 @@ method, ``register(ctx)``: it adds its aggregates (``ctx.aggregate``), tables (`
 workflows (``ctx.workflow``), consumers (``ctx.wire``) and plain command handlers
 (``ctx.on_command``). ``WorkerContext`` owns what they share: the settings, the Faust app, the
 one ``Publisher``, the sealer, the workflow runtime, the agent runner (the one owner of the
-model client) and the writer of ``voice.commands``.
+model client), the reader of records by position (``log_reader``) and the writer of
+``voice.commands``. Its tables refuse a value over the record bound where it is set.
 
 Records of ``voice.commands`` go to the aggregate that owns their record type (see
 ``consumers.frame.writer``); nothing routes them by hand. Every agent consumes through
@@ -23,7 +24,9 @@ import faust
 
 from consumers.engine.runner import AgentRunner
 from consumers.frame.aggregate import Ack, Aggregate
+from consumers.frame.bounded import BoundedTable
 from consumers.frame.failures import Halt, RawDispatch, RecordGuard, consume
+from consumers.frame.logrefs import KafkaLogReader
 from consumers.frame.writer import Raw, Writer, acknowledgement
 from consumers.intake import decode_or_dead_letter, decode_or_none
 from consumers.workflows.engine import WorkflowDef
@@ -58,6 +61,7 @@ def faust_app(settings: VoiceSettings) -> faust.App:
         f"{settings.group_prefix}-{settings.topic_prefix}worker".replace(".", "-"),
         broker=f"kafka://{settings.bootstrap}",
         store="memory://",
+        Table=BoundedTable,  # every table value's changelog record stays under the bound
         topic_partitions=settings.topic_partitions,
         topic_replication_factor=settings.replication_factor,
         web_enabled=False,
@@ -69,6 +73,13 @@ def faust_app(settings: VoiceSettings) -> faust.App:
         # poll loop (steps run as tasks), so these can stay short.
         broker_session_timeout=10,
         broker_heartbeat_interval=2,
+        # A running workflow step holds its record unacknowledged (its lease) until the step's
+        # outcome record is consumed. Faust's default waits for every unacknowledged record
+        # before a rebalance, while consuming nothing — so a rebalance during a step (a worker
+        # joining, a broker pause expiring the session) waited forever. Without the wait, the
+        # committed offset still stops below a held lease, and the runtime lets go of the steps
+        # of revoked partitions (``keep_only``) and resumes redelivered ones.
+        stream_wait_empty=False,
     )
 
 
@@ -83,6 +94,8 @@ class WorkerContext:
         self.publisher = Publisher(settings, lambda: self.producer)
         self.sealer = sealer_for(settings)
         self.agents = AgentRunner(settings, lambda: self.producer, self.sealer, client=client)
+        self.log_reader = KafkaLogReader(settings)
+        """Reads an aggregate's records back by position (what a step's input refers to)."""
         self.runtime = WorkflowRuntime(settings, self.table("workflows"), self.publisher)
         self.writer = Writer(self.publisher, topic_name(settings, COMMANDS))
         self.products: list[Product] = []
@@ -109,8 +122,12 @@ class WorkerContext:
             self.products.append(product)
 
     def table(self, name: str) -> Any:
-        """A changelog-backed Faust table (default ``None``), partitioned like the topics."""
-        return self.app.Table(name, default=None, partitions=self.settings.topic_partitions)
+        """A changelog-backed Faust table (default ``None``), partitioned like the topics; a
+        value whose changelog record would be over ``VOICE_MAX_RECORD_BYTES`` is refused
+        where it is set (``consumers.frame.bounded``)."""
+        table = self.app.Table(name, default=None, partitions=self.settings.topic_partitions)
+        table.max_bytes = self.settings.max_record_bytes
+        return table
 
     def aggregate(self, agg: Aggregate[Any]) -> Any:
         """Make the writer run ``agg`` for its command types; returns its table."""

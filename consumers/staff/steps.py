@@ -66,10 +66,11 @@ class Agents:
         sink = self.sink_for(workflow, sealed_as is not None, tenant)
         result = await self.runner.run(spec, TurnInput(turn_id=turn_id, user_message=message,
                                                        conversation_id=sealed_as,
-                                                       attempt=attempt), sink)
+                                                       attempt=attempt), sink,
+                                      tenant=tenant)
         if result.end_reason == "error":
             kinds = ", ".join(f"{e.kind}: {e.message}" for e in result.errors)
-            raise StepError(f"agent {spec.name!r} failed: {kinds}")
+            raise StepError(f"agent {spec.name!r} failed: {kinds}", retryable=result.retryable)
         return result
 
     def sink_for(self, workflow: str, sealed: bool, tenant: str | None) -> EffectSink:

@@ -8,7 +8,7 @@ from __future__ import annotations
 import asyncio
 import os
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from pathlib import Path
 
 import httpx
@@ -71,17 +71,6 @@ def test_the_broker_refuses_what_the_default_limit_keeps_out(settings: VoiceSett
     with pytest.raises(ProduceError) as refused:  # a client that would send it anyway
         asyncio.run(produce(broker_limit + 1024))
     assert refused.value.too_large
-
-
-@pytest.fixture
-def own_broker(tmp_path: Path) -> Iterator[LocalKafka]:
-    """A broker of this test's own, to stop and start again."""
-    broker = LocalKafka(data_dir=tmp_path / "kafka", port=free_port(), heap="512m")
-    broker.start()
-    try:
-        yield broker
-    finally:
-        broker.stop()
 
 
 def test_the_edge_answers_503_with_retry_after_while_the_broker_is_down(

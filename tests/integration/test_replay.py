@@ -53,8 +53,14 @@ def test_replay_shows_what_clients_saw_and_a_rerun_matches(settings: VoiceSettin
     assert wf.returncode == 0, wf.stderr
     workflow, sealer, envs = load_history(exported)
     assert workflow == f"{cnv}:turn-2"
+    # The turn's input refers to the conversation's records: the history holds them too.
+    assert envs["voice.conversations"]
     assert asyncio.run(rerun_turn(settings, workflow, envs["voice.workflows"],
-                                  envs["voice.agent"], sealer)) == []
+                                  envs["voice.agent"], sealer,
+                                  envs["voice.conversations"])) == []
+    missing = asyncio.run(rerun_turn(settings, workflow, envs["voice.workflows"],
+                                     envs["voice.agent"], sealer))
+    assert missing == [f"records [2] of conversation {cnv!r} are not on its log"]
     assert "voice.workflow.started.v1" in wf.stdout and "voice.agent.model_call.v1" in wf.stdout
     assert "0 diverged" in wf.stdout
 

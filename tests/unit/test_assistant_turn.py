@@ -4,6 +4,7 @@ history, and suggested context from patterns in ``[CURRENT_STATE]``."""
 
 from __future__ import annotations
 
+import json
 import uuid
 from collections.abc import Iterator
 from pathlib import Path
@@ -19,6 +20,7 @@ from consumers.assistant.transcript import EXTRACT_KIND, TURN_KIND, Transcript
 from consumers.assistant.turn import ConversationSink, run_assistant_turn
 from consumers.engine import RecordingSink
 from consumers.engine.testing import ScriptedModel, text
+from consumers.frame.logrefs import MemoryLogReader
 from deploy.simulator import serve_simulator
 from schemas.assistant import (
     AppendDisplay,
@@ -31,6 +33,7 @@ from schemas.base import Record
 from streams.assistant_settings import AssistantSettings
 from streams.envelope import Envelope
 from streams.sealing import MemoryKeyStore, Sealer
+from streams.topics import ASSISTANT
 
 CSV = (Path(__file__).resolve().parents[1] / "fixtures" / "assistant_facilities.csv").read_text()
 DS = "0123456789abcdef" * 2
@@ -152,27 +155,62 @@ def test_history_alternates_and_carries_the_tool_chain() -> None:
     assert "[ACTIVE DATASETS]" in state_text(REQUEST, {"agentic_mode": True}, [])
 
 
-def test_the_transcript_starts_turns_and_extractions() -> None:
+async def test_the_transcript_starts_turns_and_extractions_with_positions() -> None:
+    """The index holds positions, never content; a turn's input refers to its records, which
+    the step reads back from the log and opens."""
     sealer = Sealer(MemoryKeyStore())
+    log = MemoryLogReader()
     t = Transcript()
     req = sealer.seal_json(CONV, "m1", REQUEST)
 
-    def env(rec: Record, seq: int) -> Envelope:
-        return Envelope(record=rec, key=CONV, source="/t", seq=seq, tenant="default")
+    def fold(rec: Record, seq: int) -> list | None:
+        e = Envelope(record=rec, key=CONV, source="/t", seq=seq, tenant="default")
+        return t.apply(e, 1, log.append(ASSISTANT, 1, e), 10_000, 5)
 
-    starts = t.apply(env(AssistantTurnRequested(conversation=CONV, turn=TURN, message_id="m1",
-                                                request=req, after=0, at="now"), 2), 10_000, 5)
-    ((kind, workflow, inp),) = starts
-    assert (kind, workflow, inp["transcript"]) == (TURN_KIND, TURN, [])
-    assert Transcript.open_request(sealer, CONV, inp)["message"] == REQUEST["message"]
+    ((kind, workflow, inp),) = fold(AssistantTurnRequested(
+        conversation=CONV, turn=TURN, message_id="m1", request=req, after=0, at="now"), 2)
+    assert (kind, workflow, inp["log"]["transcript"]) == (TURN_KIND, TURN, [])
+    assert inp["log"] == {"partition": 1, "request": [2, 0], "transcript": [], "patterns": []}
+    assert req.ciphertext not in json.dumps(inp) and req.ciphertext not in json.dumps(t.to_dict())
+    got = await Transcript.read(log, CONV, inp["log"], "request", "transcript", "patterns")
+    assert Transcript.open_request(sealer, CONV, got["request"][0])["message"] == \
+        REQUEST["message"]
     chain = sealer.seal_json(CONV, "r1/chain", {"text": "hi", "structured_content": []})
     cards = sealer.seal_json(CONV, "r1/cards", {"cards": []})
-    assert t.apply(env(AssistantReplyRecorded(conversation=CONV, turn=TURN, reply_id="r1",
-                                              chain=chain, cards=cards), 3), 10_000, 5) == []
-    assert t.apply(env(AssistantReplyRecorded(conversation=CONV, turn=TURN, reply_id="r1",
-                                              chain=chain, cards=cards), 3), 10_000, 5) is None
-    ((kind, workflow, inp),) = t.apply(env(AssistantTurnEnded(
-        conversation=CONV, turn=TURN, state="Replied"), 4), 10_000, 5)
+    reply = AssistantReplyRecorded(conversation=CONV, turn=TURN, reply_id="r1", chain=chain,
+                                   cards=cards)
+    assert fold(reply, 3) == []
+    assert fold(reply, 3) is None, "a redelivery changes nothing"
+    ((kind, workflow, inp),) = fold(AssistantTurnEnded(conversation=CONV, turn=TURN,
+                                                      state="Replied"), 4)
     assert (kind, workflow) == (EXTRACT_KIND, f"{TURN}:extract")
-    request, reply = Transcript.open_exchange(sealer, CONV, inp)
-    assert request["message"] == REQUEST["message"] and reply["text"] == "hi"
+    got = await Transcript.read(log, CONV, inp["log"], "user", "assistant")
+    request, answer = Transcript.open_exchange(sealer, CONV, got["user"][0], got["assistant"][0])
+    assert request["message"] == REQUEST["message"] and answer["text"] == "hi"
+    # The next turn reads the first exchange as its history.
+    req2 = sealer.seal_json(CONV, "m2", {"message": "and Texas?"})
+    ((_, _, inp),) = fold(AssistantTurnRequested(
+        conversation=CONV, turn=f"{CONV}:turn-5", message_id="m2", request=req2, after=0,
+        at="now"), 5)
+    assert inp["log"]["transcript"] == [[2, 0], [3, 1]]
+    got = await Transcript.read(log, CONV, inp["log"], "request", "transcript", "patterns")
+    history = Transcript.open_history(sealer, CONV, got["transcript"])
+    assert [m["role"] for m in history] == ["user", "assistant"]
+
+
+def test_the_assistant_index_stays_small_however_long_the_conversation() -> None:
+    """A thousand turns of 20 KB requests: the table value holds positions within twice the
+    history budget, and each turn's input names at most what fits the budget."""
+    t = Transcript()
+    sealer = Sealer(MemoryKeyStore())
+    big = sealer.seal_json(CONV, "m", {"message": "x" * 20_000})
+    inputs, sizes = [], []
+    for n in range(1, 1000):
+        e = Envelope(record=AssistantTurnRequested(conversation=CONV, turn=f"{CONV}:turn-{n}",
+                                                   message_id="m", request=big, after=0,
+                                                   at="now"), key=CONV, source="/t", seq=n)
+        inputs += [inp for _, _, inp in t.apply(e, 0, n, 256 * 1024, 5) or []]
+        sizes.append(len(json.dumps(t.to_dict())))
+    assert max(sizes) < 4_000 and sizes[-1] <= sizes[99] * 1.1, "it does not grow"
+    assert max(len(json.dumps(i)) for i in inputs) < 2_000
+    assert len(inputs[-1]["log"]["transcript"]) == 256 * 1024 // len(big.ciphertext)

@@ -44,6 +44,9 @@ class FakeTail:
     def expect_ack(self, command_id: str) -> Any:
         return None
 
+    def forget_ack(self, command_id: str) -> None:
+        pass
+
     async def wait_ack(self, command_id: str, fut: Any, timeout: float) -> CommandAcknowledged:
         cmd = self.producer.sent[-1]
         if self.outcome == "rejected":

@@ -27,12 +27,15 @@ def test_architecture_lists_every_worker_table() -> None:
 
 
 def test_the_capability_table_in_the_security_docs_is_the_code_s() -> None:
-    """docs/security (the tenancy part) shows exactly ``streams.capabilities.CAPABILITIES``."""
+    """docs/security.md shows exactly ``streams.capabilities.CAPABILITIES``."""
     from streams.capabilities import CAPABILITIES
 
-    text = (ROOT / "docs" / "security" / "tenancy.md").read_text()
-    lines = [ln for ln in text.splitlines() if ln.startswith("| `")]
-    header = next(ln for ln in text.splitlines() if ln.startswith("| capability |"))
+    text = (ROOT / "docs" / "security.md").read_text()
+    all_lines = text.splitlines()
+    start = next(i for i, ln in enumerate(all_lines) if ln.startswith("| capability |"))
+    header = all_lines[start]
+    end = next(i for i in range(start, len(all_lines)) if not all_lines[i].startswith("|"))
+    lines = all_lines[start + 2:end]
     roles = [c.strip() for c in header.strip("|").split("|")[1:]]
     assert sorted(roles) == sorted(CAPABILITIES)
     shown: dict[str, set[str]] = {r: set() for r in roles}

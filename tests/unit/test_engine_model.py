@@ -3,6 +3,8 @@
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 import anthropic
 import pytest
 
@@ -82,9 +84,13 @@ async def test_exhausted_chain_ends_the_turn_with_an_error_and_no_persisted_repl
 
 
 async def test_unknown_explicit_model_is_model_not_found_never_a_substitute(client):
+    # In the deployment's registry, unknown to the provider (a retired model, say); a model
+    # outside the registry never reaches the provider (tests/unit/test_model_registry.py).
     sink = RecordingSink()
     ti = TurnInput("t-404", "hello there friend", model_override="unknown-model-9")
-    result = await run_turn(spec("claude-sonnet-4-5", "claude-haiku-4-5"), ti, client, sink)
+    registry = replace(spec("claude-sonnet-4-5", "claude-haiku-4-5"),
+                       allowed_models=("unknown-model-9",))
+    result = await run_turn(registry, ti, client, sink)
     assert result.end_reason == "error"
     assert [(e.kind) for e in result.errors] == ["MODEL_NOT_FOUND"]
     assert [(c.request_model, c.error_type) for c in calls(sink)] == [

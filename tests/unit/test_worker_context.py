@@ -31,8 +31,8 @@ def test_every_command_type_is_routed_to_the_aggregate_that_owns_it() -> None:
 def test_table_names_and_agents_are_stable() -> None:
     w = create_worker(SETTINGS)
     assert sorted(w.app.tables) == [
-        "assistant_conversations", "assistant_transcripts", "conversations",
-        "staff_deliveries", "staff_inboxes", "staff_issues", "transcripts", "workflows"]
+        "assistant_conversations", "assistant_index", "conversations",
+        "staff_deliveries", "staff_inboxes", "staff_issues", "transcript_index", "workflows"]
     assert "voice_commands_agent" in w.app.agents  # one consumer of voice.commands
 
 

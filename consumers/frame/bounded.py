@@ -1,0 +1,45 @@
+"""The worker's tables, whose changelog records stay under the record bound.
+
+Faust writes every table value to the table's changelog topic from its own producer buffer;
+a value over the broker's ``max.message.bytes`` is not refused where it is set but later, in
+that buffer, and the error stops the whole worker (``MessageSizeTooLargeError``). So a table
+value's size is checked where it is set: ``BoundedTable.on_key_set`` measures the changelog
+record exactly as Faust will encode it and raises ``RecordTooLarge`` before anything is stored
+or sent. The caller's record fails (and is dead-lettered, decision 0008); the worker goes on.
+
+Tables are kept small by design (positions rather than content, bounded memories): this is
+the backstop that turns a design mistake into one failed record instead of a stopped service.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import faust
+from faust.serializers import codecs
+
+from streams.producer import RecordTooLarge
+
+DEFAULT_MAX_BYTES = 900_000
+"""``VOICE_MAX_RECORD_BYTES``'s default; ``WorkerContext.table`` sets the configured one."""
+
+
+def changelog_size(table: Any, key: Any, value: Any) -> int:
+    """Bytes of the changelog record of ``key → value``, encoded as the table encodes them."""
+    key_bytes = codecs.dumps(table.key_serializer or "json", key)
+    value_bytes = codecs.dumps(table.value_serializer or "json", value)
+    return len(key_bytes or b"") + len(value_bytes or b"")
+
+
+class BoundedTable(faust.Table):  # type: ignore[misc]  # Faust's classes are untyped
+    """A Faust table that refuses a value whose changelog record would be over ``max_bytes``."""
+
+    max_bytes: int = DEFAULT_MAX_BYTES
+
+    def on_key_set(self, key: Any, value: Any) -> None:
+        """Check the size, then store and send the changelog record as Faust does."""
+        size = changelog_size(self, key, value)
+        if size > self.max_bytes:
+            raise RecordTooLarge(self.changelog_topic.get_topic_name(), size, self.max_bytes,
+                                 key=key)
+        super().on_key_set(key, value)

@@ -1,0 +1,186 @@
+"""An aggregate's records read back by position: how a step gets content without carrying it.
+
+A turn's input names the records it needs — the log partition and, per record, its seq and
+offset — instead of copying them: a copy made every turn's workflow record, its changelog, its
+ClickHouse row and every edge grow with the conversation (quadratic storage), and one long
+conversation pushed them past the broker's record limit. The step fetches exactly those
+records (``LogReader.read``), as a turn fetches a dataset by its ``DatasetRef``; a worker on
+any machine can, since they are on the log, not in another partition's table.
+
+What a worker keeps per conversation is an index of positions (a few numbers per record),
+bounded by ``recent``: the most recent records whose content fits a byte budget, and at most
+``MAX_ENTRIES`` of them. Never content.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+import uuid
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any, Protocol
+
+from confluent_kafka import Consumer, KafkaError, TopicPartition
+
+from streams.envelope import DecodeError, Envelope, decode
+from streams.settings import VoiceSettings
+from streams.topics import TopicSpec, topic_name
+
+MAX_ENTRIES = 1000
+"""Records one index (and so one turn's input) names at most, whatever their size."""
+
+SEEK_GAP = 100
+"""Read on through other keys' records up to this many offsets; farther, seek."""
+
+
+@dataclass(frozen=True)
+class Position:
+    """Where one record of an aggregate's log is: its seq (checked on reading) and offset."""
+
+    seq: int
+    offset: int
+
+    def to_json(self) -> list[int]:
+        return [self.seq, self.offset]
+
+    @classmethod
+    def from_json(cls, value: Sequence[int]) -> Position:
+        return cls(int(value[0]), int(value[1]))
+
+
+class LogUnavailable(Exception):
+    """The records cannot be read: not on the log as indexed (``retryable=False``), or the
+    broker did not answer in time (``retryable=True``)."""
+
+    def __init__(self, message: str, retryable: bool) -> None:
+        super().__init__(message)
+        self.retryable = retryable
+
+
+class LogReader(Protocol):
+    """Reads records of one key back from a topic partition by position."""
+
+    async def read(self, spec: TopicSpec, partition: int, key: str,
+                   positions: Sequence[Position]) -> list[Envelope]:
+        """The records at ``positions``, in that order; ``LogUnavailable`` if one is not
+        there or is not the indexed seq of ``key``."""
+
+
+def recent(entries: list[dict[str, Any]], budget: int, keep: int = 1,
+           max_entries: int = MAX_ENTRIES) -> list[dict[str, Any]]:
+    """The most recent ``entries`` (each with ``bytes``) whose sizes add up to at most
+    ``budget`` — but at least the last ``keep`` — and at most ``max_entries`` of them."""
+    out: list[dict[str, Any]] = []
+    total = 0
+    for entry in reversed(entries):
+        total += int(entry.get("bytes", 0))
+        if len(out) >= max_entries or (total > budget and len(out) >= keep):
+            break
+        out.append(entry)
+    return out[::-1]
+
+
+def fetch_records(settings: VoiceSettings, topic: str, partition: int, key: str,
+                  positions: Sequence[Position], timeout: float = 10.0) -> list[Envelope]:
+    """``LogReader.read`` on the broker (blocking): one consumer, assigned at the first
+    offset, reading on while the next one is near and seeking when it is far."""
+    if not positions:
+        return []
+    expected = {p.offset: p.seq for p in positions}
+    wanted = sorted(expected)
+    found: dict[int, Envelope] = {}
+    where = f"{topic}[{partition}]"
+    c = Consumer({"bootstrap.servers": settings.bootstrap,
+                  "group.id": f"voice-logread-{uuid.uuid4().hex}",
+                  "enable.auto.commit": False, "enable.auto.offset.store": False,
+                  "auto.offset.reset": "error", "fetch.wait.max.ms": 50,
+                  "fetch.message.max.bytes": 2 * 1024 * 1024})
+    deadline = time.monotonic() + timeout
+    try:
+        i = 0
+        while i < len(wanted):
+            c.assign([TopicPartition(topic, partition, wanted[i])])
+            seek = False
+            while i < len(wanted) and not seek:
+                if time.monotonic() > deadline:
+                    raise LogUnavailable(f"could not read {where}@{wanted[i]} in {timeout:.0f} s",
+                                         retryable=True)
+                for msg in c.consume(num_messages=500, timeout=0.2):
+                    err = msg.error()
+                    if err is not None:
+                        if err.fatal() or err.code() == KafkaError._AUTO_OFFSET_RESET:
+                            raise LogUnavailable(f"cannot read {where}@{wanted[i]}: {err.str()}",
+                                                 retryable=False)
+                        continue
+                    offset = msg.offset()
+                    if offset < wanted[i]:
+                        continue
+                    if offset > wanted[i]:
+                        raise LogUnavailable(f"{where} has no record at offset {wanted[i]}",
+                                             retryable=False)
+                    found[offset] = _checked(msg, where, key, expected[offset])
+                    i += 1
+                    if i == len(wanted) or wanted[i] - offset > SEEK_GAP:
+                        seek = True
+                        break
+    finally:
+        c.close()
+    return [found[p.offset] for p in positions]
+
+
+def _checked(msg: Any, where: str, key: str, seq: int) -> Envelope:
+    try:
+        env = decode(msg.key(), msg.value(), msg.headers())
+    except DecodeError as exc:
+        raise LogUnavailable(f"{where}@{msg.offset()} is not a record: {exc.reason}",
+                             retryable=False) from None
+    if env.key != key or env.seq != seq:
+        raise LogUnavailable(f"{where}@{msg.offset()} holds seq {env.seq} of {env.key!r}, not "
+                             f"seq {seq} of {key!r}", retryable=False)
+    return env
+
+
+class KafkaLogReader:
+    """``LogReader`` on the broker; the blocking read runs in a thread."""
+
+    def __init__(self, settings: VoiceSettings, timeout: float = 10.0) -> None:
+        self.settings = settings
+        self.timeout = timeout
+
+    async def read(self, spec: TopicSpec, partition: int, key: str,
+                   positions: Sequence[Position]) -> list[Envelope]:
+        return await asyncio.to_thread(fetch_records, self.settings,
+                                       topic_name(self.settings, spec), partition, key,
+                                       list(positions), self.timeout)
+
+
+class MemoryLogReader:
+    """``LogReader`` over records held in memory (tests): ``append`` gives each its offset."""
+
+    def __init__(self) -> None:
+        self.logs: dict[tuple[str, int], list[Envelope]] = {}
+        self.reads: list[tuple[str, int, str, tuple[Position, ...]]] = []
+
+    def append(self, spec: TopicSpec, partition: int, env: Envelope) -> int:
+        """Put ``env`` at the end of ``spec``'s partition; returns its offset."""
+        log = self.logs.setdefault((spec.name, partition), [])
+        log.append(env)
+        return len(log) - 1
+
+    async def read(self, spec: TopicSpec, partition: int, key: str,
+                   positions: Sequence[Position]) -> list[Envelope]:
+        self.reads.append((spec.name, partition, key, tuple(positions)))
+        log = self.logs.get((spec.name, partition), [])
+        out = []
+        for p in positions:
+            if not 0 <= p.offset < len(log):
+                raise LogUnavailable(f"{spec.name}[{partition}] has no record at offset "
+                                     f"{p.offset}", retryable=False)
+            env = log[p.offset]
+            if env.key != key or env.seq != p.seq:
+                raise LogUnavailable(f"{spec.name}[{partition}]@{p.offset} holds seq {env.seq} "
+                                     f"of {env.key!r}, not seq {p.seq} of {key!r}",
+                                     retryable=False)
+            out.append(env)
+        return out

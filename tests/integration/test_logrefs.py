@@ -1,0 +1,61 @@
+"""Reading an aggregate's records back by position from the real broker: what a turn's step
+does with its input's reference (``consumers.frame.logrefs.KafkaLogReader``)."""
+
+from __future__ import annotations
+
+import asyncio
+
+import pytest
+
+from consumers.frame.logrefs import SEEK_GAP, KafkaLogReader, LogUnavailable, Position
+from schemas.conversation import ConversationErased
+from streams.envelope import Envelope, encode
+from streams.producer import RecordProducer
+from streams.settings import VoiceSettings
+from streams.topics import CONVERSATIONS, topic_name
+
+pytestmark = pytest.mark.integration
+
+
+async def produce(settings: VoiceSettings, envs: list[Envelope]) -> list[Position]:
+    """Produce to partition 0 in order; the position of each (seq, offset)."""
+    producer = RecordProducer(settings)
+    try:
+        topic = topic_name(settings, CONVERSATIONS)
+        futs = [producer.produce_raw(topic, *encode_all(env), partition=0) for env in envs]
+        msgs = await asyncio.gather(*futs)
+        return [Position(env.seq or 0, m.offset()) for env, m in zip(envs, msgs, strict=True)]
+    finally:
+        producer.close()
+
+
+def encode_all(env: Envelope) -> tuple:
+    return encode(env)
+
+
+def rec(key: str, seq: int) -> Envelope:
+    return Envelope(record=ConversationErased(conversation=key), key=key, source="/t", seq=seq)
+
+
+async def test_records_are_read_by_position_across_other_keys_and_far_gaps(
+        settings: VoiceSettings) -> None:
+    # Ours interleaved with another conversation's, and a gap farther than a seek.
+    envs = [rec("cnv-a", 1), rec("cnv-b", 1), rec("cnv-a", 2)]
+    envs += [rec("cnv-b", n) for n in range(2, SEEK_GAP + 20)]
+    envs += [rec("cnv-a", 3)]
+    positions = await produce(settings, envs)
+    ours = [p for p, e in zip(positions, envs, strict=True) if e.key == "cnv-a"]
+    reader = KafkaLogReader(settings)
+    got = await reader.read(CONVERSATIONS, 0, "cnv-a", ours)
+    assert [(e.key, e.seq) for e in got] == [("cnv-a", 1), ("cnv-a", 2), ("cnv-a", 3)]
+    # In the order asked, not the log's.
+    got = await reader.read(CONVERSATIONS, 0, "cnv-a", [ours[2], ours[0]])
+    assert [e.seq for e in got] == [3, 1]
+
+    with pytest.raises(LogUnavailable, match="holds seq 1 of 'cnv-b'") as err:
+        await reader.read(CONVERSATIONS, 0, "cnv-a", [Position(2, positions[1].offset)])
+    assert err.value.retryable is False
+    with pytest.raises(LogUnavailable) as err:  # past the end of the log: never there
+        await KafkaLogReader(settings, timeout=3).read(
+            CONVERSATIONS, 0, "cnv-a", [Position(4, positions[-1].offset + 1000)])
+    assert err.value.retryable is False, err.value

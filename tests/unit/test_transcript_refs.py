@@ -1,0 +1,273 @@
+"""A conversation turn's input is a reference, and its step reads what it needs from the log.
+
+The transcript index holds positions (never content) and stays small however long the
+conversation; a turn's ``WorkflowStarted`` names the records, the step reads them back
+(``MemoryLogReader`` stands in for the broker) and opens them; a summary the engine made is
+recorded, and later turns read it instead of the records it covers.
+"""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+import pytest
+
+from consumers.conversations.concern import ConcernReply
+from consumers.conversations.turns import (
+    KIND,
+    TranscriptIndex,
+    Turns,
+    history_of,
+)
+from consumers.engine import CancelToken, HistorySummary
+from consumers.frame.logrefs import (
+    MAX_ENTRIES,
+    LogUnavailable,
+    MemoryLogReader,
+    Position,
+    recent,
+)
+from consumers.workflows.engine import StepContext
+from consumers.workflows.runtime import StepError
+from schemas.base import Record
+from schemas.conversation import (
+    ConversationErased,
+    HistorySummarised,
+    MessageRecorded,
+    ReplyRecorded,
+    TurnRequested,
+    TurnStateChanged,
+)
+from schemas.workflow import WorkflowStarted
+from streams.envelope import Envelope
+from streams.ids import turn_id
+from streams.sealing import MemoryKeyStore, Sealer
+from streams.topics import COMMANDS, CONVERSATIONS, WORKFLOWS, TopicSpec
+
+CNV = "cnv-0123456789abcdef"
+PARTITION = 2
+
+
+class Out:
+    """The publisher: what the product sent, by topic."""
+
+    def __init__(self) -> None:
+        self.sent: list[tuple[str, Envelope]] = []
+
+    async def send(self, spec: TopicSpec, env: Envelope, **kw: Any) -> None:
+        self.sent.append((spec.name, env))
+
+    def of(self, spec: TopicSpec) -> list[Envelope]:
+        return [env for name, env in self.sent if name == spec.name]
+
+
+class Agent:
+    """The concern agent: keeps the history it was given; may return a summary."""
+
+    def __init__(self) -> None:
+        self.histories: list[list[dict[str, Any]]] = []
+        self.summary: HistorySummary | None = None
+
+    async def __call__(self, conversation: str, turn: str, attempt: int,
+                       history: list[dict[str, Any]], cancel: CancelToken,
+                       tenant: str | None) -> ConcernReply:
+        self.histories.append(history)
+        summary, self.summary = self.summary, None
+        return ConcernReply(text=f"reply to {turn}", proposal=None, summary=summary)
+
+
+class Conversation:
+    """A conversation's log in memory, fed to ``Turns`` as the worker's consumer would."""
+
+    def __init__(self, read_bytes: int = 512 * 1024) -> None:
+        self.sealer = Sealer(MemoryKeyStore())
+        self.log = MemoryLogReader()
+        self.out = Out()
+        self.table: dict[str, Any] = {}
+        self.agent = Agent()
+        self.turns = Turns(self.out, self.table, self.sealer, self.agent, self.log, read_bytes)
+        self.seq = 0
+
+    async def append(self, rec: Record) -> Envelope:
+        self.seq += 1
+        env = Envelope(record=rec, key=CNV, source="/t", seq=self.seq, tenant="t1")
+        offset = self.log.append(CONVERSATIONS, PARTITION, env)
+        await self.turns.on_conversation_record(env, PARTITION, offset)
+        return env
+
+    async def message(self, text: str) -> WorkflowStarted:
+        """A participant's message, as the sequencer appends it; the turn's start."""
+        msg_seq = self.seq + 1
+        mid = f"m{msg_seq}"
+        await self.append(MessageRecorded(conversation=CNV, message_id=mid,
+                                          text=self.sealer.seal(CNV, mid, text), at="now"))
+        turn = turn_id(CNV, msg_seq)
+        await self.append(TurnRequested(conversation=CNV, turn=turn, message_seq=msg_seq))
+        await self.append(TurnStateChanged(conversation=CNV, turn=turn, state="Thinking"))
+        started = self.out.of(WORKFLOWS)[-1].record
+        assert isinstance(started, WorkflowStarted) and started.workflow == turn
+        return started
+
+    async def run(self, started: WorkflowStarted) -> dict[str, Any]:
+        """The turn's step; its commands are appended to the log as the sequencer would."""
+        before = len(self.out.of(COMMANDS))
+        ctx = StepContext(workflow=started.workflow, kind=KIND, step="reply", attempt=1,
+                          input=started.input, outputs={}, commands={})
+        result = await self.turns.reply_step(ctx)
+        for cmd in self.out.of(COMMANDS)[before:]:
+            await self.append(cmd.record)
+        return result
+
+    def index(self) -> dict[str, Any]:
+        return self.table[CNV]
+
+
+async def test_a_turn_input_names_positions_and_the_step_reads_them() -> None:
+    c = Conversation()
+    started = await c.message("The crossing by the school is unsafe.")
+    inp = started.input
+    assert inp["history"] == {"partition": PARTITION, "summary": None, "entries": [[1, 0]],
+                              "omitted_through": 0}
+    assert "transcript" not in inp and "ciphertext" not in json.dumps(inp)
+    assert "ciphertext" not in json.dumps(c.index()), "the table holds positions, not content"
+    assert (await c.run(started))["state"] == "Replied"
+    assert c.agent.histories[-1] == [{"role": "user",
+                                      "content": "The crossing by the school is unsafe."}]
+    # The second turn reads the first message and its reply back from the log.
+    second = await c.message("And the bus stop too.")
+    assert [p[0] for p in second.input["history"]["entries"]] == [1, 4, 6]
+    await c.run(second)
+    assert [m["role"] for m in c.agent.histories[-1]] == ["user", "assistant", "user"]
+    assert c.agent.histories[-1][1]["content"] == f"reply to {turn_id(CNV, 1)}"
+    assert c.log.reads[-1][:3] == (CONVERSATIONS.name, PARTITION, CNV)
+
+
+async def test_a_long_conversation_keeps_every_value_and_input_small() -> None:
+    """Sixty 16 KB messages, all read by every turn: the table value and each turn's input
+    hold a few dozen bytes per record, where the copied transcript grew by 22 KB a turn."""
+    c = Conversation(read_bytes=4 * 1024 * 1024)
+    sizes = []
+    for n in range(60):
+        started = await c.message(f"message {n}: " + "the road is broken. " * 800)
+        await c.run(started)
+        sizes.append((len(json.dumps(started.input)), len(json.dumps(c.index()))))
+    assert max(i for i, _ in sizes) < 4_000 and max(v for _, v in sizes) < 8_000
+    last = c.agent.histories[-1]
+    assert len(last) == 2 * 60 - 1 and last[-1]["content"].startswith("message 59:")
+
+
+async def test_a_summary_is_recorded_and_later_turns_read_it_instead() -> None:
+    c = Conversation()
+    for n in range(3):
+        await c.run(await c.message(f"concern number {n}"))
+    # The engine summarised the history before the third message (index 4 of the history
+    # u1 a4 u6 a9 u11 a14 u16): the first four are covered, through the second reply.
+    started = await c.message("concern number 3")
+    c.agent.summary = HistorySummary("SUMMARY: three concerns so far", 4)
+    await c.run(started)
+    summary = next(e for e in reversed(c.out.of(COMMANDS))
+                   if isinstance(e.record, HistorySummarised))
+    assert summary.id == f"{started.workflow}:summary"
+    assert summary.record.through_seq == 9
+    assert c.sealer.open_text(CNV, summary.record.summary_id, summary.record.text) == \
+        "SUMMARY: three concerns so far"
+    index = c.index()
+    assert index["summary"]["through"] == 9
+    assert all(e["seq"] > 9 for e in index["entries"])
+    nxt = await c.message("concern number 4")
+    ref = nxt.input["history"]
+    assert ref["summary"] == [index["summary"]["seq"], index["summary"]["offset"]]
+    assert all(seq > 9 for seq, _ in ref["entries"])
+    await c.run(nxt)
+    history = c.agent.histories[-1]
+    assert history[0]["role"] == "user"
+    assert history[0]["content"].startswith("[CONVERSATION SUMMARY through seq 9]\n"
+                                            "SUMMARY: three concerns so far\n\nconcern number 2")
+    assert "concern number 0" not in json.dumps(history)
+
+
+async def test_a_history_over_the_read_budget_is_cut_and_the_turn_told_so() -> None:
+    c = Conversation(read_bytes=64 * 1024)
+    for n in range(8):
+        await c.run(await c.message(f"message {n} " + "x" * 15_000))
+    index = c.index()
+    assert index["omitted_through"] > 0
+    assert sum(e["bytes"] for e in index["entries"]) <= 64 * 1024
+    history = c.agent.histories[-1]
+    assert "are left out" in history[0]["content"] and "VOICE_HISTORY_READ_BYTES" in \
+        history[0]["content"]
+    assert history[-1]["content"].startswith("message 7 ")
+
+
+async def test_records_that_are_not_where_the_index_says_fail_the_step_clearly() -> None:
+    c = Conversation()
+    started = await c.message("hello there friends")
+    bad = dict(started.input, history={**started.input["history"], "entries": [[1, 99]]})
+    ctx = StepContext(workflow=started.workflow, kind=KIND, step="reply", attempt=1,
+                      input=bad, outputs={}, commands={})
+    with pytest.raises(StepError, match="cannot be read: .*no record at offset 99") as err:
+        await c.turns.reply_step(ctx)
+    assert err.value.retryable is False
+    with pytest.raises(LogUnavailable, match="holds seq 2"):
+        await c.log.read(CONVERSATIONS, PARTITION, CNV, [Position(1, 1)])
+
+
+async def test_a_turn_started_with_a_copied_transcript_still_runs() -> None:
+    """Turns started by an older worker (and recorded histories) carry the transcript."""
+    c = Conversation()
+    sealed = c.sealer.seal(CNV, "m1", "an old message")
+    inp = {"conversation": CNV, "turn": turn_id(CNV, 1), "message_seq": 1, "tenant": "t1",
+           "transcript": [{"seq": 1, "role": "user", "content_id": "m1",
+                           "sealed": sealed.model_dump()}]}
+    ctx = StepContext(workflow=inp["turn"], kind=KIND, step="reply", attempt=1, input=inp,
+                      outputs={}, commands={})
+    assert (await c.turns.reply_step(ctx))["state"] == "Replied"
+    assert c.agent.histories[-1] == [{"role": "user", "content": "an old message"}]
+
+
+async def test_erasure_forgets_the_index() -> None:
+    c = Conversation()
+    await c.message("hello there friends")
+    await c.append(ConversationErased(conversation=CNV))
+    assert CNV not in c.table
+
+
+def test_the_index_ignores_redeliveries_and_other_records() -> None:
+    sealer = Sealer(MemoryKeyStore())
+    index = TranscriptIndex()
+    msg = Envelope(record=MessageRecorded(conversation=CNV, message_id="m1",
+                                          text=sealer.seal(CNV, "m1", "hi"), at="now"),
+                   key=CNV, source="/t", seq=1)
+    assert index.apply(msg, 0, 10, 1024) is True
+    assert index.apply(msg, 0, 11, 1024) is False, "the same seq again (a redelivery)"
+    state = Envelope(record=TurnStateChanged(conversation=CNV, turn="t", state="Thinking"),
+                     key=CNV, source="/t", seq=2)
+    assert index.apply(state, 0, 12, 1024) is False
+    assert index.entries == [{"seq": 1, "offset": 10, "bytes": len(msg.record.text.ciphertext)}]
+
+
+def test_recent_is_bounded_by_bytes_and_by_count() -> None:
+    entries = [{"seq": n, "bytes": 10} for n in range(5000)]
+    assert [e["seq"] for e in recent(entries, 35)] == [4997, 4998, 4999]
+    assert len(recent(entries, 10**9)) == MAX_ENTRIES
+    assert [e["seq"] for e in recent([{"seq": 1, "bytes": 999}], 10)] == [1], "keeps the last"
+
+
+def test_history_of_puts_the_summary_before_a_leading_reply() -> None:
+    sealer = Sealer(MemoryKeyStore())
+    records = [
+        Envelope(record=HistorySummarised(conversation=CNV, turn="t", summary_id="s",
+                                          through_seq=3, text=sealer.seal(CNV, "s", "S")),
+                 key=CNV, source="/t", seq=9),
+        Envelope(record=ReplyRecorded(conversation=CNV, turn="t", reply_id="r",
+                                      text=sealer.seal(CNV, "r", "R")), key=CNV, source="/t",
+                 seq=5),
+        Envelope(record=MessageRecorded(conversation=CNV, message_id="m",
+                                        text=sealer.seal(CNV, "m", "M"), at="now"),
+                 key=CNV, source="/t", seq=7),
+    ]
+    history, seqs = history_of(sealer, CNV, records)
+    assert history == [{"role": "user", "content": "[CONVERSATION SUMMARY through seq 3]\nS"},
+                       {"role": "assistant", "content": "R"}, {"role": "user", "content": "M"}]
+    assert seqs == [3, 5, 7]
