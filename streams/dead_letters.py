@@ -3,8 +3,8 @@
 The record goes as it came (key, value, its own headers) plus ``voice_dlq_reason`` and its
 origin (``voice_dlq_topic``/``_partition``/``_offset``, see ``streams.producer.dlq_headers``),
 and the call returns once the broker has it. A record too large for the dead-letter topic is
-kept there cut to ``DLQ_VALUE_KEPT`` bytes (or half the producer's record bound, if less), its full length in the ``voice_dlq_truncated``
-header: the reason and the origin always arrive.
+kept there cut to ``DLQ_VALUE_KEPT`` bytes (or half the producer's record bound, if less), its
+full length in the ``voice_dlq_truncated`` header: the reason and the origin always arrive.
 
 The worker (``consumers.intake``, ``consumers.frame.failures``) and the telemetry sink use it;
 nothing else produces to a ``.dlq`` topic. A failure here is raised to the caller, which must
