@@ -44,6 +44,7 @@ def test_a_command_whose_records_the_broker_refuses_is_dead_lettered_and_seqs_mo
 
     async def produce() -> None:
         p = RecordProducer(settings, **{"message.max.bytes": 2_000_000})
+        p.max_bytes = 2_000_000  # forged past the record bound every Voice producer keeps
         await p.send(topic_name(settings, COMMANDS), cmd)
         p.close()
 
