@@ -62,7 +62,8 @@ def test_a_running_turn_is_cancelled(settings: VoiceSettings, start_worker, star
                 if m.key() == turn.encode()]
     kinds = [decode(m.key(), m.value(), m.headers()).record for m in commands]
     assert any(isinstance(r, WorkflowCommandReceived) and r.command == "cancel" for r in kinds)
-    # The agent made one model call (the tool round) and no second: honoured before it.
+    # At most the call in flight when the cancel came (none if it came while the step read
+    # its transcript back from the log), never a second: honoured before it.
     calls = [m for m in read_all(settings, topic_name(settings, AGENT))
              if m.key() == turn.encode() and dict(m.headers())["ce_type"]
              == b"voice.agent.model_call.v1"]
@@ -106,4 +107,4 @@ def test_a_running_assistant_turn_is_cancelled(settings: VoiceSettings, start_wo
     calls = [m for m in read_all(settings, topic_name(settings, AGENT))
              if m.key() == turn.encode() and dict(m.headers())["ce_type"]
              == b"voice.agent.model_call.v1"]
-    assert 1 <= len(calls) < 4  # the map flow needs 4 model calls; it stopped before them
+    assert len(calls) < 4  # the map flow needs 4 model calls; it stopped before them
