@@ -69,6 +69,40 @@ def read_all(settings: VoiceSettings, topic: str, timeout: float = 5.0) -> list:
     return read_topic(settings, topic, timeout=timeout)
 
 
+def forge_command(settings: VoiceSettings, cmd: Any, max_bytes: int | None = None) -> None:
+    """Put ``cmd`` (an ``Envelope``) on the commands topic as if from past the edge; with
+    ``max_bytes`` past the record bound every Voice producer keeps, too."""
+    from streams.producer import RecordProducer
+    from streams.topics import COMMANDS, topic_name
+
+    async def produce() -> None:
+        conf = {} if max_bytes is None else {"message.max.bytes": max_bytes}
+        p = RecordProducer(settings, **conf)
+        if max_bytes is not None:
+            p.max_bytes = max_bytes
+        await p.send(topic_name(settings, COMMANDS), cmd)
+        p.close()
+
+    asyncio.run(produce())
+
+
+def acknowledgement_of(settings: VoiceSettings, command_id: str, timeout: float,
+                       what: str) -> Any:
+    """The ``CommandAcknowledged`` of ``command_id`` on the acks topic, waited for."""
+    from schemas.system import CommandAcknowledged
+    from streams.envelope import decode
+    from streams.topics import ACKS, topic_name
+
+    def answered() -> CommandAcknowledged | None:
+        for m in read_all(settings, topic_name(settings, ACKS)):
+            rec = decode(m.key(), m.value(), m.headers()).record
+            if isinstance(rec, CommandAcknowledged) and rec.command_id == command_id:
+                return rec
+        return None
+
+    return wait_for(answered, timeout=timeout, what=what)
+
+
 def wait_for(predicate, timeout: float = 20, interval: float = 0.1, what: str = "condition"):  # noqa: ANN001, ANN201
     """Poll ``predicate`` until it returns a truthy value; return it."""
     deadline = time.monotonic() + timeout

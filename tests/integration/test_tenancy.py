@@ -4,20 +4,16 @@ another tenant's id is answered ``no such …`` by the worker and crosses nothin
 
 from __future__ import annotations
 
-import asyncio
-
 import httpx
 import pytest
 
 from schemas.base import Sealed
 from schemas.conversation import SendMessage
-from schemas.system import CommandAcknowledged
-from streams.envelope import Envelope, decode
-from streams.producer import RecordProducer
+from streams.envelope import Envelope
 from streams.settings import VoiceSettings
 from streams.tokens import mint_token
-from streams.topics import ACKS, COMMANDS, CONVERSATIONS, topic_name
-from tests.support import read_all, wait_for
+from streams.topics import CONVERSATIONS, topic_name
+from tests.support import acknowledgement_of, forge_command, read_all
 
 pytestmark = pytest.mark.integration
 
@@ -78,21 +74,9 @@ def test_tenants_are_separate_worlds_at_the_edge_and_in_the_worker(
                    key=cnv, source="/test", subject=cnv, id="cmd-forged", tenant="t2",
                    correlation="cmd-forged")
 
-    async def produce() -> None:
-        p = RecordProducer(settings)
-        await p.send(topic_name(settings, COMMANDS), cmd)
-        p.close()
-
-    asyncio.run(produce())
-
-    def answered() -> CommandAcknowledged | None:
-        for m in read_all(settings, topic_name(settings, ACKS)):
-            rec = decode(m.key(), m.value(), m.headers()).record
-            if isinstance(rec, CommandAcknowledged) and rec.command_id == "cmd-forged":
-                return rec
-        return None
-
-    ack = wait_for(answered, timeout=20, what="the forged command's answer")
+    forge_command(settings, cmd)
+    ack = acknowledgement_of(settings, "cmd-forged", timeout=20,
+                             what="the forged command's answer")
     assert (ack.outcome, ack.detail.get("reason")) == ("rejected", "no such conversation")
     after = read_all(settings, topic_name(settings, CONVERSATIONS))
     assert all(b"m-forged" not in (m.value() or b"") for m in after)

@@ -4,7 +4,6 @@ never given again, and the worker goes on serving the conversation."""
 
 from __future__ import annotations
 
-import asyncio
 import base64
 import os
 
@@ -13,13 +12,11 @@ import pytest
 
 from schemas.base import Sealed
 from schemas.conversation import SendMessage
-from schemas.system import CommandAcknowledged
-from streams.envelope import Envelope, decode
-from streams.producer import RecordProducer
+from streams.envelope import Envelope
 from streams.settings import VoiceSettings
 from streams.tokens import mint_token
-from streams.topics import ACKS, COMMANDS, topic_name
-from tests.support import read_all, wait_for
+from streams.topics import COMMANDS, topic_name
+from tests.support import acknowledgement_of, forge_command, read_all, wait_for
 
 pytestmark = pytest.mark.integration
 
@@ -42,13 +39,7 @@ def test_a_command_whose_records_the_broker_refuses_is_dead_lettered_and_seqs_mo
                    key=cnv, source="/test", subject=cnv, id="cmd-huge", correlation="cmd-huge",
                    tenant="default")
 
-    async def produce() -> None:
-        p = RecordProducer(settings, **{"message.max.bytes": 2_000_000})
-        p.max_bytes = 2_000_000  # forged past the record bound every Voice producer keeps
-        await p.send(topic_name(settings, COMMANDS), cmd)
-        p.close()
-
-    asyncio.run(produce())
+    forge_command(settings, cmd, max_bytes=2_000_000)
     dlq = topic_name(settings, COMMANDS) + ".dlq"
     [dead] = wait_for(lambda: read_all(settings, dlq), timeout=30, what="the dead letter")
     dead_headers = dict(dead.headers())
@@ -58,14 +49,7 @@ def test_a_command_whose_records_the_broker_refuses_is_dead_lettered_and_seqs_mo
     assert int(dead_headers["voice_dlq_truncated"]) > 1_000_000
     assert dead_headers["ce_id"] == b"cmd-huge" and dead.key() == cnv.encode()
 
-    def answered() -> CommandAcknowledged | None:
-        for m in read_all(settings, topic_name(settings, ACKS)):
-            rec = decode(m.key(), m.value(), m.headers()).record
-            if isinstance(rec, CommandAcknowledged) and rec.command_id == "cmd-huge":
-                return rec
-        return None
-
-    ack = wait_for(answered, timeout=15, what="the command's answer")
+    ack = acknowledgement_of(settings, "cmd-huge", timeout=15, what="the command's answer")
     assert ack.outcome == "rejected" and ack.detail["retryable"]
 
     # The worker lives and the conversation goes on, under seqs the refused records never had
