@@ -97,6 +97,10 @@ class WorkflowState:
     tenant: str | None = None
     """The tenant it runs for (its start's); its records carry it, other tenants' commands
     are ignored."""
+    settled: bool = True
+    """False from the moment it ended until its definition's ``on_end`` (the turn-over
+    bookkeeping) has run: the runtime runs it again for an ended, unsettled workflow, so a
+    worker dying in between never leaves a turn open."""
 
     def to_dict(self) -> dict[str, Any]:
         return copy.deepcopy(asdict(self))

@@ -9,7 +9,13 @@ partition's next owner re-reads from the held record, finds the step running wit
 holding it, records the lost attempt and runs the step again. That is the lease.
 
 Order inside one transition, per workflow under a lock: produce the records (and wait for the
-broker's acks) → write the table → start the step task → acknowledge the input record.
+broker's acks) → write the table → start the step task, or (the workflow ended) run its
+``on_end`` and mark it settled in the table → acknowledge the input record. A worker that dies
+before the mark leaves an ended, unsettled workflow, whose owner runs ``on_end`` again (its
+effects carry ids derived from the workflow, so they land once).
+
+Every step attempt has a deadline (``VOICE_STEP_DEADLINE_S``): past it the step is stopped and
+fails ``DEADLINE_EXCEEDED``, not retried, so its workflow fails and ``on_end`` ends its turn.
 """
 
 from __future__ import annotations
@@ -28,6 +34,7 @@ from consumers.workflows.engine import Pause, StepContext, Transition, WorkflowD
 from schemas.workflow import StepOutcome, WorkflowCommandReceived, WorkflowStarted
 from streams.envelope import Envelope
 from streams.producer import Publisher
+from streams.crashpoints import CrashPoints
 from streams.retry import Unprocessable
 from streams.settings import VoiceSettings
 from streams.topics import WORKFLOWS, topic_name
@@ -35,6 +42,9 @@ from streams.topics import WORKFLOWS, topic_name
 log = logging.getLogger(__name__)
 
 SOURCE = "/voice/workflow-engine"
+
+DEADLINE_EXCEEDED = "DEADLINE_EXCEEDED"
+"""The error type of a step stopped at its deadline (and the code of a turn ended at its)."""
 
 
 PROBE_EVERY_S = 5.0
@@ -71,6 +81,7 @@ class WorkflowRuntime:
         self.cancels: dict[str, CancelToken] = {}
         """The cancel token of each step running here."""
         self.topic = topic_name(settings, WORKFLOWS)
+        self.crash = CrashPoints.parse(settings.test_crash_at)
 
     def register(self, wf: WorkflowDef) -> None:
         self.defs[wf.kind] = wf
@@ -120,6 +131,9 @@ class WorkflowRuntime:
             if t is None and state is not None and state.status == "running":
                 # Running, yet no task here holds it: its worker died mid-step.
                 t = engine.worker_lost(self.defs[state.kind], state, self.settings.step_attempts)
+            if t is None and state is not None and not state.settled:
+                # Ended, but its worker died before the turn-over bookkeeping: run it now.
+                await self._settle(state)
             if t is None:
                 ack()
                 return
@@ -155,6 +169,8 @@ class WorkflowRuntime:
 
     async def _apply(self, t: Transition, correlation: str) -> None:
         s = t.state
+        if t.ended and self.defs[s.kind].on_end is not None:
+            s.settled = False  # until ``_settle`` has run its on_end
         futs = []
         for e in t.emits:
             env = Envelope(record=e.record, key=s.workflow, source=SOURCE, subject=s.workflow,
@@ -164,10 +180,23 @@ class WorkflowRuntime:
         for f in futs:
             await f
         self.table[s.workflow] = s.to_dict()
-        if t.ended:
-            wf = self.defs[s.kind]
-            if wf.on_end is not None:
-                await wf.on_end(s)
+        if not s.settled:
+            await self._settle(s)
+
+    async def _settle(self, state: WorkflowState) -> None:
+        """Run an ended workflow's ``on_end`` (e.g. end its turn), then mark it settled.
+
+        Called inside the stream (the table may be written): after the transition that ended
+        it, and again for an ended workflow still unsettled — its worker died in between —
+        when a record of it is consumed (a redelivery, or the owner's ``LeaseCheck``). The
+        effects of ``on_end`` carry ids derived from the workflow, so a second run lands once.
+        """
+        self.crash.hit("before_turn_over", state.workflow)
+        wf = self.defs[state.kind]
+        if wf.on_end is not None:
+            await wf.on_end(state)
+        state.settled = True
+        self.table[state.workflow] = state.to_dict()
 
     def _send(self, env: Envelope) -> Any:
         return self.publisher.produce(WORKFLOWS, env)
@@ -186,21 +215,25 @@ class WorkflowRuntime:
                           commands=state.commands, cancel=cancel)
         report = dict(workflow=state.workflow, step=step.name, step_index=state.step_index,
                       attempt=state.attempt)
+        deadline: asyncio.Timeout | None = None
         try:
             async with self._slots:
-                result = await step.run(ctx)
+                self.crash.hit("before_step", state.workflow)
+                # From when the step runs, not while it waits for a slot.
+                deadline = asyncio.timeout(self.settings.step_deadline_s)
+                async with deadline:
+                    result = await step.run(ctx)
             if isinstance(result, Pause):
                 outcome = StepOutcome(**report, status="paused", waiting_for=result.waiting_for)
             else:
                 outcome = StepOutcome(**report, status="succeeded", output=result)
         except asyncio.CancelledError:
             raise  # keep_only() let go of it; the partition's new owner resumes it
+        except TimeoutError as exc:
+            outcome = self._failed(report, exc, state, step.name,
+                                   deadline is not None and deadline.expired())
         except Exception as exc:  # a step's failure is a record, never a crash
-            log.warning("step %s of %s failed (attempt %s): %r", step.name, state.workflow,
-                        state.attempt, exc)
-            outcome = StepOutcome(**report, status="failed", error=str(exc) or repr(exc),
-                                  error_type=type(exc).__name__,
-                                  retryable=getattr(exc, "retryable", True))
+            outcome = self._failed(report, exc, state, step.name, False)
         if self.cancels.get(state.workflow) is cancel:
             del self.cancels[state.workflow]
         env = Envelope(record=outcome, key=state.workflow, source=SOURCE,
@@ -211,17 +244,40 @@ class WorkflowRuntime:
         except Exception:
             log.exception("reporting the outcome of %s failed", state.workflow)
 
+    def _failed(self, report: dict[str, Any], exc: Exception, state: WorkflowState,
+                step: str, overdue: bool) -> StepOutcome:
+        """The outcome of a step that raised ``exc`` (``overdue``: stopped at its deadline)."""
+        if overdue:
+            log.warning("step %s of %s ran over its deadline (attempt %s)", step,
+                        state.workflow, state.attempt)
+            return StepOutcome(**report, status="failed", error_type=DEADLINE_EXCEEDED,
+                               error=f"step {step!r} ran over its deadline "
+                                     f"(VOICE_STEP_DEADLINE_S = "
+                                     f"{self.settings.step_deadline_s:g} s)",
+                               retryable=False)
+        log.warning("step %s of %s failed (attempt %s): %r", step, state.workflow,
+                    state.attempt, exc)
+        return StepOutcome(**report, status="failed", error=str(exc) or repr(exc),
+                           error_type=type(exc).__name__,
+                           retryable=getattr(exc, "retryable", True))
+
     def unheld(self, active_partitions: set[int], partitions: int) -> list[str]:
-        """Running workflows of this worker's partitions that no local task holds.
+        """Workflows of this worker's partitions that need their owner: running with no local
+        task holding them, or ended with their ``on_end`` not yet run (``settled`` false).
 
         Kafka cannot be trusted to redeliver a step's record after a crash (Faust may commit
         past an unacknowledged record), so the owner also looks at its table: each of these gets
-        a ``LeaseCheck`` record, and consuming it resumes the step (``worker_lost``).
+        a ``LeaseCheck`` record, and consuming it resumes the step (``worker_lost``) or runs
+        the bookkeeping (``_settle``).
         """
         now = time.monotonic()
         out = []
         for workflow, d in list(self.table.items()):
-            if not d or d.get("status") != "running" or workflow in self.tasks:
+            if not d or workflow in self.tasks:
+                continue
+            lost = d.get("status") == "running"
+            unsettled = d.get("settled") is False and d.get("status") in ("completed", "failed")
+            if not (lost or unsettled):
                 continue
             if partition_of(workflow, partitions) not in active_partitions:
                 continue  # a standby copy: another worker owns it
