@@ -22,6 +22,7 @@ from consumers.conversations.sequencer import ConversationSequencer
 from consumers.conversations.turns import ConcernAgent, Turns
 from consumers.engine import AgentSpec, CancelToken
 from consumers.frame.context import WorkerContext
+from streams.crashpoints import CrashPoints
 from streams.envelope import Envelope
 from streams.topics import CONVERSATIONS
 
@@ -44,10 +45,11 @@ class Conversations:
         """Add the sequencer, the transcript index and its consumer, and the turn workflow."""
         self.ctx = ctx
         self.spec = concern_spec(ctx.settings, self.issues)
-        ctx.aggregate(ConversationSequencer())
+        ctx.aggregate(ConversationSequencer(ctx.settings.turn_deadline_s))
         self.turns = Turns(ctx.publisher, ctx.table("transcript_index"), ctx.sealer,
                            self._agent or self.concern_agent, ctx.log_reader,
-                           ctx.settings.history_read_bytes)
+                           ctx.settings.history_read_bytes,
+                           CrashPoints.parse(ctx.settings.test_crash_at))
         ctx.workflow(self.turns.definition)
         ctx.wire(CONVERSATIONS, self._on_record)
 
@@ -63,6 +65,6 @@ class Conversations:
         tenant's budget); its effects become records keyed by the turn."""
         assert self.ctx is not None and self.spec is not None, "register() first"
         agents = self.ctx.agents
-        return await run_concern_extraction(self.spec, agents.client_for(tenant),
+        return await run_concern_extraction(self.spec, agents.client_for(tenant, turn),
                                             agents.sink(turn, sealed=True, tenant=tenant),
                                             conversation, turn, attempt, history, cancel)

@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Awaitable, Callable
+from datetime import UTC, datetime
 from typing import Any, Protocol
 
 import faust
@@ -26,6 +27,7 @@ from consumers.engine.runner import AgentRunner
 from consumers.frame.aggregate import Ack, Aggregate
 from consumers.frame.bounded import BoundedTable
 from consumers.frame.failures import Halt, RawDispatch, RecordGuard, consume
+from consumers.frame.janitor import Janitor
 from consumers.frame.logrefs import KafkaLogReader
 from consumers.frame.writer import Raw, Writer, acknowledgement
 from consumers.intake import decode_or_dead_letter, decode_or_none
@@ -73,6 +75,7 @@ def faust_app(settings: VoiceSettings) -> faust.App:
         # poll loop (steps run as tasks), so these can stay short.
         broker_session_timeout=10,
         broker_heartbeat_interval=2,
+        broker_max_poll_interval=settings.worker_max_poll_interval_s,
         # A running workflow step holds its record unacknowledged (its lease) until the step's
         # outcome record is consumed. Faust's default waits for every unacknowledged record
         # before a rebalance, while consuming nothing — so a rebalance during a step (a worker
@@ -98,6 +101,8 @@ class WorkerContext:
         """Reads an aggregate's records back by position (what a step's input refers to)."""
         self.runtime = WorkflowRuntime(settings, self.table("workflows"), self.publisher)
         self.writer = Writer(self.publisher, topic_name(settings, COMMANDS))
+        self.janitor = Janitor(settings.topic_partitions)
+        """Ends the turns of this worker's aggregates that are past their deadline."""
         self.products: list[Product] = []
         self.retry_policy = RetryPolicy.from_settings(settings)
         self.guards: dict[str, RecordGuard] = {}
@@ -133,6 +138,7 @@ class WorkerContext:
         """Make the writer run ``agg`` for its command types; returns its table."""
         table = self.table(agg.name)
         self.writer.register(agg, table)
+        self.janitor.watch(agg, table)
         return table
 
     def workflow(self, *definitions: WorkflowDef) -> None:
@@ -239,6 +245,18 @@ class WorkerContext:
                 await self.publisher.send(WORKFLOWS, Envelope(
                     record=LeaseCheck(workflow=workflow), key=workflow, source=SOURCE,
                     subject=workflow, correlation=workflow))
+
+        @self.app.timer(self.settings.janitor_interval_s)
+        async def _janitor() -> None:
+            # Turns past their deadline, of the aggregates whose writer runs here.
+            topic = topic_name(self.settings, COMMANDS)
+            active = {tp.partition for tp in self.app.assignor.assigned_actives()
+                      if tp.topic == topic}
+            try:
+                for env in self.janitor.due(active, datetime.now(UTC)):
+                    await self.publisher.send(COMMANDS, env)
+            except Exception:  # the next pass tries again; the timer must not die
+                log.exception("the janitor's pass failed")
 
         @self.app.on_partitions_assigned.connect
         async def _assigned(app: Any, assigned: set[Any], **kw: Any) -> None:  # noqa: ARG001

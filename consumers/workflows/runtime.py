@@ -32,9 +32,9 @@ from consumers.engine.cancel import CancelToken
 from consumers.workflows import engine
 from consumers.workflows.engine import Pause, StepContext, Transition, WorkflowDef, WorkflowState
 from schemas.workflow import StepOutcome, WorkflowCommandReceived, WorkflowStarted
+from streams.crashpoints import CrashPoints
 from streams.envelope import Envelope
 from streams.producer import Publisher
-from streams.crashpoints import CrashPoints
 from streams.retry import Unprocessable
 from streams.settings import VoiceSettings
 from streams.topics import WORKFLOWS, topic_name
