@@ -121,6 +121,16 @@ def no_duplicate_seqs(log: list[Envelope]) -> list[Envelope]:
     return [by_seq[s] for s in sorted(by_seq)]
 
 
+def workflow_failures(settings: VoiceSettings, workflow: str) -> list[str]:
+    """The error types of the workflow's failed attempts, its lifecycle checked dense and
+    without a seq given twice. A worker killed after recording an attempt leaves it lost
+    (``WorkerLost``); one killed before its table write reached the changelog leaves nothing
+    to find, and the next owner starts the step again under the same record ids."""
+    lifecycle = [e for e in log_of(settings, WORKFLOWS, workflow) if e.seq is not None]
+    return [e.record.error_type for e in no_duplicate_seqs(lifecycle)
+            if isinstance(e.record, StepFailed)]
+
+
 def test_a_participant_turn_killed_at_each_point_replies_once_and_ends(
         settings: VoiceSettings, start_worker: Callable[..., Any],
         start_edge: Callable[..., str], held_model: str) -> None:
@@ -154,8 +164,7 @@ def test_a_participant_turn_killed_at_each_point_replies_once_and_ends(
             assert sum(isinstance(r, MessageRecorded) for r in records) == 1, point
             states = [(r.state, r.reason) for r in records if isinstance(r, TurnStateChanged)]
             replies = [r for r in records if isinstance(r, ReplyRecorded)]
-            workflow = {e.id: e.record for e in log_of(settings, WORKFLOWS, f"{cnv}:turn-2")}
-            failures = [r.error_type for r in workflow.values() if isinstance(r, StepFailed)]
+            failures = workflow_failures(settings, f"{cnv}:turn-2")
             if point == "before_turn_over":
                 assert replies == [], point
                 assert [s for s, _ in states] == ["Thinking", "CouldNotInterpret"], states
@@ -164,7 +173,7 @@ def test_a_participant_turn_killed_at_each_point_replies_once_and_ends(
             else:
                 assert len(replies) == 1, f"{point}: {len(replies)} replies"
                 assert states == [("Thinking", None), ("Replied", None)], (point, states)
-                assert failures == ["WorkerLost"], (point, failures)
+                assert failures in ([], ["WorkerLost"]), (point, failures)
             view = client.get(f"/me/conversations/{cnv}").json()
             assert [t["state"] for t in view["turns"]] == [states[-1][0]], view["turns"]
     finally:
