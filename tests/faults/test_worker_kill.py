@@ -17,7 +17,6 @@ the previous one's turn; a last worker, armed for nothing, resumes the last. The
 from __future__ import annotations
 
 import socket
-import time
 from collections.abc import Callable, Iterator
 from typing import Any
 
@@ -27,11 +26,11 @@ import pytest
 from schemas.assistant import AssistantReplyRecorded, AssistantTurnEnded
 from schemas.conversation import MessageRecorded, ReplyRecorded, TurnStateChanged
 from schemas.workflow import StepFailed
-from streams.envelope import Envelope, decode
+from streams.envelope import Envelope
 from streams.settings import VoiceSettings
 from streams.tokens import mint_token
-from streams.topics import ASSISTANT, CONVERSATIONS, WORKFLOWS, topic_name
-from tests.support import read_all, stop, wait_for
+from streams.topics import ASSISTANT, CONVERSATIONS, WORKFLOWS
+from tests.support import accepted, log_of, no_duplicate_seqs, stop, wait_for
 
 pytestmark = [pytest.mark.integration, pytest.mark.faults]
 
@@ -50,13 +49,6 @@ def held_model() -> Iterator[str]:
     sock.listen(64)
     yield f"http://127.0.0.1:{sock.getsockname()[1]}"
     sock.close()
-
-
-def log_of(settings: VoiceSettings, spec: Any, key: str) -> list[Envelope]:
-    """``key``'s records on ``spec`` (every delivery, duplicates included), in seq order."""
-    out = [decode(m.key(), m.value(), m.headers())
-           for m in read_all(settings, topic_name(settings, spec)) if m.key() == key.encode()]
-    return sorted(out, key=lambda e: e.seq or 0)
 
 
 def crash_env(point: str, conversation: str, held_model: str) -> dict[str, str]:
@@ -95,30 +87,6 @@ def opened(start_worker: Callable[..., Any], open_one: Callable[[str], str]
         return {point: open_one(point) for point in POINTS}
     finally:
         stop(plain)
-
-
-def accepted(post: Callable[[], httpx.Response], also: tuple[int, ...] = ()
-             ) -> httpx.Response:
-    """``post`` until it is answered ``202`` (or one of ``also``): a worker that just joined
-    may not own the partition yet, and the edge answers ``503``; the client retries with the
-    same ``Idempotency-Key``, as the edge asks."""
-    deadline = time.monotonic() + 90
-    while (r := post()).status_code == 503:
-        assert time.monotonic() < deadline, r.text
-        time.sleep(1)
-    assert r.status_code in (202, 201, *also), r.text
-    return r
-
-
-def no_duplicate_seqs(log: list[Envelope]) -> list[Envelope]:
-    """The log without redelivered duplicates (same seq, same id), checked dense."""
-    by_seq: dict[int, Envelope] = {}
-    for env in log:
-        assert env.seq is not None
-        first = by_seq.setdefault(env.seq, env)
-        assert first.id == env.id, f"seq {env.seq} given twice: {first.id} and {env.id}"
-    assert sorted(by_seq) == list(range(1, len(by_seq) + 1))
-    return [by_seq[s] for s in sorted(by_seq)]
 
 
 def workflow_failures(settings: VoiceSettings, workflow: str) -> list[str]:
