@@ -78,12 +78,13 @@ class AssistantSequencer(Aggregate[AssistantState]):
     def acknowledges(self, cmd: Envelope) -> bool:
         return isinstance(cmd.record, AssistantChat)
 
-    def overdue(self, key: str, state: AssistantState, now: datetime) -> list[Record]:
-        """``ExpireAssistantTurn`` for the running turn of ``state`` if past its deadline."""
-        if state.running is None or (state.deadline is not None
-                                     and datetime.fromisoformat(state.deadline) > now):
+    def overdue(self, key: str, stored: dict[str, Any], now: datetime) -> list[Record]:
+        """``ExpireAssistantTurn`` for the running turn if past its deadline at ``now`` (or
+        without one), read from the stored state as it is (the janitor asks each pass)."""
+        running, deadline = stored.get("running"), stored.get("deadline")
+        if running is None or (deadline is not None and datetime.fromisoformat(deadline) > now):
             return []
-        return [ExpireAssistantTurn(conversation=key, turn=state.running)]
+        return [ExpireAssistantTurn(conversation=key, turn=running)]
 
     def decide(self, state: AssistantState | None, cmd: Envelope) -> Decision[AssistantState]:
         """Apply one command; times come from the command, so a replay is identical."""

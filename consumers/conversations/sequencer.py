@@ -80,12 +80,13 @@ class ConversationSequencer(Aggregate[ConversationState]):
             state.tracked_from = state.seq + 1  # written before turns had deadlines
         return state
 
-    def overdue(self, key: str, state: ConversationState, now: datetime) -> list[Record]:
-        """``ExpireTurn`` for each open turn of ``state`` past its deadline at ``now``."""
-        if state.erased:
+    def overdue(self, key: str, stored: dict[str, Any], now: datetime) -> list[Record]:
+        """``ExpireTurn`` for each open turn past its deadline at ``now``, read from the
+        stored state as it is (the janitor asks for every conversation it owns, each pass)."""
+        if stored.get("erased"):
             return []
         return [ExpireTurn(conversation=key, turn=turn)
-                for turn, deadline in state.open_turns.items()
+                for turn, deadline in (stored.get("open_turns") or {}).items()
                 if datetime.fromisoformat(deadline) <= now]
 
     def decide(self, state: ConversationState | None, cmd: Envelope

@@ -37,8 +37,10 @@ RESEND_AFTER_S = 30.0
 class WithDeadlines(Protocol):
     """An aggregate whose turns have deadlines."""
 
-    def overdue(self, key: str, state: Any, now: datetime) -> list[Record]:
-        """The commands that end ``state``'s turns past their deadline at ``now``."""
+    def overdue(self, key: str, stored: dict[str, Any], now: datetime) -> list[Record]:
+        """The commands that end the turns past their deadline at ``now``, read from the
+        aggregate's stored value (its table's dict, not loaded: this runs for every aggregate
+        of the worker's partitions, each pass)."""
 
 
 @dataclass(frozen=True)
@@ -71,8 +73,7 @@ class Janitor:
             for key, raw in list(w.table.items()):
                 if not raw or partition_of(key, self.partitions) not in active:
                     continue  # a standby copy: another worker owns it
-                state = w.aggregate.load(raw)
-                for rec in overdue(key, state, now):
+                for rec in overdue(key, raw, now):
                     turn = getattr(rec, "turn", key)
                     command_id = f"{turn}:deadline"
                     last = self._sent.get(command_id)
@@ -80,7 +81,7 @@ class Janitor:
                         continue
                     self._sent[command_id] = clock
                     out.append(Envelope(record=rec, key=key, source=SOURCE, subject=key,
-                                        tenant=state.tenant, correlation=turn,
+                                        tenant=raw.get("tenant"), correlation=turn,
                                         id=command_id, time=now))
         for command_id, sent in list(self._sent.items()):
             if clock - sent > 10 * RESEND_AFTER_S:

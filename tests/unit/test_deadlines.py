@@ -72,8 +72,8 @@ def conversation_with_a_turn() -> tuple[ConversationSequencer, ConversationState
 
 def test_a_participant_turn_past_its_deadline_ends_once_with_a_coded_reason() -> None:
     seq, state, turn = conversation_with_a_turn()
-    assert seq.overdue(CNV, state, T0 + timedelta(seconds=DEADLINE_S - 1)) == []
-    (expire,) = seq.overdue(CNV, state, T0 + timedelta(seconds=DEADLINE_S))
+    assert seq.overdue(CNV, state.to_dict(), T0 + timedelta(seconds=DEADLINE_S - 1)) == []
+    (expire,) = seq.overdue(CNV, state.to_dict(), T0 + timedelta(seconds=DEADLINE_S))
     assert expire == ExpireTurn(conversation=CNV, turn=turn)
 
     early, out = outputs(seq, state, at(expire, f"{turn}:early", DEADLINE_S - 1))
@@ -84,7 +84,7 @@ def test_a_participant_turn_past_its_deadline_ends_once_with_a_coded_reason() ->
     assert isinstance(ended, TurnStateChanged) and ended.state == "CouldNotInterpret"
     assert ended.reason is not None and ended.reason.startswith("DEADLINE_EXCEEDED")
     assert "VOICE_TURN_DEADLINE_S" in ended.reason
-    assert seq.overdue(CNV, state, T0 + timedelta(days=1)) == []
+    assert seq.overdue(CNV, state.to_dict(), T0 + timedelta(days=1)) == []
 
     # Ended once: the same expiry again, another one, and the late step's results change nothing.
     for n, late in enumerate((
@@ -102,7 +102,7 @@ def test_a_turn_that_replied_in_time_is_never_expired() -> None:
     state, out = outputs(seq, state, at(TurnStateChanged(conversation=CNV, turn=turn,
                                                          state="Replied"), f"{turn}:state", 5))
     assert [type(r).__name__ for r in logged(out)] == ["TurnStateChanged"]
-    assert seq.overdue(CNV, state, T0 + timedelta(days=1)) == []
+    assert seq.overdue(CNV, state.to_dict(), T0 + timedelta(days=1)) == []
     state, out = outputs(seq, state, at(ExpireTurn(conversation=CNV, turn=turn),
                                         f"{turn}:deadline", DEADLINE_S + 1))
     assert logged(out) == []
@@ -137,7 +137,7 @@ def test_an_assistant_turn_past_its_deadline_ends_failed_and_the_next_chat_is_ta
     busy_state, out = outputs(seq, state, chat("c2", 10))
     assert [e.record.detail["reason"] for s, e in out if s is ACKS] == ["busy"]
 
-    (expire,) = seq.overdue(CONV, state, T0 + timedelta(seconds=DEADLINE_S))
+    (expire,) = seq.overdue(CONV, state.to_dict(), T0 + timedelta(seconds=DEADLINE_S))
     state, out = outputs(seq, state, at(expire, f"{turn}:deadline", DEADLINE_S, key=CONV))
     (ended,) = logged(out)
     assert isinstance(ended, AssistantTurnEnded) and ended.state == "Failed"
@@ -180,11 +180,11 @@ def test_a_turn_running_since_before_deadlines_gets_one_from_the_janitor() -> No
     seq = AssistantSequencer(turn_deadline_s=DEADLINE_S)
     state, _ = outputs(seq, None, chat("c1", create=True))
     legacy = AssistantState.from_dict({**state.to_dict(), "deadline": None})
-    (expire,) = seq.overdue(CONV, legacy, T0)
+    (expire,) = seq.overdue(CONV, legacy.to_dict(), T0)
     state, out = outputs(seq, legacy, at(expire, "x1", 100, key=CONV))
     assert logged(out) == [] and state.deadline is not None, "its clock starts now"
-    assert seq.overdue(CONV, state, T0 + timedelta(seconds=100 + DEADLINE_S - 1)) == []
-    (expire,) = seq.overdue(CONV, state, T0 + timedelta(seconds=100 + DEADLINE_S))
+    assert seq.overdue(CONV, state.to_dict(), T0 + timedelta(seconds=100 + DEADLINE_S - 1)) == []
+    (expire,) = seq.overdue(CONV, state.to_dict(), T0 + timedelta(seconds=100 + DEADLINE_S))
     state, out = outputs(seq, state, at(expire, "x2", 100 + DEADLINE_S, key=CONV))
     assert [r.state for r in logged(out)] == ["Failed"] and state.running is None
 
