@@ -87,8 +87,7 @@ def test_turns_past_their_deadline_end_once_and_the_assistant_takes_the_next_mes
         ends = wait_for(lambda: (e := assistant_ended()) and len(e) == 2 and e, timeout=90,
                         what="the second assistant turn's end")
         assert [e.turn for e in ends][-1] == second
-        # Ended once: the first turn's end is still the only one (the janitor asked again and
-        # again meanwhile; the sequencer ignored it).
+        # Ended once: each first turn's end is still its only one.
         assert len(participant_ended() or []) == 1
         assert [e.turn for e in ends].count(over.turn) == 1
     finally:
