@@ -25,6 +25,7 @@ import faust
 from consumers.engine.runner import AgentRunner
 from consumers.frame.aggregate import Ack, Aggregate
 from consumers.frame.bounded import BoundedTable
+from consumers.frame.follow import Apply, Follower
 from consumers.frame.failures import Halt, RawDispatch, RecordGuard, consume
 from consumers.frame.logrefs import KafkaLogReader
 from consumers.frame.writer import Raw, Writer, acknowledgement
@@ -144,6 +145,19 @@ class WorkerContext:
                    handler: Callable[[Envelope], Awaitable[None]]) -> None:
         """Hand commands of ``types`` that no aggregate owns to ``handler``."""
         self.writer.route(types, handler)
+
+    def follow(self, spec: TopicSpec, apply: Apply, name: str) -> Follower:
+        """Apply every record of ``spec`` — all partitions, not only this worker's — to an
+        in-memory view, on the follower's own thread from the worker's start
+        (``consumers.frame.follow``)."""
+        follower = Follower(self.settings, spec, apply, name)
+
+        @self.app.task
+        async def _start() -> None:
+            follower.start()
+
+        self.on_shutdown(follower.stop)
+        return follower
 
     def on_shutdown(self, fn: Callable[[], None]) -> None:
         """Run ``fn`` when the worker stops."""

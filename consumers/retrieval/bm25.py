@@ -47,6 +47,8 @@ MAX_EXPANSIONS = 3
 def _stem(word: str) -> str:
     """Plural endings off (``lights`` → ``light``, ``parties`` → ``party``), nothing else:
     light enough that a stem still reads as the word."""
+    if word.endswith("sses"):
+        return word[:-2]
     if len(word) > 4 and word.endswith("ies"):
         return word[:-3] + "y"
     if len(word) > 3 and word.endswith("s") and not word.endswith(("ss", "us", "is")):
