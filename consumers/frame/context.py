@@ -25,8 +25,8 @@ import faust
 from consumers.engine.runner import AgentRunner
 from consumers.frame.aggregate import Ack, Aggregate
 from consumers.frame.bounded import BoundedTable
-from consumers.frame.follow import Apply, Follower
 from consumers.frame.failures import Halt, RawDispatch, RecordGuard, consume
+from consumers.frame.follow import Apply, Follower
 from consumers.frame.logrefs import KafkaLogReader
 from consumers.frame.writer import Raw, Writer, acknowledgement
 from consumers.intake import decode_or_dead_letter, decode_or_none
