@@ -146,11 +146,12 @@ class WorkerContext:
         """Hand commands of ``types`` that no aggregate owns to ``handler``."""
         self.writer.route(types, handler)
 
-    def follow(self, spec: TopicSpec, apply: Apply, name: str) -> Follower:
-        """Apply every record of ``spec`` — all partitions, not only this worker's — to an
-        in-memory view, on the follower's own thread from the worker's start
-        (``consumers.frame.follow``)."""
-        follower = Follower(self.settings, spec, apply, name)
+    def follow(self, spec: TopicSpec, apply: Apply, name: str,
+               types: frozenset[str] | None = None) -> Follower:
+        """Apply every record of ``spec`` (of ``types`` only, when given) — all partitions,
+        not only this worker's — to an in-memory view, on the follower's own thread from the
+        worker's start (``consumers.frame.follow``)."""
+        follower = Follower(self.settings, spec, apply, name, types)
 
         @self.app.task
         async def _start() -> None:

@@ -36,11 +36,14 @@ class Follower:
     """Applies every record of one topic (all partitions) to an in-memory view, in a thread."""
 
     def __init__(self, settings: VoiceSettings, spec: TopicSpec, apply: Apply,
-                 name: str) -> None:
+                 name: str, types: frozenset[str] | None = None) -> None:
+        """``types``: only records of these ``ce_type`` s are decoded and applied (the others
+        are passed over by their header, undecoded)."""
         self.settings = settings
         self.topic = topic_name(settings, spec)
         self.apply = apply
         self.name = name
+        self.types = {t.encode() for t in types} if types is not None else None
         self.skipped = 0
         """Records skipped since the start (undecodable, or ``apply`` raised)."""
         self._stop = threading.Event()
@@ -112,6 +115,10 @@ class Follower:
         return []
 
     def _handle(self, msg: Any) -> None:
+        if self.types is not None:
+            ce_type = next((v for k, v in msg.headers() or [] if k == "ce_type"), None)
+            if ce_type not in self.types:
+                return
         where = f"{msg.topic()}[{msg.partition()}]@{msg.offset()}"
         try:
             env = decode(msg.key(), msg.value(), msg.headers())
