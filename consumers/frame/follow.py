@@ -93,9 +93,12 @@ class Follower:
                 for msg in msgs:
                     if not msg.error():
                         self._handle(msg)
-                self._answer(consumer, parts)
-        except Exception:
-            log.exception("follower %s of %s stopped", self.name, self.topic)
+                try:
+                    self._answer(consumer, parts)
+                except Exception as exc:  # a broker that does not answer now: ask again
+                    log.warning("follower %s cannot read where %s ends yet: %s", self.name,
+                                self.topic, exc)
+                    self._stop.wait(1.0)
         finally:
             consumer.close()
 
@@ -137,8 +140,13 @@ class Follower:
         with self._lock:
             asked, self._asked = self._asked, []
         if asked:
-            ends = {p: consumer.get_watermark_offsets(TopicPartition(self.topic, p), 10)[1]
-                    for p in parts}
+            try:
+                ends = {p: consumer.get_watermark_offsets(TopicPartition(self.topic, p), 10)[1]
+                        for p in parts}
+            except Exception:
+                with self._lock:
+                    self._asked = asked + self._asked
+                raise
             self._waiting += [(ends, ev) for ev in asked]
         if not self._waiting:
             return
