@@ -2,11 +2,12 @@
 
 A ``Product`` is a package of the worker (conversations, the assistant chat, staff) with one
 method, ``register(ctx)``: it adds its aggregates (``ctx.aggregate``), tables (``ctx.table``),
-workflows (``ctx.workflow``), consumers (``ctx.wire``) and plain command handlers
-(``ctx.on_command``). ``WorkerContext`` owns what they share: the settings, the Faust app, the
-one ``Publisher``, the sealer, the workflow runtime, the agent runner (the one owner of the
-model client), the reader of records by position (``log_reader``) and the writer of
-``voice.commands``. Its tables refuse a value over the record bound where it is set.
+workflows (``ctx.workflow``), consumers (``ctx.wire``), followers of a whole topic
+(``ctx.follow``) and plain command handlers (``ctx.on_command``). ``WorkerContext`` owns
+what they share: the settings, the Faust app, the one ``Publisher``, the sealer, the
+workflow runtime, the agent runner (the one owner of the model client), the reader of records
+by position (``log_reader``) and the writer of ``voice.commands``. Its tables refuse a value
+over the record bound where it is set.
 
 Records of ``voice.commands`` go to the aggregate that owns their record type (see
 ``consumers.frame.writer``); nothing routes them by hand. Every agent consumes through
