@@ -34,7 +34,7 @@ from streams.assistant_settings import assistant_settings
 from streams.envelope import Envelope
 from streams.sealing import Sealer, sealer_for
 from streams.settings import VoiceSettings, load_settings
-from streams.topics import missing_topics
+from streams.topics import DELTAS, missing_topics
 
 GZIP_MIN_BYTES = 1024
 """Responses at least this large are gzipped for a client that accepts it (seed 000 §2)."""
@@ -73,7 +73,8 @@ def create_app(settings: VoiceSettings | None = None) -> FastAPI:
         app.state.assistant = AssistantViews(chat_settings)
         app.state.tail = EdgeTail(settings, on_conversation=on_record(views, sealer),
                                   more=app.state.staff.handlers(),
-                                  located=app.state.assistant.tail_handlers())
+                                  located=app.state.assistant.tail_handlers(),
+                                  live={DELTAS: views.apply_delta})
         app.state.tail.start()
         try:
             yield
