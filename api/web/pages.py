@@ -1,0 +1,54 @@
+"""The page routes and the static files: each page is one HTML file whose script modules (under
+``/static``) call the API. The pages themselves need no token (they hold no data); every call
+they make does. Kept out of the OpenAPI document: they are not API operations.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from fastapi import FastAPI
+from fastapi.responses import FileResponse
+from starlette.staticfiles import StaticFiles
+
+from api.web.signin import config_router, dev_signin_allowed, dev_signin_router
+from streams.settings import VoiceSettings
+
+STATIC = Path(__file__).parent / "static"
+"""The files the edge serves under ``/static`` (no build step: plain JavaScript modules)."""
+
+PAGES = {"/": "index.html", "/assistant": "assistant.html", "/staff": "staff.html"}
+"""Each page's path and its file under ``STATIC``."""
+
+PAGE_HEADERS = {
+    "Cache-Control": "no-cache",
+    # The page never sends its token anywhere but this origin's API, and never in a URL: a
+    # Referer could carry the fragment's token nowhere (fragments are never sent), and no
+    # third-party script, frame or connection may be loaded at all.
+    "Content-Security-Policy": "default-src 'self'; img-src 'self' data:; "
+                               "style-src 'self'; frame-ancestors 'none'; base-uri 'none'",
+    "Referrer-Policy": "no-referrer",
+    "X-Content-Type-Options": "nosniff",
+}
+
+
+def _page(name: str):  # noqa: ANN202 - a route handler FastAPI inspects
+    async def page() -> FileResponse:
+        return FileResponse(STATIC / name, media_type="text/html", headers=PAGE_HEADERS)
+
+    page.__name__ = f"page_{name.split('.')[0]}"
+    page.__doc__ = f"The {name} page."
+    return page
+
+
+def install_web(app: FastAPI, settings: VoiceSettings, bind_host: str | None) -> None:
+    """Serve the pages and their files on ``app``; add the dev sign-in route only when
+    ``dev_signin_allowed(settings, bind_host)``."""
+    for path, name in PAGES.items():
+        app.add_api_route(path, _page(name), methods=["GET"], include_in_schema=False,
+                          response_class=FileResponse)
+    app.mount("/static", StaticFiles(directory=STATIC), name="static")
+    allowed = dev_signin_allowed(settings, bind_host)
+    app.include_router(config_router(allowed))
+    if allowed:
+        app.include_router(dev_signin_router(settings))

@@ -1,0 +1,108 @@
+"""The participant's page in a real browser: sign in, open a conversation, send, see the message
+accepted at once, the reply stream in and ``Replied``; the edge cuts the stream every few
+seconds (its gateway bound) and the page resumes after the last seq it saw: the transcript ends
+exactly as the API has it, no message twice and none missing. Then erasure."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import httpx
+import pytest
+from selenium.webdriver.common.by import By
+from selenium.webdriver.common.keys import Keys
+
+from tests.integration.edge_world import Stack
+from tests.web.conftest import (
+    all_by_testid,
+    by_testid,
+    screenshot,
+    sign_in,
+    token_of,
+    wait_for,
+)
+
+pytestmark = [pytest.mark.integration, pytest.mark.web]
+
+FIRST = "The crossing by the school is unsafe. Please add a traffic light."
+SECOND = "Also the streetlights on Elm Road have been out for weeks."
+
+
+def transcript(driver: Any) -> list[tuple[int, str, str]]:
+    """(seq, role, text) of every message element in the transcript, in page order."""
+    items = by_testid(driver, "transcript").find_elements(By.CSS_SELECTOR, "[data-role]")
+    return [(int(li.get_attribute("data-seq")), li.get_attribute("data-role"),
+             li.find_element(By.CSS_SELECTOR, ".text").text) for li in items]
+
+
+def reconnects(driver: Any) -> int:
+    return int(by_testid(driver, "stream-status").get_attribute("data-reconnects") or 0)
+
+
+def turn_state(driver: Any) -> str:
+    return by_testid(driver, "turn-state").text
+
+
+def agent_replies(driver: Any) -> int:
+    return sum(1 for _seq, role, _text in transcript(driver) if role == "agent")
+
+
+def test_send_reply_replied_and_resume_after_cuts(stack: Stack, browser: Any) -> None:
+    sign_in(browser, stack.url, "/", "alice-web", "participant")
+    assert "token" not in browser.current_url  # never in the address bar
+    by_testid(browser, "new-conversation").click()
+    wait_for(lambda: by_testid(browser, "message-input").is_displayed(), "a conversation open")
+
+    by_testid(browser, "message-input").send_keys(FIRST)
+    by_testid(browser, "send-button").click()
+    # Accepted at once: the 202 puts the message in the transcript, before any reply.
+    first = wait_for(lambda: [m for m in transcript(browser) if m[1] == "participant"],
+                     "the sent message in the transcript", timeout=30)
+    assert first[0][2] == FIRST
+    wait_for(lambda: turn_state(browser) == "Replied" and agent_replies(browser) == 1,
+             "the agent's reply and Replied")
+    assert by_testid(browser, "proposal").is_displayed()
+
+    # The edge cuts every stream at its gateway bound: wait for a cut after the reply, then
+    # send the next message by keyboard alone (Ctrl+Enter in the message box).
+    seen = reconnects(browser)
+    wait_for(lambda: reconnects(browser) > seen, "the stream cut and resumed")
+    box = by_testid(browser, "message-input")
+    box.send_keys(SECOND)
+    box.send_keys(Keys.CONTROL, Keys.ENTER)
+    wait_for(lambda: agent_replies(browser) == 2 and turn_state(browser) == "Replied",
+             "the second reply and Replied")
+    # And one more cut after it, so a resume after the last event is covered too.
+    seen = reconnects(browser)
+    wait_for(lambda: reconnects(browser) > seen, "the stream cut and resumed again")
+
+    conversation = by_testid(browser, "transcript").find_element(
+        By.XPATH, "ancestor::div[@id='conversation']").find_element(By.ID, "conversation-id").text
+    api = httpx.get(f"{stack.url}/me/conversations/{conversation}", timeout=30,
+                    headers={"Authorization": f"Bearer {token_of(browser)}"})
+    assert api.status_code == 200, api.text
+    expected = [(m["seq"], m["role"], m["text"]) for m in api.json()["messages"]]
+    shown = transcript(browser)
+    assert len({seq for seq, _r, _t in shown}) == len(shown), f"a message shown twice: {shown}"
+    assert shown == expected, "the page's transcript differs from the conversation's log"
+    assert [role for _s, role, _t in shown] == ["participant", "agent"] * 2
+    assert reconnects(browser) >= 2
+    screenshot(browser, "participant")
+
+    # Readable at 360 px: nothing wider than the window (no sideways scrolling).
+    browser.set_window_size(360, 800)
+    wait_for(lambda: browser.execute_script(
+        "return document.documentElement.scrollWidth <= window.innerWidth"), "no overflow at 360")
+    screenshot(browser, "participant-360", width=360)
+
+    # Erase: two steps, then the conversation leaves the list and the API answers 404.
+    browser.set_window_size(1280, 900)
+    by_testid(browser, "erase-button").click()
+    by_testid(browser, "erase-confirm").click()
+    wait_for(lambda: not all_by_testid(browser, "transcript")[0].is_displayed(),
+             "the conversation closed after erasure")
+    wait_for(lambda: conversation not in by_testid(browser, "conversation-list").text,
+             "the erased conversation gone from the list")
+    gone = httpx.get(f"{stack.url}/me/conversations/{conversation}", timeout=30,
+                     headers={"Authorization": f"Bearer {token_of(browser)}"})
+    assert gone.status_code == 404
