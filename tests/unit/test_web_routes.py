@@ -17,7 +17,6 @@ from api.web.pages import STATIC
 from streams.settings import VoiceSettings
 from streams.tokens import decode_claims
 
-
 REAL_SECRETS = {"jwt_secret": "s" * 48, "master_key": base64.b64encode(b"k" * 32).decode()}
 """What prod requires instead of the built-in dev secrets."""
 

@@ -34,10 +34,11 @@ WAIT_S = 90.0
 """Generous: a turn runs through the broker, a worker and the simulator on a shared 2-core box."""
 
 
-@pytest.fixture(scope="module")
+@pytest.fixture(scope="session")
 def stack(kafka_bootstrap: str, tmp_path_factory: pytest.TempPathFactory, simulator_url: str
           ) -> Iterator[Stack]:
-    """A worker and an edge (dev, loopback, a short gateway bound) for the module."""
+    """A worker and an edge (dev, loopback, a short gateway bound), shared by the web tests
+    (each signs in as its own people, so they do not see each other's data)."""
     with running_stack(kafka_bootstrap, tmp_path_factory.mktemp("web"), simulator_url,
                        VOICE_ENV="dev", VOICE_GATEWAY_BOUND_S=GATEWAY_BOUND_S) as s:
         yield s
