@@ -1,7 +1,8 @@
 """The participant's page in a real browser: sign in, open a conversation, send, see the message
 accepted at once, the reply stream in and ``Replied``; the edge cuts the stream every few
 seconds (its gateway bound) and the page resumes after the last seq it saw: the transcript ends
-exactly as the API has it, no message twice and none missing. Then erasure."""
+exactly as the API has it, no message twice and none missing. Then erasure. And the issues
+side: follow an issue, see its update arrive in the inbox live, contribute."""
 
 from __future__ import annotations
 
@@ -12,6 +13,7 @@ import pytest
 from selenium.webdriver.common.by import By
 from selenium.webdriver.common.keys import Keys
 
+from streams.tokens import mint_token
 from tests.integration.edge_world import Stack
 from tests.web.conftest import (
     all_by_testid,
@@ -106,3 +108,30 @@ def test_send_reply_replied_and_resume_after_cuts(stack: Stack, browser: Any) ->
     gone = httpx.get(f"{stack.url}/me/conversations/{conversation}", timeout=30,
                      headers={"Authorization": f"Bearer {token_of(browser)}"})
     assert gone.status_code == 404
+
+
+def test_follow_an_issue_see_its_update_live_and_contribute(stack: Stack, browser: Any) -> None:
+    staff = mint_token(stack.settings, "staff-web", "staff", "default", ttl_s=900)
+    opened = httpx.post(f"{stack.url}/staff/issues", json={"title": "Potholes on Mill Lane"},
+                        headers={"Authorization": f"Bearer {staff}"}, timeout=30)
+    assert opened.status_code == 201, opened.text
+    issue = opened.json()["issue"]
+
+    sign_in(browser, stack.url, "/", "bea-web", "participant")
+    browser.find_element(By.ID, "follow-issue").send_keys(issue, Keys.ENTER)
+    wait_for(lambda: "Potholes on Mill Lane" in browser.find_element(By.ID, "followed").text,
+             "the issue in the followed list")
+    # The inbox stream is already open: the development arrives without a reload.
+    developed = httpx.post(f"{stack.url}/staff/issues/{issue}/developments",
+                           json={"title": "Repairs scheduled", "body": "Crews start Monday."},
+                           headers={"Authorization": f"Bearer {staff}"}, timeout=30)
+    assert developed.status_code == 202, developed.text
+    wait_for(lambda: "Repairs scheduled" in by_testid(browser, "inbox").text,
+             "the update in the inbox")
+    assert len(all_by_testid(browser, "notification")) == 1
+
+    browser.find_element(By.ID, "contribute-issue").send_keys(issue)
+    browser.find_element(By.ID, "contribute-text").send_keys("The hole by number 12 is deep.")
+    browser.find_element(By.CSS_SELECTOR, "#contribute-form button[type=submit]").click()
+    wait_for(lambda: "is in review" in browser.find_element(By.ID, "contribute-status").text,
+             "the contribution accepted")
