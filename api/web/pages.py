@@ -11,7 +11,7 @@ from fastapi import FastAPI
 from fastapi.responses import FileResponse
 from starlette.staticfiles import StaticFiles
 
-from api.web.signin import config_router, dev_signin_allowed, dev_signin_router
+from api.web.signin import WebConfig, dev_signin_allowed, dev_signin_router, web_config
 from streams.settings import VoiceSettings
 
 STATIC = Path(__file__).parent / "static"
@@ -49,6 +49,9 @@ def install_web(app: FastAPI, settings: VoiceSettings, bind_host: str | None) ->
                           response_class=FileResponse)
     app.mount("/static", StaticFiles(directory=STATIC), name="static")
     allowed = dev_signin_allowed(settings, bind_host)
-    app.include_router(config_router(allowed))
+    # Added on the app itself, not through a router, so the app's own route list names it
+    # (the authorization matrix checks every route the edge serves has a row).
+    app.add_api_route("/web/config", web_config(allowed), methods=["GET"],
+                      include_in_schema=False, response_model=WebConfig)
     if allowed:
         app.include_router(dev_signin_router(settings))

@@ -8,6 +8,7 @@ not exist answers 404, which is how the pages learn not to offer the form.
 
 from __future__ import annotations
 
+from collections.abc import Awaitable, Callable
 from typing import Annotated
 
 from fastapi import APIRouter
@@ -47,17 +48,15 @@ class WebConfig(BaseModel):
     """Whether ``POST /dev/token`` exists on this edge (so the page offers the form)."""
 
 
-def config_router(allowed: bool) -> APIRouter:
-    """``GET /web/config``, public: asking for it never fails, unlike probing ``/dev/token``
-    (a 404 the browser would log as an error)."""
-    router = APIRouter(tags=["web"])
+def web_config(allowed: bool) -> Callable[[], Awaitable[WebConfig]]:
+    """The handler of ``GET /web/config``, public: asking for it never fails, unlike probing
+    ``/dev/token`` (a 404 the browser would log as an error)."""
 
-    @router.get("/web/config", include_in_schema=False)
     async def web_config() -> WebConfig:
         """Whether this edge offers the dev sign-in."""
         return WebConfig(dev_signin=allowed)
 
-    return router
+    return web_config
 
 
 class DevTokenOut(BaseModel):
