@@ -5,6 +5,7 @@ they make does. Kept out of the OpenAPI document: they are not API operations.
 
 from __future__ import annotations
 
+from collections.abc import Awaitable, Callable
 from pathlib import Path
 
 from fastapi import FastAPI
@@ -22,9 +23,8 @@ PAGES = {"/": "index.html", "/assistant": "assistant.html", "/staff": "staff.htm
 
 PAGE_HEADERS = {
     "Cache-Control": "no-cache",
-    # The page never sends its token anywhere but this origin's API, and never in a URL: a
-    # Referer could carry the fragment's token nowhere (fragments are never sent), and no
-    # third-party script, frame or connection may be loaded at all.
+    # Only this origin's scripts, styles and connections: the token a page holds can reach no
+    # other origin, and no injected inline script or style runs. No Referer leaves a page.
     "Content-Security-Policy": "default-src 'self'; img-src 'self' data:; "
                                "style-src 'self'; frame-ancestors 'none'; base-uri 'none'",
     "Referrer-Policy": "no-referrer",
@@ -32,7 +32,9 @@ PAGE_HEADERS = {
 }
 
 
-def _page(name: str):  # noqa: ANN202 - a route handler FastAPI inspects
+def _page(name: str) -> Callable[[], Awaitable[FileResponse]]:
+    """The handler serving the page file ``name``."""
+
     async def page() -> FileResponse:
         return FileResponse(STATIC / name, media_type="text/html", headers=PAGE_HEADERS)
 
