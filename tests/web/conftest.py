@@ -138,6 +138,17 @@ def screenshot(driver: Any, name: str, width: int = 1280) -> Path:
     return path
 
 
+def fits_360(driver: Any) -> bool:
+    """Whether the page, 360 px wide, has nothing wider than the window (no sideways scroll)."""
+    driver.set_window_size(360, 800)
+    try:
+        return bool(wait_for(lambda: driver.execute_script(
+            "return document.documentElement.scrollWidth <= window.innerWidth"),
+            "nothing wider than 360 px", timeout=10))
+    finally:
+        driver.set_window_size(1280, 900)
+
+
 def token_of(driver: Any) -> str:
     """The bearer the page keeps (to check the page against the API)."""
     return str(driver.execute_script("return sessionStorage.getItem('voice.token')"))

@@ -13,7 +13,7 @@ import pytest
 from selenium.webdriver.common.by import By
 
 from tests.integration.edge_world import Stack
-from tests.web.conftest import all_by_testid, by_testid, screenshot, sign_in, wait_for
+from tests.web.conftest import all_by_testid, by_testid, fits_360, screenshot, sign_in, wait_for
 
 pytestmark = [pytest.mark.integration, pytest.mark.web]
 
@@ -59,3 +59,4 @@ def test_louisiana_map_example(stack: Stack, browser: Any) -> None:
     screenshot(browser, "assistant")
     thinking.find_element(By.TAG_NAME, "summary").click()  # opens by mouse (and keyboard)
     assert thinking.get_attribute("open") is not None
+    assert fits_360(browser)

@@ -18,6 +18,7 @@ from tests.integration.edge_world import Stack
 from tests.web.conftest import (
     all_by_testid,
     by_testid,
+    fits_360,
     screenshot,
     sign_in,
     token_of,
@@ -92,9 +93,7 @@ def test_send_reply_replied_and_resume_after_cuts(stack: Stack, browser: Any) ->
     screenshot(browser, "participant")
 
     # Readable at 360 px: nothing wider than the window (no sideways scrolling).
-    browser.set_window_size(360, 800)
-    wait_for(lambda: browser.execute_script(
-        "return document.documentElement.scrollWidth <= window.innerWidth"), "no overflow at 360")
+    assert fits_360(browser)
     screenshot(browser, "participant-360", width=360)
 
     # Erase: two steps, then the conversation leaves the list and the API answers 404.

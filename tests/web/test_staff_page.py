@@ -17,6 +17,7 @@ from tests.web.conftest import (
     WAIT_S,
     all_by_testid,
     by_testid,
+    fits_360,
     screenshot,
     sign_in,
     wait_for,
@@ -74,6 +75,7 @@ def test_two_reviewers_publish_a_flagged_contribution(stack: Stack, browser: Any
     assert by_testid(browser, "second-reviewer-rule").is_displayed()
     assert not by_testid(browser, "approve").is_enabled()
     screenshot(browser, "staff-review")
+    assert fits_360(browser)
 
     sign_in(browser, stack.url, "/staff", "rev2-web", "reviewer")
     open_in_queue(browser, contribution, "second_review")
