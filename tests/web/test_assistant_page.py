@@ -55,7 +55,6 @@ def test_louisiana_map_example(stack: Stack, browser: Any) -> None:
     tools = [li.get_attribute("data-tool")
              for li in thinking.find_elements(By.CSS_SELECTOR, "li[data-tool]")]
     assert tools == ["describe_dataset", "query_dataset", "display_map"]
-    browser.execute_script("arguments[0].scrollIntoView()", card)
     screenshot(browser, "assistant")
     thinking.find_element(By.TAG_NAME, "summary").click()  # opens by mouse (and keyboard)
     assert thinking.get_attribute("open") is not None

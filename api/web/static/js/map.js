@@ -44,7 +44,7 @@ export function mapCard(card, displayId) {
   const pts = points(card);
   const lons = pts.map((p) => p.lon);
   const lats = pts.map((p) => p.lat);
-  const pad = 1.5;
+  const pad = 2.5;  // degrees around the points: some coast or border for orientation
   const west = (pts.length ? Math.min(...lons) : -125) - pad;
   const east = (pts.length ? Math.max(...lons) : -66) + pad;
   const south = (pts.length ? Math.min(...lats) : 24) - pad;
@@ -57,7 +57,7 @@ export function mapCard(card, displayId) {
   const height = Math.ceil((north - south) * scale);
   const outline = svg("polygon", { class: "outline", points: US_OUTLINE.map(([lo, la]) => `${x(lo)},${y(la)}`).join(" ") });
   const dots = pts.map((p) => svg("circle", {
-    class: "point", "data-testid": "map-point", cx: x(p.lon), cy: y(p.lat), r: Math.max(3, scale * 0.12),
+    class: "point", "data-testid": "map-point", cx: x(p.lon), cy: y(p.lat), r: 6,
     "data-lon": p.lon, "data-lat": p.lat, "data-label": label(p.properties),
   }, svg("title", {}, `${label(p.properties)} (${p.lat}, ${p.lon})`)));
   const title = card.title || "Map";
