@@ -3,7 +3,8 @@ driven by Selenium) against a real stack: the session's broker, a worker and an 
 
 The edge runs in ``dev`` on 127.0.0.1, so the pages offer the dev sign-in form and the tests
 sign in through it, as a person would. Its gateway bound is short (``GATEWAY_BOUND_S``): every
-stream is cut by the edge every few seconds, so each test also proves the pages resume.
+stream is cut by the edge every few seconds, so each test also proves the pages resume; the edge
+can also be restarted on the same address (``WebStack.restart_edge``).
 Every test ends by asserting the browser logged no error (``SEVERE``) while it ran; screenshots
 go to ``test-artifacts/web/`` (git-ignored), linked from ``docs/web.md``.
 """
@@ -11,14 +12,25 @@ go to ``test-artifacts/web/`` (git-ignored), linked from ``docs/web.md``.
 from __future__ import annotations
 
 import shutil
+import subprocess
 import time
 from collections.abc import Callable, Iterator
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import pytest
 
-from tests.integration.edge_world import Stack, running_stack
+from streams.settings import VoiceSettings
+from streams.topics import create_topics
+from tests.support import (
+    spawn_voice,
+    stop,
+    unique_settings,
+    wait_group_stable,
+    wait_http_ready,
+    worker_group,
+)
 
 CHROMIUM = "/usr/bin/chromium"
 CHROMEDRIVER = "/usr/bin/chromedriver"
@@ -34,14 +46,55 @@ WAIT_S = 90.0
 """Generous: a turn runs through the broker, a worker and the simulator on a shared 2-core box."""
 
 
+EDGE_ENV = {"VOICE_ENV": "dev", "VOICE_GATEWAY_BOUND_S": GATEWAY_BOUND_S}
+"""The edge's: dev (so the dev sign-in exists, on 127.0.0.1) and the short bound."""
+
+
+@dataclass
+class WebStack:
+    """A worker and an edge on their own topics of the session's broker; the edge can be
+    restarted on the same address (a browser's connection dropped by the server)."""
+
+    settings: VoiceSettings
+    url: str
+    port: int
+    logs: Path
+    edge: subprocess.Popen[bytes]
+
+    def start_edge(self) -> None:
+        self.edge = spawn_voice(self.settings, "edge", "--port", str(self.port),
+                                log=self.logs / "edge.log", **EDGE_ENV)
+        wait_http_ready(f"{self.url}/readyz", timeout=WAIT_S, proc=self.edge)
+
+    def restart_edge(self) -> None:
+        """Stop the edge (its streams end mid-flight), start a new one on the same port."""
+        stop(self.edge)
+        self.start_edge()
+
+
 @pytest.fixture(scope="session")
 def stack(kafka_bootstrap: str, tmp_path_factory: pytest.TempPathFactory, simulator_url: str
-          ) -> Iterator[Stack]:
-    """A worker and an edge (dev, loopback, a short gateway bound), shared by the web tests
-    (each signs in as its own people, so they do not see each other's data)."""
-    with running_stack(kafka_bootstrap, tmp_path_factory.mktemp("web"), simulator_url,
-                       VOICE_ENV="dev", VOICE_GATEWAY_BOUND_S=GATEWAY_BOUND_S) as s:
-        yield s
+          ) -> Iterator[WebStack]:
+    """The stack the web tests share (each signs in as its own people, so they do not see
+    each other's data)."""
+    from deploy.kafka_local import free_port
+
+    tmp = tmp_path_factory.mktemp("web")
+    settings = unique_settings(kafka_bootstrap, tmp)
+    create_topics(settings)
+    worker = spawn_voice(settings, "worker", log=tmp / "worker.log",
+                         ANTHROPIC_API_KEY="simulator", ANTHROPIC_BASE_URL=simulator_url)
+    port = free_port()
+    web = WebStack(settings, f"http://127.0.0.1:{port}", port, tmp,
+                   spawn_voice(settings, "edge", "--port", str(port), log=tmp / "edge.log",
+                               **EDGE_ENV))
+    try:
+        wait_group_stable(settings, worker_group(settings))
+        wait_http_ready(f"{web.url}/readyz", timeout=WAIT_S, proc=web.edge)
+        yield web
+    finally:
+        stop(web.edge)
+        stop(worker)
 
 
 @pytest.fixture(scope="session")
@@ -147,6 +200,18 @@ def fits_360(driver: Any) -> bool:
             "nothing wider than 360 px", timeout=10))
     finally:
         driver.set_window_size(1280, 900)
+
+
+NETWORK_ERRORS = ("net::ERR_CONNECTION_REFUSED", "net::ERR_EMPTY_RESPONSE",
+                  "net::ERR_CONNECTION_RESET", "net::ERR_INCOMPLETE_CHUNKED_ENCODING",
+                  "Failed to fetch")
+"""What Chromium logs while the edge is deliberately down — and nothing else is excused."""
+
+
+def errors_besides_network(driver: Any) -> list[dict[str, Any]]:
+    """The browser's errors logged since the last look, other than the network's own."""
+    return [e for e in driver.get_log("browser") if e["level"] == "SEVERE"
+            and not any(n in e["message"] for n in NETWORK_ERRORS)]
 
 
 def token_of(driver: Any) -> str:

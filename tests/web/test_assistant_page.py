@@ -12,8 +12,15 @@ from typing import Any
 import pytest
 from selenium.webdriver.common.by import By
 
-from tests.integration.edge_world import Stack
-from tests.web.conftest import all_by_testid, by_testid, fits_360, screenshot, sign_in, wait_for
+from tests.web.conftest import (
+    WebStack,
+    all_by_testid,
+    by_testid,
+    fits_360,
+    screenshot,
+    sign_in,
+    wait_for,
+)
 
 pytestmark = [pytest.mark.integration, pytest.mark.web]
 
@@ -27,7 +34,7 @@ def louisiana() -> set[tuple[str, float, float]]:
     return {(r["name"], float(r["lat"]), float(r["lon"])) for r in rows if r["state"] == "LA"}
 
 
-def test_louisiana_map_example(stack: Stack, browser: Any) -> None:
+def test_louisiana_map_example(stack: WebStack, browser: Any) -> None:
     sign_in(browser, stack.url, "/assistant", "ana-web", "participant")
     by_testid(browser, "upload-input").send_keys(str(FIXTURE))
     wait_for(lambda: "12 rows" in by_testid(browser, "datasets").text, "the CSV uploaded")

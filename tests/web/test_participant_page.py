@@ -1,7 +1,8 @@
 """The participant's page in a real browser: sign in, open a conversation, send, see the message
 accepted at once, the reply stream in and ``Replied``; the edge cuts the stream every few
-seconds (its gateway bound) and the page resumes after the last seq it saw: the transcript ends
-exactly as the API has it, no message twice and none missing. Then erasure. And the issues
+seconds (its gateway bound), and once the edge is restarted mid-stream; the page resumes after
+the last seq it saw: the transcript ends exactly as the API has it, no message twice and none
+missing. Then erasure. And the issues
 side: follow an issue, see its update arrive in the inbox live, contribute."""
 
 from __future__ import annotations
@@ -14,10 +15,11 @@ from selenium.webdriver.common.by import By
 from selenium.webdriver.common.keys import Keys
 
 from streams.tokens import mint_token
-from tests.integration.edge_world import Stack
 from tests.web.conftest import (
+    WebStack,
     all_by_testid,
     by_testid,
+    errors_besides_network,
     fits_360,
     screenshot,
     sign_in,
@@ -42,6 +44,10 @@ def reconnects(driver: Any) -> int:
     return int(by_testid(driver, "stream-status").get_attribute("data-reconnects") or 0)
 
 
+def stream_state(driver: Any) -> str:
+    return str(by_testid(driver, "stream-status").get_attribute("data-state"))
+
+
 def turn_state(driver: Any) -> str:
     return by_testid(driver, "turn-state").text
 
@@ -50,7 +56,7 @@ def agent_replies(driver: Any) -> int:
     return sum(1 for _seq, role, _text in transcript(driver) if role == "agent")
 
 
-def test_send_reply_replied_and_resume_after_cuts(stack: Stack, browser: Any) -> None:
+def test_send_reply_replied_and_resume_after_cuts(stack: WebStack, browser: Any) -> None:
     sign_in(browser, stack.url, "/", "alice-web", "participant")
     assert "token" not in browser.current_url  # never in the address bar
     by_testid(browser, "new-conversation").click()
@@ -66,10 +72,17 @@ def test_send_reply_replied_and_resume_after_cuts(stack: Stack, browser: Any) ->
              "the agent's reply and Replied")
     assert by_testid(browser, "proposal").is_displayed()
 
-    # The edge cuts every stream at its gateway bound: wait for a cut after the reply, then
-    # send the next message by keyboard alone (Ctrl+Enter in the message box).
+    # The edge cuts every stream at its gateway bound: wait for a cut after the reply.
     seen = reconnects(browser)
     wait_for(lambda: reconnects(browser) > seen, "the stream cut and resumed")
+    # Then the edge goes away mid-stream and a new one starts on the same address: the page
+    # reconnects by itself. Only the network's own errors may be logged meanwhile.
+    stack.restart_edge()
+    seen = reconnects(browser)
+    wait_for(lambda: reconnects(browser) > seen and stream_state(browser) == "live",
+             "the stream resumed on the new edge")
+    assert not errors_besides_network(browser)
+    # The next message by keyboard alone (Ctrl+Enter in the message box).
     box = by_testid(browser, "message-input")
     box.send_keys(SECOND)
     box.send_keys(Keys.CONTROL, Keys.ENTER)
@@ -109,7 +122,7 @@ def test_send_reply_replied_and_resume_after_cuts(stack: Stack, browser: Any) ->
     assert gone.status_code == 404
 
 
-def test_follow_an_issue_see_its_update_live_and_contribute(stack: Stack, browser: Any) -> None:
+def test_follow_an_issue_see_its_update_live_and_contribute(stack: WebStack, browser: Any) -> None:
     staff = mint_token(stack.settings, "staff-web", "staff", "default", ttl_s=900)
     opened = httpx.post(f"{stack.url}/staff/issues", json={"title": "Potholes on Mill Lane"},
                         headers={"Authorization": f"Bearer {staff}"}, timeout=30)

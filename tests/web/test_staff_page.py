@@ -12,9 +12,9 @@ import pytest
 from selenium.webdriver.common.by import By
 
 from streams.tokens import mint_token
-from tests.integration.edge_world import Stack
 from tests.web.conftest import (
     WAIT_S,
+    WebStack,
     all_by_testid,
     by_testid,
     fits_360,
@@ -28,7 +28,7 @@ pytestmark = [pytest.mark.integration, pytest.mark.web]
 FLAGGED = "I met Jane Porter at jane@example.org; the lights on Elm Road are broken."
 
 
-def call(stack: Stack, sub: str, role: str, method: str, path: str, **kw: Any) -> Any:
+def call(stack: WebStack, sub: str, role: str, method: str, path: str, **kw: Any) -> Any:
     token = mint_token(stack.settings, sub, role, "default", ttl_s=900)
     r = httpx.request(method, f"{stack.url}{path}", timeout=30,
                       headers={"Authorization": f"Bearer {token}"}, **kw)
@@ -54,7 +54,7 @@ def open_in_queue(driver: Any, contribution: str, waiting_for: str) -> Any:
                     == contribution and by_testid(driver, "review"), "the review panel")
 
 
-def test_two_reviewers_publish_a_flagged_contribution(stack: Stack, browser: Any) -> None:
+def test_two_reviewers_publish_a_flagged_contribution(stack: WebStack, browser: Any) -> None:
     issue = call(stack, "staff-web", "staff", "POST", "/staff/issues",
                  json={"title": "Streetlights on Elm Road"})["issue"]
     contribution = call(stack, "ann-web", "participant", "POST",
