@@ -10,6 +10,7 @@ from __future__ import annotations
 from typing import Any
 
 import httpx
+import jwt
 import pytest
 from selenium.webdriver.common.by import By
 from selenium.webdriver.common.keys import Keys
@@ -42,6 +43,15 @@ def transcript(driver: Any) -> list[tuple[int, str, str]]:
 
 def reconnects(driver: Any) -> int:
     return int(by_testid(driver, "stream-status").get_attribute("data-reconnects") or 0)
+
+
+def requested_with(driver: Any, secret: str) -> list[str]:
+    """Every URL the page requested (page, scripts, API calls, streams) that contains
+    ``secret``."""
+    urls = driver.execute_script(
+        "return performance.getEntriesByType('resource').map(e => e.name)"
+        ".concat([location.href])")
+    return [u for u in urls if secret in u]
 
 
 def stream_state(driver: Any) -> str:
@@ -103,6 +113,7 @@ def test_send_reply_replied_and_resume_after_cuts(stack: WebStack, browser: Any)
     assert shown == expected, "the page's transcript differs from the conversation's log"
     assert [role for _s, role, _t in shown] == ["participant", "agent"] * 2
     assert reconnects(browser) >= 2
+    assert not requested_with(browser, token_of(browser))
     screenshot(browser, "participant")
 
     # Readable at 360 px: nothing wider than the window (no sideways scrolling).
@@ -147,3 +158,23 @@ def test_follow_an_issue_see_its_update_live_and_contribute(stack: WebStack, bro
     browser.find_element(By.CSS_SELECTOR, "#contribute-form button[type=submit]").click()
     wait_for(lambda: "is in review" in browser.find_element(By.ID, "contribute-status").text,
              "the contribution accepted")
+
+
+def test_a_refused_token_is_explained_in_words(stack: WebStack, browser: Any) -> None:
+    """A token the edge refuses (here: signed with another secret) arrives in the fragment: the
+    page says so in words and offers to sign in again; the token was in no URL requested."""
+    forged = jwt.encode({"sub": "mallory", "role": "participant"}, "not-the-secret" * 4,
+                        algorithm="HS256")
+    browser.get(f"{stack.url}/#token={forged}")
+    error = wait_for(lambda: browser.find_element(By.ID, "list-error").text,
+                     "the refusal shown")
+    assert "not signed in, or your sign-in has expired" in error
+    assert browser.find_element(By.XPATH, "//button[text()='Sign in again']").is_displayed()
+    assert "#token" not in browser.current_url
+    assert not requested_with(browser, forged)
+    # The browser logs each 401 answer itself ("Failed to load resource"): those are expected.
+    others = [e for e in browser.get_log("browser") if e["level"] == "SEVERE"
+              and "status of 401" not in e["message"]]
+    assert not others
+    browser.find_element(By.XPATH, "//button[text()='Sign in again']").click()
+    wait_for(lambda: all_by_testid(browser, "dev-signin"), "the sign-in form again")
