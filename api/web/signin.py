@@ -2,8 +2,8 @@
 
 It exists only when the deployment is ``dev`` *and* the edge listens on a loopback address
 (``streams.settings.is_loopback``): anyone who reaches it can be anyone, so it must never be
-reachable from another machine, nor in ``test`` or ``prod`` whatever the bind. A route that does
-not exist answers 404, which is how the pages learn not to offer the form.
+reachable from another machine, nor in ``test`` or ``prod`` whatever the bind. The pages ask
+``GET /web/config`` (always there, public) whether to offer the form.
 """
 
 from __future__ import annotations
@@ -41,6 +41,12 @@ class DevTokenIn(BaseModel):
     tenant: Annotated[str, Field(pattern=TENANT_PATTERN)] = "default"
 
 
+class DevTokenOut(BaseModel):
+    token: str
+    expires_in: int
+    """Seconds the token is good for."""
+
+
 class WebConfig(BaseModel):
     """What a page needs to know before anyone signs in."""
 
@@ -57,11 +63,6 @@ def web_config(allowed: bool) -> Callable[[], Awaitable[WebConfig]]:
         return WebConfig(dev_signin=allowed)
 
     return web_config
-
-
-class DevTokenOut(BaseModel):
-    token: str
-    expires_in: int
 
 
 def dev_signin_router(settings: VoiceSettings) -> APIRouter:
