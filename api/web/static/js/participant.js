@@ -17,16 +17,44 @@ function messageItem({ seq, role, text, at }) {
     at ? el("time", { datetime: at }, when(at)) : null);
 }
 
-/** Put a message in the transcript in seq order, once (an element per seq). */
+/** Put a message in the transcript in seq order, once (an element per seq); drafts last. */
 function addMessage(message) {
   const transcript = $("transcript");
+  if (message.role === "agent" && message.turn) dropDraft(message.turn);
   if (transcript.querySelector(`[data-seq="${message.seq}"]`)) return;
-  const later = [...transcript.children].find((li) => Number(li.dataset.seq) > message.seq);
+  const later = [...transcript.children].find((li) =>
+    li.dataset.draft !== undefined || Number(li.dataset.seq) > message.seq);
   transcript.insertBefore(messageItem(message), later || null);
   transcript.lastElementChild?.scrollIntoView({ block: "nearest" });
 }
 
-function showTurn({ state, reason }) {
+// A reply as the model writes it (``delta`` events, docs/api.md): a draft per turn, replaced
+// by the turn's agent message. Not a message: no data-role, no data-seq.
+const drafts = new Map();
+
+function showDelta({ turn, attempt, offset, text }) {
+  let draft = drafts.get(turn);
+  if (!draft) {
+    const li = el("li", { class: "message agent draft", "data-draft": turn, "aria-busy": "true" },
+      el("span", { class: "who" }, "Voice"), el("span", { class: "text" }, ""));
+    $("transcript").append(li);
+    draft = { attempt, text: "", li };
+    drafts.set(turn, draft);
+  }
+  if (attempt > draft.attempt) Object.assign(draft, { attempt, text: "" });  // written anew
+  if (attempt < draft.attempt || offset > draft.text.length) return;  // stale, or a gap
+  draft.text = draft.text.slice(0, offset) + text;
+  draft.li.querySelector(".text").textContent = draft.text;
+  draft.li.scrollIntoView({ block: "nearest" });
+}
+
+function dropDraft(turn) {
+  drafts.get(turn)?.li.remove();
+  drafts.delete(turn);
+}
+
+function showTurn({ turn, state, reason }) {
+  if (state !== "Thinking") dropDraft(turn);
   $("turn-state").textContent = state;
   $("turn-state").dataset.state = state;
   $("turn-reason").textContent = reason ? `— ${reason}` : "";
@@ -53,6 +81,7 @@ function onEvent(event, data) {
   if (event === "message") addMessage(data);
   else if (event === "turn") showTurn(data);
   else if (event === "proposal") showProposal(data.proposal);
+  else if (event === "delta") showDelta(data);
 }
 
 function streamStatus({ state, cursor, reconnects, message }) {
@@ -70,6 +99,7 @@ async function openConversation(conversation) {
   $("conversation").hidden = false;
   $("conversation-id").textContent = conversation;
   $("transcript").replaceChildren();
+  drafts.clear();
   $("proposal").hidden = true;
   $("turn-state").textContent = "—";
   $("turn-reason").textContent = "";
