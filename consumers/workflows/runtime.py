@@ -134,7 +134,8 @@ class WorkflowRuntime:
             if t is None and state is not None and state.status == "running":
                 # Running, yet no task here holds it: its worker died mid-step.
                 t = engine.worker_lost(self.defs[state.kind], state, self.settings.step_attempts)
-            if t is None and state is not None and not state.settled:
+            if t is None and state is not None and not state.settled \
+                    and state.status in ("completed", "failed"):
                 # Ended, but its worker died before the turn-over bookkeeping: run it now.
                 await self._settle(state)
             if t is None:
@@ -172,8 +173,9 @@ class WorkflowRuntime:
 
     async def _apply(self, t: Transition, correlation: str) -> None:
         s = t.state
-        if t.ended and self.defs[s.kind].on_end is not None:
-            s.settled = False  # until ``_settle`` has run its on_end
+        # Ended: unsettled until ``_settle`` has run its on_end. Running again (a retried
+        # failure): its next end settles it.
+        s.settled = not (t.ended and self.defs[s.kind].on_end is not None)
         futs = []
         for e in t.emits:
             env = Envelope(record=e.record, key=s.workflow, source=SOURCE, subject=s.workflow,

@@ -36,7 +36,7 @@ from schemas.conversation import (
     StartConversation,
     TurnStateChanged,
 )
-from schemas.workflow import LeaseCheck, WorkflowStarted
+from schemas.workflow import LeaseCheck, WorkflowCommandReceived, WorkflowStarted
 from streams.crashpoints import CrashPoints
 from streams.envelope import Envelope
 from streams.producer import Publisher
@@ -306,3 +306,37 @@ def test_crash_points_are_inert_unless_named_and_refuse_an_unknown_point() -> No
     CrashPoints().hit("before_step", "w")  # nothing named: returns
     with pytest.raises(ValueError, match="'mid_air'"):
         CrashPoints.parse("mid_air")
+
+
+async def test_a_failed_workflow_retried_before_its_bookkeeping_settles_at_its_next_end() -> None:
+    ends: list[str] = []
+
+    async def fails(ctx: StepContext) -> dict[str, Any]:
+        raise RuntimeError("no model")
+
+    async def dies(state: WorkflowState) -> None:
+        raise RuntimeError("the worker died here")
+
+    async def turn_over(state: WorkflowState) -> None:
+        ends.append(state.status)
+
+    settings = VoiceSettings(step_attempts=1)
+    table: dict[str, Any] = {}
+    producer = FakeProducer()
+    first = WorkflowRuntime(settings, table, Publisher(settings, lambda: producer))  # type: ignore[arg-type, return-value]
+    first.register(WorkflowDef("k", (StepDef("s", fails),), on_end=dies))
+    await first.handle(Envelope(record=WorkflowStarted(workflow="w1", kind="k"), key="w1",
+                                source="/t", seq=1, tenant="t1"), lambda: None, "tp0", 1)
+    with pytest.raises(RuntimeError, match="died"):
+        await settle_loop(first, producer)
+    seen = len(producer.sent)
+
+    second = WorkflowRuntime(settings, table, Publisher(settings, lambda: producer))  # type: ignore[arg-type, return-value]
+    second.register(WorkflowDef("k", (StepDef("s", fails),), on_end=turn_over))
+    retry = Envelope(record=WorkflowCommandReceived(workflow="w1", command="retry",
+                                                    command_id="r1", by="op"),
+                     key="w1", source="/t", tenant="t1", id="r1")
+    await second.handle(retry, lambda: None, "tp0", 2)
+    assert table["w1"]["status"] == "running" and ends == [], "no bookkeeping while it runs"
+    await settle_loop(second, producer, seen)
+    assert ends == ["failed"] and table["w1"]["settled"] is True
