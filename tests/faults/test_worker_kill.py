@@ -25,7 +25,7 @@ import pytest
 
 from schemas.assistant import AssistantReplyRecorded, AssistantTurnEnded
 from schemas.conversation import MessageRecorded, ReplyRecorded, TurnStateChanged
-from schemas.workflow import StepFailed
+from schemas.workflow import StepFailed, WorkflowCompleted, WorkflowFailed
 from streams.envelope import Envelope
 from streams.settings import VoiceSettings
 from streams.tokens import mint_token
@@ -174,8 +174,13 @@ def test_an_assistant_turn_killed_at_each_point_replies_once_and_is_not_left_bus
         # turn ends on the unarmed worker; the armed turn is the conversation's second.
         r = chat(f"{point}, opening")
         assert r.status_code == 202, r.text
-        conversation = str(r.json()["conversation_id"])
+        conversation, turn = str(r.json()["conversation_id"]), str(r.json()["turn"])
         wait_for(lambda: turns_ended(conversation, 1), timeout=90, what="the opening turn")
+        # Its pattern extraction too: a workflow of this conversation left running would be
+        # resumed by the worker armed for it, and crash it at the wrong turn.
+        wait_for(lambda: any(isinstance(e.record, (WorkflowCompleted, WorkflowFailed))
+                             for e in log_of(settings, WORKFLOWS, f"{turn}:extract")),
+                 timeout=90, what="the opening turn's pattern extraction")
         return conversation
 
     def send(point: str, conversation: str) -> None:
