@@ -13,6 +13,7 @@ Both are the same clickhouse-connect client class family, so the SQL is the same
 
 from __future__ import annotations
 
+import re
 import threading
 from collections.abc import Sequence
 from dataclasses import dataclass, field
@@ -56,6 +57,15 @@ def telemetry_settings(settings: VoiceSettings | None = None) -> TelemetrySettin
 
 class StoreUnavailable(Exception):
     """The store cannot be opened or did not take a call; retrying later may help."""
+
+
+def store_error(exc: BaseException) -> str:
+    """A store's failure for a dead letter or a log line: its type, and ClickHouse's error code
+    or the connection's message — never a refusal's text, which may quote the rows' values."""
+    if unavailable(exc):
+        return f"{type(exc).__name__}: {exc}"
+    code = re.search(r"\bCode: (\d+)", str(exc))
+    return type(exc).__name__ + (f" (ClickHouse code {code.group(1)})" if code else "")
 
 
 def unavailable(exc: BaseException) -> bool:
