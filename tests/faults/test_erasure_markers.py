@@ -21,14 +21,12 @@ from pathlib import Path
 
 import httpx
 import pytest
-from confluent_kafka import Consumer, TopicPartition
 
 from streams.settings import VoiceSettings
 from streams.tokens import mint_token
-from streams.topics import all_specs, topic_name
 from telemetry.store import open_store, telemetry_settings
 from tests.faults.test_long_conversation import stack_topics
-from tests.support import read_all, spawn_voice, stop, wait_for
+from tests.support import read_all, sink_caught_up, spawn_voice, stop, wait_for
 
 pytestmark = [pytest.mark.faults, pytest.mark.integration]
 
@@ -48,24 +46,6 @@ def where_on_kafka(settings: VoiceSettings, marker: bytes) -> list[str]:
             if marker in raw:
                 found.append(f"{topic}[{m.partition()}]@{m.offset()}")
     return found
-
-
-def sink_caught_up(settings: VoiceSettings) -> bool:
-    """Whether the sink's group has committed every record of every topic it reads."""
-    group = f"{settings.group_prefix}-telemetry"
-    c = Consumer({"bootstrap.servers": settings.bootstrap, "group.id": group,
-                  "enable.auto.commit": False})
-    try:
-        names = [topic_name(settings, s) for s in all_specs()]
-        parts = [TopicPartition(t, p) for t in names for p in range(settings.topic_partitions)]
-        done = {(r.topic, r.partition): r.offset for r in c.committed(parts, timeout=10)}
-        for tp in parts:
-            _low, high = c.get_watermark_offsets(tp, timeout=10)
-            if high > 0 and done.get((tp.topic, tp.partition), -1) < high:
-                return False
-        return True
-    finally:
-        c.close()
 
 
 def where_in_clickhouse(settings: VoiceSettings, marker: str) -> list[str]:
