@@ -185,3 +185,21 @@ async def test_without_an_aggregate_to_seal_under_only_the_code_is_kept(
     assert ended and all(MARKER not in plain(e) for e in producer.sent)
     failed = next(e.record for e in producer.sent if e.type == "voice.workflow.failed.v1")
     assert failed.sealed_error is None and failed.error_type == "ValueError"
+
+
+def test_an_assistant_turns_end_keeps_error_kinds_plain_and_their_words_sealed() -> None:
+    from types import SimpleNamespace
+
+    from consumers.assistant.worker import Assistant
+
+    assistant = Assistant()
+    assistant.ctx = SimpleNamespace(sealer=Sealer(MemoryKeyStore()))  # type: ignore[assignment]
+    ended = assistant._ended("c1", "c1:turn-1", "Replied", "error", "model_error",
+                             f"model_error: the model said {MARKER}")
+    assert ended.reason is None and ended.reason_code == "model_error"
+    assert MARKER not in ended.model_dump_json()
+    assert MARKER in (open_text(assistant.sealer, "c1", "c1:turn-1:reason", ended.sealed_reason)
+                      or "")
+    assistant.sealer.erase("c1")  # erased meanwhile: the code alone, nothing sealed anew
+    gone = assistant._ended("c1", "c1:turn-2", "Failed", "error", "step_failed", "words")
+    assert gone.sealed_reason is None and gone.reason_code == "step_failed"
