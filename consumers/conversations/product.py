@@ -17,6 +17,7 @@ from consumers.conversations.concern import (
     concern_spec,
     run_concern_extraction,
 )
+from consumers.conversations.deltas import ReplyStream
 from consumers.conversations.sequencer import ConversationSequencer
 from consumers.conversations.turns import ConcernAgent, Turns
 from consumers.engine import AgentSpec, CancelToken
@@ -70,6 +71,7 @@ class Conversations:
         tenant's budget); its effects become records keyed by the turn."""
         assert self.ctx is not None and self.issues is not None, "register() first"
         agents = self.ctx.agents
-        return await run_concern_extraction(self.spec_for(tenant), agents.client_for(tenant),
-                                            agents.sink(turn, sealed=True, tenant=tenant),
+        sink = ReplyStream(agents.sink(turn, sealed=True, tenant=tenant), self.ctx.publisher,
+                           self.ctx.sealer, conversation, turn, tenant)
+        return await run_concern_extraction(self.spec_for(tenant), agents.client_for(tenant), sink,
                                             conversation, turn, attempt, history, cancel)
