@@ -127,9 +127,7 @@ class AssistantSequencer(Aggregate[AssistantState]):
                 return Decision(state)  # not due
             records = append(state, AssistantTurnEnded(
                 conversation=rec.conversation, turn=rec.turn, state="Failed",
-                end_reason="error",
-                reason=f"{DEADLINE_EXCEEDED}: the turn did not end within "
-                       f"VOICE_ASSISTANT_TURN_DEADLINE_S ({self.turn_deadline_s:g} s)"))
+                end_reason="error", reason_code=DEADLINE_EXCEEDED))
             state.running, state.deadline = None, None
         else:
             return Decision(state)

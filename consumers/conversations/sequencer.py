@@ -139,10 +139,10 @@ class ConversationSequencer(Aggregate[ConversationState]):
             if deadline is None or cmd.time < datetime.fromisoformat(deadline):
                 return Decision(state)  # ended meanwhile (or not due): nothing to do
             del state.open_turns[rec.turn]
+            # A code, no words: decide never seals (and the deadline quotes nobody).
             records = append(state, TurnStateChanged(
                 conversation=rec.conversation, turn=rec.turn, state="CouldNotInterpret",
-                reason=f"{DEADLINE_EXCEEDED}: the turn did not end within "
-                       f"VOICE_TURN_DEADLINE_S ({self.turn_deadline_s:g} s)"))
+                reason_code=DEADLINE_EXCEEDED))
             return Decision(state, records, Ack.accepted(state.seq))
 
         if isinstance(rec, EraseConversation):

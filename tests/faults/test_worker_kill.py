@@ -130,13 +130,14 @@ def test_a_participant_turn_killed_at_each_point_replies_once_and_ends(
                                              what=f"the turn killed at {point} to end"))
             records = [e.record for e in log]
             assert sum(isinstance(r, MessageRecorded) for r in records) == 1, point
-            states = [(r.state, r.reason) for r in records if isinstance(r, TurnStateChanged)]
+            states = [(r.state, r.reason_code) for r in records
+                      if isinstance(r, TurnStateChanged)]
             replies = [r for r in records if isinstance(r, ReplyRecorded)]
             failures = workflow_failures(settings, f"{cnv}:turn-2")
             if point == "before_turn_over":
                 assert replies == [], point
                 assert [s for s, _ in states] == ["Thinking", "CouldNotInterpret"], states
-                assert "DEADLINE_EXCEEDED" in (states[-1][1] or ""), states
+                assert states[-1][1] == "step_failed", states  # the failure: its deadline
                 assert failures == ["DEADLINE_EXCEEDED"], failures
             else:
                 assert len(replies) == 1, f"{point}: {len(replies)} replies"
@@ -202,7 +203,8 @@ def test_an_assistant_turn_killed_at_each_point_replies_once_and_is_not_left_bus
                        and r.turn == armed]
             if point == "before_turn_over":
                 assert ends[-1].state == "Failed" and replies == [], point
-                assert "DEADLINE_EXCEEDED" in (ends[-1].reason or ""), ends[-1]
+                assert ends[-1].reason_code == "step_failed", ends[-1]
+                assert workflow_failures(settings, armed) == ["DEADLINE_EXCEEDED"]
             else:
                 assert ends[-1].state == "Replied", (point, ends[-1])
                 assert len(replies) == 1, f"{point}: {len(replies)} replies"
