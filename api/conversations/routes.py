@@ -86,7 +86,7 @@ async def create_conversation(
     """Open a conversation owned by the caller."""
     conversation = f"cnv-{secrets.token_hex(8)}"
     # The data key exists before the conversation does, so its first message can be sealed.
-    await asyncio.to_thread(sealer.create, conversation)
+    await asyncio.to_thread(sealer.create, conversation, principal.tenant)
     ack = await commands.submit(
         conversation, StartConversation(conversation=conversation, owner=principal.sub))
     # "duplicate" is this very command answered again (its writer crashed after applying it,
