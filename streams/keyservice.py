@@ -31,7 +31,7 @@ from cryptography.hazmat.primitives.ciphers.aead import AESGCM
 
 from schemas.keys import KEK_RECORD_KEY, DataKeyWrapped, KekVersions
 from streams.envelope import Envelope, encode
-from streams.kek import Kek
+from streams.kek import Kek, MasterKek, master_key_from_env
 from streams.keyring import KeyRing, wrap_record
 from streams.sealing import KeyErased, KeyNotFound, SealingError, check_id
 from streams.settings import VoiceSettings
@@ -352,3 +352,9 @@ class ClusterKeyStore:
                 return
             except BufferError:  # the local queue is full (a rotation of many keys): drain
                 self._producer.poll(0.5)
+
+
+def key_store_for(settings: VoiceSettings) -> ClusterKeyStore:
+    """The process's key store: the key topic, KEKs from ``VOICE_MASTER_KEY``."""
+    secret = settings.master_key.get_secret_value() if settings.master_key else None
+    return ClusterKeyStore(settings, MasterKek(master_key_from_env(settings.env, secret)))

@@ -205,9 +205,6 @@ class Sealer:
 
 def sealer_for(settings: VoiceSettings) -> Sealer:
     """The process's sealer over the key service on the cluster (no local state)."""
-    from streams.kek import MasterKek, master_key_from_env
-    from streams.keyservice import ClusterKeyStore
+    from streams.keyservice import key_store_for
 
-    secret = settings.master_key.get_secret_value() if settings.master_key else None
-    kek = MasterKek(master_key_from_env(settings.env, secret))
-    return Sealer(ClusterKeyStore(settings, kek))
+    return Sealer(key_store_for(settings))
