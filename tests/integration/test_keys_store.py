@@ -8,6 +8,9 @@ Each test gets its own key topic (a fresh prefix), so the contract's fixed ids n
 from __future__ import annotations
 
 import base64
+import hashlib
+import subprocess
+import sys
 import threading
 import time
 from collections.abc import Iterator
@@ -21,10 +24,10 @@ from streams.kek import KekError, MasterKek
 from streams.keyring import wrap_aad
 from streams.keyservice import ClusterKeyStore
 from streams.sealing import KeyErased, KeyNotFound, KeyStore, Sealer
-from streams.settings import VoiceSettings
+from streams.settings import DEV_MASTER_KEY, VoiceSettings
 from streams.topics import KEYS, topic_name
 from tests.keystore_contract import CNV, OTHER, KeyStoreContract
-from tests.support import read_all, unique_settings, wait_for
+from tests.support import read_all, unique_settings, voice_env, wait_for
 
 MASTER = bytes(range(32))
 ERASED_WITHIN_S = 2.0
@@ -174,3 +177,59 @@ def test_rotation_rewraps_live_keys_and_leaves_the_erased_unwrappable(
                           wrap_aad(rec.id, rec.version, rec.key_id, rec.kek_version)) == erased_key
         assert rec.kek_version in done.retired
     assert seen >= 1  # not compacted yet: the test looked at the real record
+
+
+def test_a_proposal_that_lost_adopts_the_winner_and_writes_it_last(
+        keys_settings: VoiceSettings, stores: list[ClusterKeyStore],
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    a, b = new_store(keys_settings, stores), new_store(keys_settings, stores)
+    a.create(CNV)
+    winner = a.get(CNV, 1)
+    # b proposes as if a's record had not reached it yet: blind until its own proposal is out.
+    proposed, real_state, real_produce = [], b.ring.state, b._produce
+
+    def produce(items: list) -> list:  # type: ignore[type-arg]
+        proposed.append(items)
+        return real_produce(items)
+
+    monkeypatch.setattr(b, "_produce", produce)
+    monkeypatch.setattr(b.ring, "state", lambda id_: real_state(id_) if proposed else "absent")
+    assert b.create(CNV) == 1
+    assert b.get(CNV, 1) == winner
+    records = [m for m in read_all(keys_settings, topic_name(keys_settings, KEYS))
+               if m.key().decode() == CNV]
+    key_ids = [DataKeyWrapped.model_validate_json(m.value()).key_id for m in records]
+    assert len(key_ids) == 3 and key_ids[0] == key_ids[2] != key_ids[1], key_ids
+    later = new_store(keys_settings, stores)
+    assert later.get(CNV, 1) == winner
+
+
+RACER = """
+import hashlib, sys, time
+from streams.keyservice import key_store_for
+from streams.settings import load_settings
+store = key_store_for(load_settings())
+store.wait_ready()
+start, ids = float(sys.argv[1]), sys.argv[2:]
+time.sleep(max(0.0, start - time.time()))
+for id_ in ids:
+    print(id_, hashlib.sha256(store.get(id_, store.create(id_))).hexdigest(), flush=True)
+store.close()
+"""
+
+
+def test_two_processes_racing_to_create_the_same_ids_end_with_one_key_each(
+        keys_settings: VoiceSettings, stores: list[ClusterKeyStore]) -> None:
+    ids = [f"cnv-proc{i:04d}" for i in range(20)]
+    start = time.time() + 8  # both processes up and caught up by then, even on a busy machine
+    procs = [subprocess.Popen([sys.executable, "-c", RACER, str(start), *ids],
+                              env=voice_env(keys_settings), stdout=subprocess.PIPE,
+                              stderr=subprocess.PIPE, text=True) for _ in range(2)]
+    outs = []
+    for proc in procs:
+        out, err = proc.communicate(timeout=120)
+        assert proc.returncode == 0, err[-2000:]
+        outs.append(dict(line.split() for line in out.splitlines()))
+    assert outs[0] == outs[1] and len(outs[0]) == len(ids)
+    later = new_store(keys_settings, stores, master=DEV_MASTER_KEY)  # what the racers used
+    assert {id_: hashlib.sha256(later.get(id_, 1)).hexdigest() for id_ in ids} == outs[0]
