@@ -64,12 +64,15 @@ class Rotation:
 class ClusterKeyStore:
     """A ``KeyStore`` on the key topic, held in memory by a reader thread (module docstring)."""
 
-    def __init__(self, settings: VoiceSettings, kek: Kek, timeout_s: float = 30.0) -> None:
+    def __init__(self, settings: VoiceSettings, kek: Kek, timeout_s: float = 30.0,
+                 ready_timeout_s: float = 120.0) -> None:
         self._topic = topic_name(settings, KEYS)
         self._bootstrap = settings.bootstrap
         self._kek = kek
         self._timeout = timeout_s
         """How long a call waits for the broker before ``KeyServiceUnavailable``."""
+        self._ready_timeout = ready_timeout_s
+        """How long a call waits for the first catch-up (a large topic takes seconds)."""
         self.ring = KeyRing(kek)
         self._producer = Producer({"bootstrap.servers": self._bootstrap, "acks": "all",
                                    "enable.idempotence": True, "linger.ms": 0})
@@ -190,17 +193,17 @@ class ClusterKeyStore:
 
     def wait_ready(self, timeout: float | None = None) -> None:
         """Block until the reader has caught up with the topic as it was at start."""
-        if not self.ready.wait(self._timeout if timeout is None else timeout):
+        timeout = self._ready_timeout if timeout is None else timeout
+        if not self.ready.wait(timeout):
             raise KeyServiceUnavailable(
-                f"the key topic {self._topic!r} was not read to its end in "
-                f"{self._timeout if timeout is None else timeout}s (is the broker up, and the "
-                "topic created by `voice topics create`?)")
+                f"the key topic {self._topic!r} was not read to its end in {timeout}s (is the "
+                "broker up, and the topic created by `voice topics create`?)")
 
     def sync(self, timeout: float | None = None) -> None:
         """Return once everything on the key topic now has been read into the ring."""
+        self.wait_ready()
         timeout = self._timeout if timeout is None else timeout
         deadline = time.monotonic() + timeout
-        self.wait_ready(timeout)
         ends = self._ends(timeout)
         with self._cond:
             while any(self._pos.get(p, 0) < end for p, end in ends.items()):
@@ -355,6 +358,11 @@ class ClusterKeyStore:
 
 
 def key_store_for(settings: VoiceSettings) -> ClusterKeyStore:
-    """The process's key store: the key topic, KEKs from ``VOICE_MASTER_KEY``."""
+    """The process's key store: the key topic, KEKs from ``VOICE_MASTER_KEY``.
+
+    A call that must reach the broker (a miss, a creation, an erasure) gives up after a third
+    of the gateway bound, so an edge answers 503 in time rather than hang on a lost broker.
+    """
     secret = settings.master_key.get_secret_value() if settings.master_key else None
-    return ClusterKeyStore(settings, MasterKek(master_key_from_env(settings.env, secret)))
+    return ClusterKeyStore(settings, MasterKek(master_key_from_env(settings.env, secret)),
+                           timeout_s=min(30.0, settings.gateway_bound_s / 3))
