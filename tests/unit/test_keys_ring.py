@@ -133,3 +133,15 @@ def test_the_record_never_holds_the_key_in_the_clear(kek: MasterKek) -> None:
     raw = proposal(kek, key, "key-aaaaaaaa").model_dump_json().encode()
     for encoded in (key, base64.b64encode(key), key.hex().encode()):
         assert encoded not in raw
+
+
+def test_the_key_topic_is_compacted_with_the_documented_bounds() -> None:
+    from streams.topics import KEYS, TOPICS, all_specs, record_specs
+
+    hour = str(3600 * 1000)
+    assert KEYS.config() == {
+        "cleanup.policy": "compact", "retention.ms": "-1", "segment.ms": hour,
+        "min.cleanable.dirty.ratio": "0.01", "max.compaction.lag.ms": hour,
+        "delete.retention.ms": hour}
+    # Created with the others; never read by the sink (which reads the record topics).
+    assert KEYS in all_specs() and KEYS not in record_specs() and KEYS not in TOPICS
