@@ -111,6 +111,15 @@ class KeyRing:
                 entry.plain = self._unwrap(entry.record)
             return entry.plain
 
+    def key_to_rewrap(self, id_: str) -> bytes:
+        """The live key of ``id_`` for a rotation, even under a retired KEK version (a key
+        created under the old version while a rotation ran is rescued by the next one)."""
+        with self._lock:
+            entry = self._entry(id_)
+            if entry.plain is None:
+                entry.plain = self._unwrap(entry.record, allow_retired=True)
+            return entry.plain
+
     def live_ids(self) -> list[str]:
         """Every id holding a key."""
         with self._lock:
@@ -133,8 +142,8 @@ class KeyRing:
             raise KeyNotFound(f"conversation {id_!r} has no data key")
         return entry
 
-    def _unwrap(self, rec: DataKeyWrapped) -> bytes:
-        if rec.kek_version in self.kek_retired:
+    def _unwrap(self, rec: DataKeyWrapped, allow_retired: bool = False) -> bytes:
+        if rec.kek_version in self.kek_retired and not allow_retired:
             raise SealingError(f"the key of {rec.id!r} is wrapped under KEK version "
                                f"{rec.kek_version}, which is retired: run `voice keys rotate`")
         try:

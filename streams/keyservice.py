@@ -169,9 +169,12 @@ class ClusterKeyStore:
                     rec = self.ring.record(id_)
                     if rec.kek_version == new:
                         continue
-                    key = self.ring.key(id_, rec.version)
+                    key = self.ring.key_to_rewrap(id_)
                 except KeyErased:
                     continue  # erased meanwhile: nothing to carry over
+                except SealingError as exc:  # altered, or another master key: cannot carry
+                    log.warning("rotation: the key of %r stays as it is: %s", id_, exc)
+                    continue
                 batch.append((id_, wrap_record(self._kek, id_, key, rec.key_id, new,
                                                rec.tenant, rec.version), rec.tenant))
             if not batch:

@@ -145,3 +145,13 @@ def test_the_key_topic_is_compacted_with_the_documented_bounds() -> None:
         "delete.retention.ms": hour}
     # Created with the others; never read by the sink (which reads the record topics).
     assert KEYS in all_specs() and KEYS not in record_specs() and KEYS not in TOPICS
+
+
+def test_a_rotation_can_rescue_a_key_wrapped_under_a_retired_version(kek: MasterKek) -> None:
+    ring = KeyRing(kek)
+    key = os.urandom(32)
+    ring.apply_kek(KekVersions(current=2, retired=[1]))
+    ring.apply_key(proposal(kek, key, "key-aaaaaaaa", kek_version=1))  # a slow creator's
+    with pytest.raises(SealingError, match="retired"):
+        ring.key(ID, 1)
+    assert ring.key_to_rewrap(ID) == key
