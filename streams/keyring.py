@@ -17,9 +17,9 @@ This module must never log, print or repr an unwrapped data key.
 from __future__ import annotations
 
 import base64
+import json
 import threading
-from dataclasses import dataclass
-from typing import Literal
+from typing import Literal, NamedTuple
 
 from schemas.keys import DataKeyWrapped, KekVersions
 from streams.kek import Kek, KekError
@@ -35,13 +35,16 @@ def wrap_aad(id_: str, version: int, key_id: str, kek_version: int) -> bytes:
     return f"voice/key/v2|{id_}|{version}|{key_id}|{kek_version}".encode()
 
 
-@dataclass
-class Entry:
-    """One id's key as the ring holds it: the winning record and, once used, the key."""
+class Held(NamedTuple):
+    """One id's winning record, compact: a tuple of atoms, which the garbage collector stops
+    tracking, so a ring of 100,000 ids costs no collection time. Parsed in full only when its
+    key is first unwrapped."""
 
-    record: DataKeyWrapped
-    plain: bytes | None = None
-    """The unwrapped key, filled at its first lookup (so startup unwraps nothing)."""
+    key_id: str
+    kek_version: int
+    version: int
+    raw: bytes
+    """The record's JSON as it was on the topic."""
 
 
 class KeyRing:
@@ -49,7 +52,9 @@ class KeyRing:
 
     def __init__(self, kek: Kek) -> None:
         self._kek = kek
-        self._entries: dict[str, Entry] = {}
+        self._held: dict[str, Held] = {}
+        self._plain: dict[str, bytes] = {}
+        """Unwrapped keys, filled at each id's first lookup (so a start unwraps nothing)."""
         self._erased: set[str] = set()
         self.kek_current = 1
         """The KEK version new keys are wrapped under."""
@@ -60,25 +65,43 @@ class KeyRing:
 
     def apply_key(self, rec: DataKeyWrapped) -> Applied:
         """Fold one ``DataKeyWrapped`` in (the rules in the module docstring)."""
+        return self._apply(rec.id, Held(rec.key_id, rec.kek_version, rec.version,
+                                        rec.model_dump_json().encode()))
+
+    def apply_json(self, id_: str, raw: bytes) -> Applied:
+        """Fold one ``DataKeyWrapped`` as its JSON, checking only what the rules read (the
+        startup path: a full validation per record would cost most of the start)."""
+        doc = json.loads(raw)
+        key_id, kek_version, version = doc["key_id"], doc["kek_version"], doc.get("version", 1)
+        if doc.get("id") != id_:
+            raise ValueError(f"record of id {doc.get('id')!r} under key {id_!r}")
+        if not (isinstance(key_id, str) and 8 <= len(key_id) <= 64
+                and type(kek_version) is int and kek_version >= 1
+                and type(version) is int and version >= 1):
+            raise ValueError(f"not a wrapped data key of {id_!r}")
+        return self._apply(id_, Held(key_id, kek_version, version, raw))
+
+    def _apply(self, id_: str, new: Held) -> Applied:
         with self._lock:
-            if rec.id in self._erased:
+            if id_ in self._erased:
                 return "erased"
-            held = self._entries.get(rec.id)
+            held = self._held.get(id_)
             if held is None:
-                self._entries[rec.id] = Entry(rec)
+                self._held[id_] = new
                 return "new"
-            if held.record.key_id != rec.key_id:
+            if held.key_id != new.key_id:
                 return "lost"
-            if held.record.kek_version == rec.kek_version:
+            if held.kek_version == new.kek_version:
                 return "same"
             # A re-wrap of the key already held: the unwrapped key, if any, stays valid.
-            held.record = rec
+            self._held[id_] = new
             return "rewrap"
 
     def apply_tombstone(self, id_: str) -> None:
         """Erase ``id_``: drop its key for good (in this process)."""
         with self._lock:
-            self._entries.pop(id_, None)
+            self._held.pop(id_, None)
+            self._plain.pop(id_, None)
             self._erased.add(id_)
 
     def apply_kek(self, rec: KekVersions) -> None:
@@ -94,36 +117,44 @@ class KeyRing:
         with self._lock:
             if id_ in self._erased:
                 return "erased"
-            return "live" if id_ in self._entries else "absent"
+            return "live" if id_ in self._held else "absent"
+
+    def version(self, id_: str) -> int:
+        """The data key version of ``id_`` (``KeyErased`` / ``KeyNotFound`` otherwise)."""
+        with self._lock:
+            return self._get(id_).version
 
     def record(self, id_: str) -> DataKeyWrapped:
         """The winning record of ``id_`` (``KeyErased`` / ``KeyNotFound`` otherwise)."""
         with self._lock:
-            return self._entry(id_).record
+            raw = self._get(id_).raw
+        return DataKeyWrapped.model_validate_json(raw)
 
     def key(self, id_: str, version: int) -> bytes:
         """The data key of ``id_`` at ``version``: a dict hit once unwrapped."""
         with self._lock:
-            entry = self._entry(id_)
-            if entry.record.version != version:
+            plain = self._plain.get(id_)
+            held = self._get(id_)
+            if held.version != version:
                 raise KeyNotFound(f"conversation {id_!r} has no key version {version}")
-            if entry.plain is None:
-                entry.plain = self._unwrap(entry.record)
-            return entry.plain
+            if plain is None:
+                plain = self._plain[id_] = self._unwrap(held)
+            return plain
 
     def key_to_rewrap(self, id_: str) -> bytes:
         """The live key of ``id_`` for a rotation, even under a retired KEK version (a key
         created under the old version while a rotation ran is rescued by the next one)."""
         with self._lock:
-            entry = self._entry(id_)
-            if entry.plain is None:
-                entry.plain = self._unwrap(entry.record, allow_retired=True)
-            return entry.plain
+            held = self._get(id_)
+            plain = self._plain.get(id_)
+            if plain is None:
+                plain = self._plain[id_] = self._unwrap(held, allow_retired=True)
+            return plain
 
     def live_ids(self) -> list[str]:
         """Every id holding a key."""
         with self._lock:
-            return list(self._entries)
+            return list(self._held)
 
     def erased_ids(self) -> list[str]:
         """Every id this process saw erased."""
@@ -132,17 +163,18 @@ class KeyRing:
 
     def __len__(self) -> int:
         with self._lock:
-            return len(self._entries)
+            return len(self._held)
 
-    def _entry(self, id_: str) -> Entry:
+    def _get(self, id_: str) -> Held:
         if id_ in self._erased:
             raise KeyErased(f"conversation {id_!r} was erased")
-        entry = self._entries.get(id_)
-        if entry is None:
+        held = self._held.get(id_)
+        if held is None:
             raise KeyNotFound(f"conversation {id_!r} has no data key")
-        return entry
+        return held
 
-    def _unwrap(self, rec: DataKeyWrapped, allow_retired: bool = False) -> bytes:
+    def _unwrap(self, held: Held, allow_retired: bool = False) -> bytes:
+        rec = DataKeyWrapped.model_validate_json(held.raw)
         if rec.kek_version in self.kek_retired and not allow_retired:
             raise SealingError(f"the key of {rec.id!r} is wrapped under KEK version "
                                f"{rec.kek_version}, which is retired: run `voice keys rotate`")

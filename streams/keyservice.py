@@ -101,7 +101,7 @@ class ClusterKeyStore:
             self.sync()  # another process may have made it: don't propose for nothing
         state = self.ring.state(conversation)
         if state == "live":
-            return self.ring.record(conversation).version
+            return self.ring.version(conversation)
         if state == "erased":
             raise KeyErased(f"conversation {conversation!r} was erased")
         key_id = secrets.token_hex(16)
@@ -133,7 +133,7 @@ class ClusterKeyStore:
         """The version new content is sealed with."""
         if self.ring.state(conversation) == "absent":
             self.sync()
-        return self.ring.record(conversation).version
+        return self.ring.version(conversation)
 
     def destroy(self, conversation: str) -> None:
         """Write the id's tombstone (awaiting the broker's ack) and drop the key here at once."""
@@ -296,7 +296,6 @@ class ClusterKeyStore:
 
     def _take(self, msg: Any) -> None:
         """Fold one record into the ring; a record it cannot take is logged and skipped."""
-        where = f"{msg.topic()}[{msg.partition()}]@{msg.offset()}"
         try:
             key = msg.key().decode()
             value = msg.value()
@@ -306,17 +305,15 @@ class ClusterKeyStore:
                 return
             ce_type = dict(msg.headers() or ()).get(_CE_TYPE)
             if ce_type == _KEY_TYPE:
-                rec = DataKeyWrapped.model_validate_json(value)
-                if rec.id != key:
-                    raise ValueError(f"record of id {rec.id!r} under key {key!r}")
-                self.ring.apply_key(rec)
+                self.ring.apply_json(key, value)
             elif ce_type == _KEK_TYPE:
                 self.ring.apply_kek(KekVersions.model_validate_json(value))
             else:
                 raise ValueError(f"unknown ce_type {ce_type!r}")
         except Exception as exc:
             self.skipped += 1
-            log.warning("key topic: skipped %s: %s", where, exc)
+            log.warning("key topic: skipped %s[%s]@%s: %s", msg.topic(), msg.partition(),
+                        msg.offset(), exc)
 
     # -- writing -----------------------------------------------------------------------------
 

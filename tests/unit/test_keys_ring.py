@@ -155,3 +155,20 @@ def test_a_rotation_can_rescue_a_key_wrapped_under_a_retired_version(kek: Master
     with pytest.raises(SealingError, match="retired"):
         ring.key(ID, 1)
     assert ring.key_to_rewrap(ID) == key
+
+
+def test_the_startup_path_folds_json_and_refuses_what_the_rules_cannot_read(
+        kek: MasterKek) -> None:
+    key = os.urandom(32)
+    raw = proposal(kek, key, "key-aaaaaaaa").model_dump_json().encode()
+    ring = KeyRing(kek)
+    with pytest.raises(ValueError, match="under key"):
+        ring.apply_json("cnv-other", raw)  # a record filed under another id's key
+    for bad in (b'{"id": "%s", "key_id": 7, "kek_version": 1}' % ID.encode(),
+                b'{"id": "%s", "key_id": "key-aaaaaaaa", "kek_version": "1"}' % ID.encode(),
+                b'{"id": "%s", "key_id": "short", "kek_version": 1}' % ID.encode()):
+        with pytest.raises(ValueError):
+            ring.apply_json(ID, bad)
+    assert ring.state(ID) == "absent"
+    assert ring.apply_json(ID, raw) == "new" and ring.key(ID, 1) == key
+    assert ring.version(ID) == 1
