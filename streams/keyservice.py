@@ -40,9 +40,6 @@ from streams.topics import KEYS, topic_name
 log = logging.getLogger(__name__)
 
 SOURCE = "/voice/keys"
-_CE_TYPE = "ce_type"
-_KEY_TYPE = DataKeyWrapped.ce_type.encode()
-_KEK_TYPE = KekVersions.ce_type.encode()
 
 
 class KeyServiceUnavailable(SealingError):
@@ -303,13 +300,12 @@ class ClusterKeyStore:
                 if key != KEK_RECORD_KEY:
                     self.ring.apply_tombstone(key)
                 return
-            ce_type = dict(msg.headers() or ()).get(_CE_TYPE)
-            if ce_type == _KEY_TYPE:
-                self.ring.apply_json(key, value)
-            elif ce_type == _KEK_TYPE:
+            # The Kafka key tells the two record types apart (no header parsing per record:
+            # a start reads every record of the topic).
+            if key == KEK_RECORD_KEY:
                 self.ring.apply_kek(KekVersions.model_validate_json(value))
             else:
-                raise ValueError(f"unknown ce_type {ce_type!r}")
+                self.ring.apply_json(key, value)
         except Exception as exc:
             self.skipped += 1
             log.warning("key topic: skipped %s[%s]@%s: %s", msg.topic(), msg.partition(),

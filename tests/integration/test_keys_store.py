@@ -233,3 +233,24 @@ def test_two_processes_racing_to_create_the_same_ids_end_with_one_key_each(
     assert outs[0] == outs[1] and len(outs[0]) == len(ids)
     later = new_store(keys_settings, stores, master=DEV_MASTER_KEY)  # what the racers used
     assert {id_: hashlib.sha256(later.get(id_, 1)).hexdigest() for id_ in ids} == outs[0]
+
+
+def test_garbage_on_the_key_topic_is_skipped_and_the_reader_goes_on(
+        keys_settings: VoiceSettings, stores: list[ClusterKeyStore]) -> None:
+    from confluent_kafka import Producer
+
+    p = Producer({"bootstrap.servers": keys_settings.bootstrap})
+    topic = topic_name(keys_settings, KEYS)
+    # (A record without a key never gets there: the broker refuses it on a compacted topic.)
+    for key, value in ((CNV.encode(), b"\x00\xff not json"),
+                       (OTHER.encode(), b'{"id": "cnv-4567ef01", "key_id": 1}'),
+                       (KEK_RECORD_KEY.encode(), b'{"current": 0}')):
+        p.produce(topic, key=key, value=value)
+    assert p.flush(30) == 0
+    store = new_store(keys_settings, stores)
+    store.sync()
+    assert store.skipped == 3
+    assert store.ring.kek_current == 1
+    sealed = Sealer(store).seal(CNV, "msg-1", "still works")  # garbage never wins an id
+    assert Sealer(new_store(keys_settings, stores)).open_text(CNV, "msg-1", sealed) == \
+        "still works"
