@@ -246,6 +246,29 @@ def _records(data: Any, raw: str) -> list[dict]:
     return found
 
 
+def _related(searches: list[dict], first_kw: list[str]) -> str | None:
+    """The issue a concern relates to, from its searches' results. A result that grades its
+    rows (``strong``, as Voice's catalog does) is trusted: its first strong row, else none.
+    Ungraded rows: the one whose title shares most words with the concern."""
+    relates, best = None, 0
+    for call in searches:
+        if call.get("error"):
+            continue
+        records = _records(call["data"], call["result"])
+        graded = [r for r in records if isinstance(r.get("strong"), bool)]
+        if graded:
+            strong = [r for r in graded if r["strong"]]
+            if strong:
+                return str(strong[0]["id"])
+            continue
+        for rec in records:
+            title = str(rec.get("title") or rec.get("name") or rec.get("summary") or "")
+            overlap = len(_stems(keywords(title)) & _stems(first_kw))
+            if overlap > best:
+                relates, best = str(rec["id"]), overlap
+    return relates
+
+
 def concern_extraction(conv: Conversation) -> list[dict]:
     reason = uninterpretable(conv.text)
     if reason:
@@ -256,15 +279,7 @@ def concern_extraction(conv: Conversation) -> list[dict]:
     searches = conv.results("search_issues")
     if asks and "search_issues" in conv.tools and not searches:
         return [_tool("search_issues", {"query": " ".join(first_kw[:8]) or conv.text[:80]})]
-    relates, best = None, 0
-    for call in searches:
-        if call.get("error"):
-            continue
-        for rec in _records(call["data"], call["result"]):
-            title = str(rec.get("title") or rec.get("name") or rec.get("summary") or "")
-            overlap = len(_stems(keywords(title)) & _stems(first_kw))
-            if overlap > best:
-                relates, best = str(rec["id"]), overlap
+    relates = _related(searches, first_kw)
     new_issue = None
     if asks and relates is None:
         new_issue = {"title": _title(concerns[0]["statement"]),

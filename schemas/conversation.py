@@ -106,6 +106,20 @@ class ReplyRecorded(Record):
     text: Sealed
 
 
+@record_type("voice.conversation.reply_delta.v1")
+class ReplyDelta(Record):
+    """A piece of a turn's reply as the model streams it, for live SSE clients (on
+    ``voice.deltas``, never on the conversation's log). ``offset`` is where ``text`` starts in
+    the reply shown so far by attempt ``attempt`` of the turn; the turn's ``ReplyRecorded``
+    replaces every delta."""
+
+    conversation: str
+    turn: str
+    attempt: int = Field(ge=1)
+    offset: int = Field(ge=0)
+    text: Sealed
+
+
 @record_type("voice.conversation.proposal_recorded.v1")
 class ProposalRecorded(Record):
     conversation: str

@@ -108,6 +108,18 @@ class AgentMessageEvent(BaseModel):
     text: str
 
 
+class DeltaEvent(BaseModel):
+    """``event: delta`` (no ``id:``): the agent's reply as the model writes it. Append ``text``
+    at ``offset`` of what attempt ``attempt`` of the turn has shown (start again when the
+    attempt changes; ignore a delta past what you have). Transient: the turn's ``message`` event
+    replaces every delta, and is what a reconnecting client gets."""
+
+    turn: str
+    attempt: int
+    offset: int
+    text: str
+
+
 class ProposalEvent(BaseModel):
     """``event: proposal``."""
 

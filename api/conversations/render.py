@@ -12,6 +12,7 @@ from pydantic import JsonValue
 from api.conversations.models import (
     AgentMessageEvent,
     ConversationOut,
+    DeltaEvent,
     ParticipantMessageEvent,
     ProposalEvent,
     ProposalOut,
@@ -25,6 +26,7 @@ from api.conversations.views import ConversationView, TurnView
 from schemas.conversation import (
     MessageRecorded,
     ProposalRecorded,
+    ReplyDelta,
     ReplyRecorded,
     TurnStateChanged,
 )
@@ -104,3 +106,13 @@ def sse_event(sealer: Sealer, env: Envelope) -> ServerSentEvent | None:
     else:
         return None
     return ServerSentEvent(event=event, id=str(seq), data=data)
+
+
+def delta_event(sealer: Sealer, env: Envelope) -> ServerSentEvent:
+    """The SSE ``delta`` event (no ``id:``) of a turn's streamed reply text."""
+    rec = env.record
+    assert isinstance(rec, ReplyDelta)
+    content_id = f"{rec.turn}/delta/{rec.attempt}/{rec.offset}"
+    text = sealer.open_text(rec.conversation, content_id, rec.text)
+    return ServerSentEvent(event="delta", data=DeltaEvent(turn=rec.turn, attempt=rec.attempt,
+                                                          offset=rec.offset, text=text))

@@ -46,7 +46,8 @@ class EdgeTail:
 
     def __init__(self, settings: VoiceSettings, on_conversation: RecordHandler,
                  more: Mapping[TopicSpec, RecordHandler] | None = None,
-                 located: Mapping[TopicSpec, LocatedHandler] | None = None) -> None:
+                 located: Mapping[TopicSpec, LocatedHandler] | None = None,
+                 live: Mapping[TopicSpec, RecordHandler] | None = None) -> None:
         self.settings = settings
         self.on_conversation = on_conversation
         self.acks_topic = topic_name(settings, ACKS)
@@ -55,6 +56,8 @@ class EdgeTail:
         """Further topics read from the beginning (staff views), each with its handler."""
         self.located = {topic_name(settings, spec): h for spec, h in (located or {}).items()}
         """Like ``more``, for handlers that need each record's partition and offset."""
+        self.live = {topic_name(settings, spec): h for spec, h in (live or {}).items()}
+        """Transient topics (reply deltas), read from their end: only what happens now."""
         self._waiters: dict[str, asyncio.Future[Envelope]] = {}
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
@@ -104,7 +107,8 @@ class EdgeTail:
         md = consumer.list_topics(timeout=10)
         parts: list[TopicPartition] = []
         starts = [(self.acks_topic, OFFSET_END), (self.conv_topic, OFFSET_BEGINNING),
-                  *((t, OFFSET_BEGINNING) for t in (*self.more, *self.located))]
+                  *((t, OFFSET_BEGINNING) for t in (*self.more, *self.located)),
+                  *((t, OFFSET_END) for t in self.live)]
         for topic, start in starts:
             t = md.topics.get(topic)
             if t is None or t.error is not None:
@@ -171,6 +175,8 @@ class EdgeTail:
             self._loop.call_soon_threadsafe(self._apply, where, self._resolve, env)
         elif topic in self.more:
             self._loop.call_soon_threadsafe(self._apply, where, self.more[topic], env)
+        elif topic in self.live:
+            self._loop.call_soon_threadsafe(self._apply, where, self.live[topic], env)
         elif topic in self.located:
             self._loop.call_soon_threadsafe(self._apply, where, self.located[topic], env,
                                             partition, offset)

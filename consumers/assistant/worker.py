@@ -13,15 +13,19 @@ and the workflows are registered:
 
 from __future__ import annotations
 
+import asyncio
 import logging
 from typing import Any
 
 from consumers.assistant.datasets import KafkaDatasets
+from consumers.assistant.library import TYPES, PatternLibrary
 from consumers.assistant.patterns import (
+    Pattern,
     extracted,
     extraction_prompt,
     extractor_spec,
     provisional,
+    rank,
 )
 from consumers.assistant.sequencer import AssistantSequencer
 from consumers.assistant.sqlbox import SqlBox
@@ -49,6 +53,10 @@ from streams.topics import ASSISTANT, COMMANDS, WORKFLOWS
 log = logging.getLogger(__name__)
 
 SOURCE = "/voice/assistant"
+LEARNED_FRESH_S = 2.0
+"""How long a turn waits for the pattern library to have read the log up to now."""
+MAX_VETTING_ROUNDS = 5
+"""Rankings tried while chosen patterns turn out erased; then no shared patterns at all."""
 
 
 class Assistant:
@@ -73,6 +81,8 @@ class Assistant:
                      WorkflowDef(EXTRACT_KIND, (StepDef("provisional", self.provisional_step),
                                                 StepDef("extract", self.extract_step))))
         ctx.wire(ASSISTANT, self._on_log_record)
+        self.library = PatternLibrary(ctx.sealer, self.settings.assistant_tenant_patterns_kept)
+        self.learned = ctx.follow(ASSISTANT, self.library.apply, "patterns", types=TYPES)
         ctx.on_shutdown(self.box.close)
 
     @property
@@ -116,6 +126,9 @@ class Assistant:
             patterns = Transcript.open_patterns(self.sealer, conversation, records["patterns"])
         except KeyErased:
             raise StepError(f"conversation {conversation!r} was erased", retryable=False) from None
+        if not (inp.get("options") or {}).get("data_isolation"):
+            patterns += await self._learned(tenant, conversation, patterns,
+                                            str(request.get("message", "")))
         submit = self._submitter(conversation, turn, tenant)
         sink = ConversationSink(
             self.agents.sink(turn, sealed=True, tenant=tenant, source=SOURCE),
@@ -133,6 +146,21 @@ class Assistant:
                      f"{turn}:end")
         return {"state": outcome, "end_reason": result.end_reason,
                 "suggested": [p.pattern_id for p in suggested]}
+
+    async def _learned(self, tenant: str | None, conversation: str, own: list[Pattern],
+                       message: str) -> list[Pattern]:
+        """The patterns the tenant learned in its other conversations, as of now (the library
+        has read the log up to where it ends now, or ``LEARNED_FRESH_S`` passed), less those of
+        conversations erased since — checked for the ones that would be chosen."""
+        await asyncio.to_thread(self.learned.fresh, LEARNED_FRESH_S)
+        for _ in range(MAX_VETTING_ROUNDS):
+            shared = self.library.shared(tenant, conversation)
+            chosen = rank([*own, *shared], message, conversation=conversation)
+            gone = [s for s in chosen if s.elsewhere
+                    and not self.library.still_open(tenant, s.pattern)]
+            if not gone:
+                return shared
+        return []
 
     async def turn_over(self, state: WorkflowState) -> None:
         """A turn whose step failed after its attempts: tell its stream, record it Failed."""
