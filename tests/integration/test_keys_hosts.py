@@ -192,10 +192,19 @@ def test_an_erasure_through_one_edge_is_obeyed_by_every_process(hosts: Hosts,
 
     assert _delete(a, conversation).status_code == 204
     t0 = time.monotonic()
-    wait_for(lambda: b.get(f"/me/conversations/{conversation}", "ann",
-                           "participant").status_code == 404,
-             timeout=10, interval=0.05, what="edge B to answer 404")
-    assert time.monotonic() - t0 < ERASED_WITHIN_S
+    # The bound is on what B serves, not on how fast a loaded machine answers: every request
+    # B answered with the content was sent less than 2 s after the erasure.
+    served: list[tuple[float, int]] = []
+
+    def probe() -> bool:
+        sent = time.monotonic() - t0
+        served.append((sent, b.get(f"/me/conversations/{conversation}", "ann",
+                                   "participant").status_code))
+        return served[-1][1] == 404
+
+    wait_for(probe, timeout=30, interval=0.05, what="edge B to answer 404")
+    assert {status for _, status in served} <= {200, 404}, served
+    assert all(sent < ERASED_WITHIN_S for sent, status in served if status == 200), served
 
     # Both workers: a turn of the erased conversation on every partition fails to open it.
     workflows = _turns_on_every_partition(hosts, conversation, entry)
