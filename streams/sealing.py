@@ -31,7 +31,9 @@ _NONCE_BYTES = 12  # 96 bits: GCM's native nonce size, no GHASH-derived counter
 
 
 class SealingError(Exception):
-    """Root of every error of this module."""
+    """Root of every error of this module; messages name ids, never content."""
+
+    plain_message = True
 
 
 class KeyNotFound(SealingError):
