@@ -175,6 +175,7 @@ class Review:
         if cmd is None:
             return Pause("review")
         first = _review(cmd)
+        await self.delays.midpoint("review")
         await self._record(ctx, [first])
         return first
 

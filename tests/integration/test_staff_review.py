@@ -7,10 +7,19 @@ import pytest
 
 from schemas.workflow import WorkflowCommandReceived
 from streams.settings import VoiceSettings
-from streams.topics import AGENT, COMMANDS, CONTRIBUTIONS, TELEMETRY, WORKFLOWS, topic_name
+from streams.topics import (
+    ACKS,
+    AGENT,
+    COMMANDS,
+    CONTRIBUTIONS,
+    TELEMETRY,
+    WORKFLOWS,
+    topic_name,
+)
 from tests.integration.test_staff_helpers import (
     Api,
     command,
+    envelopes,
     kill,
     kinds,
     slow_simulator,
@@ -65,9 +74,13 @@ def test_a_flagged_contribution_needs_two_different_reviewers_and_is_published_r
         ("agent", "Jane Porter"), ("detector", "jane@example.org")]
     assert api.get(f"/staff/contributions/{c}", "ann", "participant").status_code == 403
 
-    assert api.ok(review(api, c, "rev1", "approve"), 202)["command"] == "review"
+    first = api.ok(review(api, c, "rev1", "approve"), 202)
+    assert first["command"] == "review"
     waiting(api, c, "second_review")
-    same = review(api, c, "rev1", "approve")
+    # The same review again is the same command (answered again); another one from the
+    # first reviewer is refused by the workflow, which says why.
+    assert api.ok(review(api, c, "rev1", "approve"), 202) == first
+    same = review(api, c, "rev1", "reject")
     assert same.status_code == 409 and "different reviewer" in same.json()["detail"]
     wf = api.ok(api.get(f"/staff/workflows/{c}", "sam", "staff"))
     assert (wf["status"], wf["waiting_for"]) == ("paused", "second_review")
@@ -155,8 +168,11 @@ def test_the_first_reviewer_cannot_be_the_second_even_past_the_edge(
     command(settings, WorkflowCommandReceived(workflow=c, command="second_review",
                                               command_id="raced", by="rev1",
                                               payload={"decision": "approve"}), c, "raced")
-    wait_for(lambda: kinds(workflow_log(settings, c)).count("WorkflowPaused") == 3,
-             what="the workflow to pause again")
+    # The workflow refuses it, says why, and stays where it was.
+    [answer] = wait_for(lambda: [e.record for e in envelopes(settings, ACKS, "raced")] or None,
+                        what="the workflow's answer")
+    assert answer.outcome == "rejected" and "different reviewer" in answer.detail["reason"]
+    assert kinds(workflow_log(settings, c)).count("WorkflowPaused") == 2
     wf = api.ok(api.get(f"/staff/workflows/{c}", "sam", "staff"))
     assert (wf["status"], wf["waiting_for"]) == ("paused", "second_review")
     api.ok(review(api, c, "rev2", "approve"), 202)
