@@ -73,7 +73,8 @@ def create_app(settings: VoiceSettings | None = None) -> FastAPI:
         app.state.assistant = AssistantViews(chat_settings)
         app.state.tail = EdgeTail(settings, on_conversation=on_record(views, sealer),
                                   more=app.state.staff.handlers(),
-                                  located=app.state.assistant.tail_handlers())
+                                  located={**app.state.assistant.tail_handlers(),
+                                           **app.state.staff.located_handlers()})
         app.state.tail.start()
         try:
             yield

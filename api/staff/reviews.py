@@ -7,7 +7,7 @@ import hashlib
 import json
 from typing import Annotated, Literal
 
-from fastapi import APIRouter, Header, HTTPException
+from fastapi import APIRouter, Header
 from pydantic import BaseModel, Field, model_validator
 
 from api.frame.commands import CommandsDep, refused
@@ -157,10 +157,9 @@ async def review_contribution(
     """Review a contribution: the workflow decides (a review while it is between two states
     waits for the next one) and the answer is its decision — ``202`` when it took the review,
     ``409`` with its reason when it refused it."""
-    c = await known_or_404(views.contributions, contribution, "contribution", principal.tenant)
-    if c.state != "in_review":  # final: no workflow would take it
-        raise HTTPException(409, f"contribution {contribution!r} is not waiting for a review "
-                                 f"(it is {c.state})")
+    # Even for a contribution already published the workflow answers: a repeated review
+    # gets its first answer again, any other is refused with the reason.
+    await known_or_404(views.contributions, contribution, "contribution", principal.tenant)
     payload = {"decision": body.decision,
                "redactions": [r.model_dump(exclude_none=True) for r in body.redactions]}
     key = idempotency_key or _digest(payload)

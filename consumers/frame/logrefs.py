@@ -66,6 +66,22 @@ class LogReader(Protocol):
         """The records at ``positions``, in that order; ``LogUnavailable`` if one is not
         there or is not the indexed seq of ``key``."""
 
+    async def scan(self, spec: TopicSpec, partition: int, key: str, start: int,
+                   through: int) -> list[Envelope]:
+        """``key``'s records from offset ``start`` on, each seq once, in seq order, up to
+        and including seq ``through``; ``LogUnavailable`` if the log ends before it."""
+
+
+def scan_span(found: dict[int, Envelope], env: Envelope, key: str, through: int) -> bool:
+    """Keep ``env`` in ``found`` (by seq) if it is ``key``'s and within ``through``; whether
+    the scan is done (seq ``through`` seen). A record written twice (a writer that crashed
+    before its table write) is kept once."""
+    if env.key != key or env.seq is None:
+        return False
+    if env.seq <= through:
+        found.setdefault(env.seq, env)
+    return env.seq >= through
+
 
 def recent(entries: list[dict[str, Any]], budget: int, keep: int = 1,
            max_entries: int = MAX_ENTRIES) -> list[dict[str, Any]]:
@@ -129,6 +145,50 @@ def fetch_records(settings: VoiceSettings, topic: str, partition: int, key: str,
     return [found[p.offset] for p in positions]
 
 
+def scan_records(settings: VoiceSettings, topic: str, partition: int, key: str, start: int,
+                 through: int, timeout: float = 30.0) -> list[Envelope]:
+    """``LogReader.scan`` on the broker (blocking): one consumer, assigned at ``start``,
+    reading on until ``key``'s seq ``through``. What it keeps is the caller's to bound (it
+    asked for that span); no record of another key is kept."""
+    where = f"{topic}[{partition}]"
+    found: dict[int, Envelope] = {}
+    if through < 1:
+        return []
+    c = Consumer({"bootstrap.servers": settings.bootstrap,
+                  "group.id": f"voice-logscan-{uuid.uuid4().hex}",
+                  "enable.auto.commit": False, "enable.auto.offset.store": False,
+                  "auto.offset.reset": "error", "fetch.wait.max.ms": 50,
+                  "fetch.message.max.bytes": 2 * 1024 * 1024})
+    deadline = time.monotonic() + timeout
+    try:
+        _low, high = c.get_watermark_offsets(TopicPartition(topic, partition), timeout=timeout)
+        c.assign([TopicPartition(topic, partition, start)])
+        offset = start - 1
+        while True:
+            if offset >= high - 1:
+                raise LogUnavailable(f"{where} ends at {high} before seq {through} of {key!r} "
+                                     f"(read from {start})", retryable=False)
+            if time.monotonic() > deadline:
+                raise LogUnavailable(f"could not read {where} from {start} to seq {through} of "
+                                     f"{key!r} in {timeout:.0f} s", retryable=True)
+            for msg in c.consume(num_messages=500, timeout=0.2):
+                err = msg.error()
+                if err is not None:
+                    if err.fatal() or err.code() == KafkaError._AUTO_OFFSET_RESET:
+                        raise LogUnavailable(f"cannot read {where}@{start}: {err.str()}",
+                                             retryable=False)
+                    continue
+                offset = msg.offset()
+                try:
+                    env = decode(msg.key(), msg.value(), msg.headers())
+                except DecodeError:
+                    continue  # not a record (dead-lettered by its consumer); not ``key``'s
+                if scan_span(found, env, key, through):
+                    return [found[s] for s in sorted(found)]
+    finally:
+        c.close()
+
+
 def _checked(msg: Any, where: str, key: str, seq: int) -> Envelope:
     try:
         env = decode(msg.key(), msg.value(), msg.headers())
@@ -153,6 +213,12 @@ class KafkaLogReader:
         return await asyncio.to_thread(fetch_records, self.settings,
                                        topic_name(self.settings, spec), partition, key,
                                        list(positions), self.timeout)
+
+    async def scan(self, spec: TopicSpec, partition: int, key: str, start: int,
+                   through: int) -> list[Envelope]:
+        return await asyncio.to_thread(scan_records, self.settings,
+                                       topic_name(self.settings, spec), partition, key, start,
+                                       through, 3 * self.timeout)
 
 
 class MemoryLogReader:
@@ -184,3 +250,14 @@ class MemoryLogReader:
                                      retryable=False)
             out.append(env)
         return out
+
+    async def scan(self, spec: TopicSpec, partition: int, key: str, start: int,
+                   through: int) -> list[Envelope]:
+        found: dict[int, Envelope] = {}
+        if through < 1:
+            return []
+        for env in self.logs.get((spec.name, partition), [])[start:]:
+            if scan_span(found, env, key, through):
+                return [found[s] for s in sorted(found)]
+        raise LogUnavailable(f"{spec.name}[{partition}] ends before seq {through} of {key!r}",
+                             retryable=False)
