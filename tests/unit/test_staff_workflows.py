@@ -19,8 +19,7 @@ from consumers.staff.steps import Agents, StepDelays, fenced_json
 from consumers.workflows.engine import Pause, StepContext
 from consumers.workflows.runtime import StepError
 from deploy.simulator import serve_simulator
-from schemas.base import Sealed
-from schemas.base import Record
+from schemas.base import Record, Sealed
 from schemas.staff import (
     DeliverNotification,
     DevelopmentRecorded,
