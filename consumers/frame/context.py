@@ -96,6 +96,7 @@ class WorkerContext:
         self.agents = AgentRunner(settings, lambda: self.producer, self.sealer, client=client)
         self.log_reader = KafkaLogReader(settings)
         """Reads an aggregate's records back by position (what a step's input refers to)."""
+        self.on_shutdown(self.log_reader.close)
         self.runtime = WorkflowRuntime(settings, self.table("workflows"), self.publisher)
         self.writer = Writer(self.publisher, topic_name(settings, COMMANDS))
         self.products: list[Product] = []
