@@ -106,6 +106,25 @@ def test_follow_and_unfollow_are_idempotent() -> None:
                                                                 "FollowerRemoved"]
 
 
+def test_the_issue_writer_keeps_no_list_of_every_follower(monkeypatch) -> None:  # noqa: ANN001
+    import consumers.staff.issues as issues
+
+    monkeypatch.setattr(issues, "MAX_FOLLOWS", 50)  # 1,024 in earnest; the same rule
+    issue = Issue()
+    issue(OpenIssue(issue=ISS, title="Lights", by="sam"))
+    for n in range(200):
+        issue(FollowIssue(issue=ISS, participant=f"p{n}"))
+    assert issue.state is not None and list(issue.state.follows) == [f"p{n}"
+                                                                     for n in range(150, 200)]
+    assert sum(type(e.record).__name__ == "FollowerAdded" for e in issue.log) == 200
+    issue(FollowIssue(issue=ISS, participant="p199"))  # remembered: nothing recorded
+    assert sum(type(e.record).__name__ == "FollowerAdded" for e in issue.log) == 200
+    # One it no longer remembers follows again: recorded again, which readers fold into the
+    # same set of followers.
+    issue(FollowIssue(issue=ISS, participant="p0"))
+    assert sum(type(e.record).__name__ == "FollowerAdded" for e in issue.log) == 201
+
+
 def test_investigations_are_suggested_once_then_opened_once() -> None:
     issue = Issue()
     issue(OpenIssue(issue=ISS, title="Lights", by="sam"))
