@@ -3,6 +3,8 @@ reviewers, publication with redactions, duplicate commands, crashes mid-step."""
 
 from __future__ import annotations
 
+from collections import Counter
+
 import pytest
 
 from schemas.workflow import WorkflowCommandReceived
@@ -203,7 +205,15 @@ def test_a_worker_killed_mid_flagging_and_mid_publishing_publishes_once(
         start_worker(**env)
         [out] = published(api, issue, timeout=120)
     assert out["text"] == PLAIN
-    records = [e.record for e in workflow_log(settings, c)]
-    lost = [(r.step, r.error_type) for r in records if type(r).__name__ == "StepFailed"]
-    assert lost == [("flag", "WorkerLost"), ("publish", "WorkerLost")]
-    assert kinds(workflow_log(settings, c)).count("WorkflowCompleted") == 1
+    envs = workflow_log(settings, c)
+    lost = {r.step for r in (e.record for e in envs)
+            if type(r).__name__ == "StepFailed" and r.error_type == "WorkerLost"}
+    starts = Counter(e.id for e in envs if type(e.record).__name__ == "StepStarted")
+    for step in ("flag", "publish"):
+        # The next owner resumes a step one of two ways, depending on whether the killed
+        # worker's table write reached its changelog: a WorkerLost attempt, or the replay of
+        # the lease record (the same StepStarted again, same id). Either way it ran again.
+        replayed = any(n > 1 and any(e.id == i and e.record.step == step for e in envs)
+                       for i, n in starts.items())
+        assert step in lost or replayed, (step, kinds(envs))
+    assert kinds(envs).count("WorkflowCompleted") == 1
