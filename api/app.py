@@ -29,12 +29,13 @@ from api.frame.models import CursorTooOldOut
 from api.frame.projection import CursorTooOld
 from api.frame.tail import EdgeTail
 from api.staff import StaffViews
+from api.web import install_web
 from schemas.conversation import ConversationErased
 from streams.assistant_settings import assistant_settings
 from streams.envelope import Envelope
 from streams.sealing import Sealer, sealer_for
 from streams.settings import VoiceSettings, load_settings
-from streams.topics import missing_topics
+from streams.topics import DELTAS, missing_topics
 
 GZIP_MIN_BYTES = 1024
 """Responses at least this large are gzipped for a client that accepts it (seed 000 §2)."""
@@ -56,8 +57,10 @@ def on_record(views: ConversationViews, sealer: Sealer) -> Callable[[Envelope], 
     return handle
 
 
-def create_app(settings: VoiceSettings | None = None) -> FastAPI:
-    """Build the edge app for ``settings`` (read from the environment when omitted)."""
+def create_app(settings: VoiceSettings | None = None, bind_host: str | None = None) -> FastAPI:
+    """Build the edge app for ``settings`` (read from the environment when omitted), to listen
+    on ``bind_host`` (it decides whether the dev sign-in route exists; None: unknown, it does
+    not)."""
     settings = settings or load_settings()
     chat_settings = assistant_settings(settings)
 
@@ -74,7 +77,8 @@ def create_app(settings: VoiceSettings | None = None) -> FastAPI:
         app.state.tail = EdgeTail(settings, on_conversation=on_record(views, sealer),
                                   more=app.state.staff.handlers(),
                                   located={**app.state.assistant.tail_handlers(),
-                                           **app.state.staff.located_handlers()})
+                                           **app.state.staff.located_handlers()},
+                                  live={DELTAS: views.apply_delta})
         app.state.tail.start()
         try:
             yield
@@ -85,6 +89,7 @@ def create_app(settings: VoiceSettings | None = None) -> FastAPI:
     app = FastAPI(title="Voice edge", version="0.1.0", lifespan=lifespan)
     for router in (conversations.router, staff.router, assistant.router):
         app.include_router(router, responses=EDGE_ERRORS)
+    install_web(app, settings, bind_host)
     install_error_handlers(app)
     # add_middleware wraps what was added before: the last one added is the outermost.
     app.add_middleware(BodyGuard,

@@ -127,7 +127,7 @@ def edge(host: str = typer.Option(None), port: int = typer.Option(None)) -> None
 
     from api.app import create_app
 
-    uvicorn.run(create_app(settings), host=bind, port=port or settings.edge_port,
+    uvicorn.run(create_app(settings, bind_host=bind), host=bind, port=port or settings.edge_port,
                 log_level="warning", timeout_graceful_shutdown=5)
 
 

@@ -133,7 +133,8 @@ async def rerun_turn(settings: VoiceSettings, workflow: str, lifecycle: list[Env
                      conversation_log: list[Envelope] | None = None) -> list[str]:
     """Re-run one conversation turn from its lifecycle and agent records and the
     conversation's log (which its input refers to), from the log or a recorded history."""
-    from consumers.conversations.concern import MemoryIssueCatalog, concern_spec
+    from consumers.conversations.catalog import MemoryIssueCatalog
+    from consumers.conversations.concern import concern_spec
     from consumers.conversations.turns import KIND
     from consumers.engine import TurnInput, effects_from_envelopes, rerun
     from schemas.workflow import StepSucceeded, WorkflowStarted

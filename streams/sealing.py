@@ -36,7 +36,9 @@ _FORMAT = 1
 
 
 class SealingError(Exception):
-    """Root of every error of this module."""
+    """Root of every error of this module; messages name ids, never content."""
+
+    plain_message = True
 
 
 class KeyNotFound(SealingError):

@@ -14,6 +14,7 @@ from confluent_kafka.admin import AdminClient, NewTopic
 from streams.settings import VoiceSettings
 
 DAY_MS = 24 * 3600 * 1000
+HOUR_MS = 3600 * 1000
 
 
 @dataclass(frozen=True)
@@ -106,8 +107,16 @@ DATASETS = TopicSpec(
     compacted=True,
 )
 
+DELTAS = TopicSpec(
+    "voice.deltas",
+    "A participant turn's reply text as the model streams it (sealed), for the edges' live SSE "
+    "streams only: transient, never a record of the conversation (its ReplyRecorded is); "
+    "key = conversation id.",
+    retention_ms=HOUR_MS,
+)
+
 TOPICS: tuple[TopicSpec, ...] = (COMMANDS, CONVERSATIONS, ACKS, WORKFLOWS, AGENT, TELEMETRY,
-                                 ISSUES, CONTRIBUTIONS, INBOX, ASSISTANT, DATASETS)
+                                 ISSUES, CONTRIBUTIONS, INBOX, ASSISTANT, DATASETS, DELTAS)
 
 
 def all_specs() -> list[TopicSpec]:

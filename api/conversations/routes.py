@@ -223,7 +223,8 @@ async def erase_conversation(
             dependencies=[stream_slot()], responses={**NOT_FOUND, **TOO_OLD, **TOO_MANY})
 async def stream(view: OwnedDep, cursor: CursorDep, settings: SettingsDep, views: ViewsDep,
                  sealer: SealerDep) -> AsyncIterator[ServerSentEvent]:
-    """Events: ``message`` (participant's or agent's), ``proposal``, ``turn``; ``id:`` = seq."""
+    """Events: ``message`` (participant's or agent's), ``proposal``, ``turn``; ``id:`` = seq.
+    While a turn runs, ``delta`` events (no ``id:``) carry its reply as the model writes it."""
     conversation = view.conversation
     erased = "end; the conversation was erased"
 
@@ -238,7 +239,14 @@ async def stream(view: OwnedDep, cursor: CursorDep, settings: SettingsDep, views
             views.mark_erased(conversation)
             raise StreamEnd(erased) from None
 
-    feed = Feed(view=current, render=render_event, gone=erased,
+    def render_delta(env: Envelope) -> ServerSentEvent | None:
+        try:
+            return render.delta_event(sealer, env)
+        except KeyErased:
+            views.mark_erased(conversation)
+            raise StreamEnd(erased) from None
+
+    feed = Feed(view=current, render=render_event, gone=erased, render_live=render_delta,
                 wait=lambda until, timeout: views.wait(conversation, lambda _v: until(), timeout))
     async for sse in sse_stream(feed, cursor, settings.gateway_bound_s):
         yield sse

@@ -2,11 +2,12 @@
 
 A ``Product`` is a package of the worker (conversations, the assistant chat, staff) with one
 method, ``register(ctx)``: it adds its aggregates (``ctx.aggregate``), tables (``ctx.table``),
-workflows (``ctx.workflow``), consumers (``ctx.wire``) and plain command handlers
-(``ctx.on_command``). ``WorkerContext`` owns what they share: the settings, the Faust app, the
-one ``Publisher``, the sealer, the workflow runtime, the agent runner (the one owner of the
-model client), the reader of records by position (``log_reader``) and the writer of
-``voice.commands``. Its tables refuse a value over the record bound where it is set.
+workflows (``ctx.workflow``), consumers (``ctx.wire``), followers of a whole topic
+(``ctx.follow``) and plain command handlers (``ctx.on_command``). ``WorkerContext`` owns
+what they share: the settings, the Faust app, the one ``Publisher``, the sealer, the
+workflow runtime, the agent runner (the one owner of the model client), the reader of records
+by position (``log_reader``) and the writer of ``voice.commands``. Its tables refuse a value
+over the record bound where it is set.
 
 Records of ``voice.commands`` go to the aggregate that owns their record type (see
 ``consumers.frame.writer``); nothing routes them by hand. Every agent consumes through
@@ -26,6 +27,7 @@ from consumers.engine.runner import AgentRunner
 from consumers.frame.aggregate import Ack, Aggregate
 from consumers.frame.bounded import BoundedTable
 from consumers.frame.failures import Halt, RawDispatch, RecordGuard, consume
+from consumers.frame.follow import Apply, Follower
 from consumers.frame.logrefs import KafkaLogReader
 from consumers.frame.writer import Raw, Writer, acknowledgement
 from consumers.intake import decode_or_dead_letter, decode_or_none
@@ -97,7 +99,8 @@ class WorkerContext:
         self.log_reader = KafkaLogReader(settings)
         """Reads an aggregate's records back by position (what a step's input refers to)."""
         self.on_shutdown(self.log_reader.close)
-        self.runtime = WorkflowRuntime(settings, self.table("workflows"), self.publisher)
+        self.runtime = WorkflowRuntime(settings, self.table("workflows"), self.publisher,
+                                       self.sealer)
         self.writer = Writer(self.publisher, topic_name(settings, COMMANDS))
         self.products: list[Product] = []
         self.retry_policy = RetryPolicy.from_settings(settings)
@@ -145,6 +148,20 @@ class WorkerContext:
                    handler: Callable[[Envelope], Awaitable[None]]) -> None:
         """Hand commands of ``types`` that no aggregate owns to ``handler``."""
         self.writer.route(types, handler)
+
+    def follow(self, spec: TopicSpec, apply: Apply, name: str,
+               types: frozenset[str] | None = None) -> Follower:
+        """Apply every record of ``spec`` (of ``types`` only, when given) — all partitions,
+        not only this worker's — to an in-memory view, on the follower's own thread from the
+        worker's start (``consumers.frame.follow``)."""
+        follower = Follower(self.settings, spec, apply, name, types)
+
+        @self.app.task
+        async def _start() -> None:
+            follower.start()
+
+        self.on_shutdown(follower.stop)
+        return follower
 
     def on_shutdown(self, fn: Callable[[], None]) -> None:
         """Run ``fn`` when the worker stops."""

@@ -97,7 +97,7 @@ def _decide(wf: WorkflowDef, t: Transition, cmd: WorkflowCommandReceived) -> Ack
         if s.status != "failed":
             return Ack.rejected(f"{where} is {s.status}, not failed; only a failed workflow "
                                 "can be retried", **_detail(s.workflow, cmd.command))
-        s.last_error = None
+        s.last_error = s.last_error_sealed = s.sealed_by = None
         resume(wf, t)
         return Ack.accepted(s.seq, **_detail(s.workflow, cmd.command))
     if s.status == "paused":
