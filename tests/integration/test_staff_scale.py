@@ -88,7 +88,10 @@ def test_research_and_delivery_over_thousands_of_evidence_and_followers_stay_und
         result = json.dumps(call.result)
         assert all(f"evd-{n:016x}" in result for n in range(EVIDENCE - 200, EVIDENCE))
         assert f"evd-{EVIDENCE - 201:016x}" not in result
-    assert done["state"] == "Done" or "no JSON block" in done["reason"], done
+    failures = {e.record.error_type for e in envelopes(settings, WORKFLOWS, run)
+                if type(e.record).__name__ == "StepFailed"}
+    # The answer's parse fails as StepError; a read of the log would fail as LogUnavailable.
+    assert done["state"] == "Done" or failures == {"StepError"}, (done, failures)
 
     def delivered() -> Counter[str] | None:
         assert worker.poll() is None, "the worker exited"
