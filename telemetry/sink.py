@@ -45,7 +45,7 @@ from streams.dead_letters import send_dead_letter
 from streams.producer import RecordProducer
 from streams.retry import RetryPolicy
 from streams.settings import VoiceSettings
-from streams.topics import TOPICS, all_specs, topic_name
+from streams.topics import TOPICS, record_specs, topic_name
 from telemetry.rows import KindCache, RawRecord, Rows, fallback_rows, map_record
 from telemetry.schema import DATABASE, column_names, ensure_schema
 from telemetry.store import (
@@ -208,7 +208,7 @@ class Sink:
         self._lost = False  # partitions were revoked while a flush was retrying
         self._paused = False
         self._stopping = False
-        self.topics = [topic_name(self.settings, s) for s in all_specs()]
+        self.topics = [topic_name(self.settings, s) for s in record_specs()]
         self.consumer = consumer if consumer is not None else Consumer(
             consumer_config(self.settings)
         )

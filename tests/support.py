@@ -28,7 +28,7 @@ from deploy.processes import (  # noqa: F401  (re-exported for the tests)
 )
 from streams.reading import read_topic
 from streams.settings import VoiceSettings
-from streams.topics import all_specs, topic_name
+from streams.topics import record_specs, topic_name
 
 REPO = Path(__file__).resolve().parent.parent
 
@@ -245,7 +245,8 @@ def sink_caught_up(settings: VoiceSettings) -> bool:
     c = Consumer({"bootstrap.servers": settings.bootstrap,
                   "group.id": f"{settings.group_prefix}-telemetry", "enable.auto.commit": False})
     try:
-        names = [topic_name(settings, s) for s in all_specs()]
+        # The topics the sink reads: never voice.keys.
+        names = [topic_name(settings, s) for s in record_specs()]
         parts = [TopicPartition(t, p) for t in names for p in range(settings.topic_partitions)]
         done = {(r.topic, r.partition): r.offset for r in c.committed(parts, timeout=10)}
         for tp in parts:

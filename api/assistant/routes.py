@@ -147,7 +147,7 @@ async def chat(
     else:
         admission.charge("conversations")
         conversation, create = str(uuid.uuid4()), True
-        await asyncio.to_thread(sealer.create, conversation)
+        await asyncio.to_thread(sealer.create, conversation, principal.tenant)
     attached = await _attach(views, sealer, principal, body)
     message_id = new_id()
     request_doc = {"message": body.message, "file_context": body.file_context,

@@ -213,8 +213,7 @@ class Turns:
         requested turn (again on a redelivery: its start is idempotent)."""
         rec = env.record
         if isinstance(rec, ConversationErased):
-            self.index.pop(env.key, None)
-            self.sealer.purge(env.key)
+            self.index.pop(env.key, None)  # its key goes with its tombstone (docs/keys.md)
             return
         index = TranscriptIndex.from_dict(self.index.get(env.key))
         if isinstance(rec, TurnRequested):

@@ -271,3 +271,4 @@ class WorkerContext:
             self.runtime.keep_only(set())
             if self._producer is not None:
                 self._producer.close()
+            self.sealer.close()

@@ -37,7 +37,7 @@ from confluent_kafka import Consumer, KafkaException, TopicPartition
 
 from schemas.agent import TelemetryEvent
 from streams.settings import VoiceSettings
-from streams.topics import AGENT, TELEMETRY, WORKFLOWS, all_specs, topic_name
+from streams.topics import AGENT, TELEMETRY, WORKFLOWS, all_specs, record_specs, topic_name
 from telemetry.store import open_store, telemetry_settings
 from tests.integration.test_telemetry_sink import Item, produce, rec
 from tests.support import read_all, sink_caught_up, spawn_voice, stop, wait_for
@@ -92,7 +92,7 @@ def committed_total(settings: VoiceSettings) -> int | None:
     c = Consumer({"bootstrap.servers": settings.bootstrap,
                   "group.id": f"{settings.group_prefix}-telemetry", "enable.auto.commit": False})
     try:
-        parts = [TopicPartition(topic_name(settings, s), p) for s in all_specs()
+        parts = [TopicPartition(topic_name(settings, s), p) for s in record_specs()
                  for p in range(settings.topic_partitions)]
         return sum(max(r.offset, 0) for r in c.committed(parts, timeout=10))
     except KafkaException:

@@ -81,6 +81,7 @@ def record_turn(settings: VoiceSettings, cnv: str, turn: str, reply: str | None,
                                                  sealed_reason=sealed),
                          key=cnv, source="/voice/turn-worker", id=f"{turn}:state",
                          tenant="default"))
+    sealer.close()  # its key reader and clients: this helper runs many times per module
 
     async def produce() -> None:
         p = RecordProducer(settings)
@@ -491,3 +492,4 @@ def test_erasure_forgets_the_conversation_on_every_edge_and_shreds_the_log(
     for content_id, blob in sealed:
         with pytest.raises(KeyErased):
             fresh.open_text(cnv, content_id, blob)
+    fresh.close()

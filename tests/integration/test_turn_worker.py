@@ -52,12 +52,14 @@ def opened_reason(settings: VoiceSettings, rec: TurnStateChanged) -> str:
 
 def start_and_send(settings: VoiceSettings, cnv: str, text: str) -> None:
     sealer = sealer_for(settings)
+    sealed = sealer.seal(cnv, "m1", text)
+    sealer.close()
     send_commands(
         settings,
         Envelope(record=StartConversation(conversation=cnv, owner="alice"), key=cnv,
                  source="/test"),
-        Envelope(record=SendMessage(conversation=cnv, message_id="m1",
-                                    text=sealer.seal(cnv, "m1", text)), key=cnv, source="/test"),
+        Envelope(record=SendMessage(conversation=cnv, message_id="m1", text=sealed), key=cnv,
+                 source="/test"),
     )
 
 

@@ -96,7 +96,7 @@ class FailingKeys(MemoryKeyStore):
         super().__init__()
         self.error = error
 
-    def create(self, conversation: str) -> int:
+    def create(self, conversation: str, tenant: str | None = None) -> int:
         raise self.error
 
 
