@@ -240,13 +240,15 @@ class WorkerContext:
     async def _forward_workflow_command(self, env: Envelope) -> None:
         rec = env.record
         assert isinstance(rec, WorkflowCommandReceived)
-        # Forward to the workflow's own log, where its single owner applies it; the runtime
-        # dedupes by command id, so "accepted" means "on the workflow's log".
+        # Forward to the workflow's own log, where its single owner decides it and answers
+        # (``consumers.workflows.commands``): the edge learns accepted or refused and why.
+        # A cancel is a signal, not a decision — answered here, once it is on that log.
         await self.publisher.send(WORKFLOWS, Envelope(
             record=rec, key=rec.workflow, source=SOURCE, subject=rec.workflow,
             tenant=env.tenant, correlation=env.correlation, causation=env.id, id=env.id))
-        await self.publisher.send(ACKS, acknowledgement(
-            env, Ack.accepted(None, workflow=rec.workflow, command=rec.command), SOURCE))
+        if rec.command == "cancel":
+            await self.publisher.send(ACKS, acknowledgement(
+                env, Ack.accepted(None, workflow=rec.workflow, command=rec.command), SOURCE))
 
     async def _on_workflow_record(self, env: Envelope, event: Any) -> None:
         await self.runtime.handle(env, event.ack, event.message.tp, event.message.offset)

@@ -9,9 +9,12 @@ partition's next owner re-reads from the held record, finds the step running wit
 holding it, records the lost attempt and runs the step again. That is the lease.
 
 Order inside one transition, per workflow under a lock: produce the records (and wait for the
-broker's acks) → write the table → start the step task, or (the workflow ended) run its
-``on_end`` and mark it settled in the table → acknowledge the input record. A worker that dies
-before the mark leaves an ended, unsettled workflow, whose owner runs ``on_end`` again (its
+broker's acks) → write the table → answer the commands it decided (``CommandAcknowledged``,
+delivery not awaited, as the writer's: what it announces is durable) → start the step task, or
+(the workflow ended) run its ``on_end`` and mark it settled in the table → acknowledge the
+input record. A command is decided by ``consumers.workflows.commands``: at once, or — while the
+workflow is between two states — as soon as it reaches the next one. A worker that dies before
+the settled mark leaves an ended, unsettled workflow, whose owner runs ``on_end`` again (its
 effects carry ids derived from the workflow, so they land once).
 
 Every step attempt has a deadline (``VOICE_STEP_DEADLINE_S``): past it the step is stopped and
@@ -21,6 +24,7 @@ fails ``DEADLINE_EXCEEDED``, not retried, so its workflow fails and ``on_end`` e
 from __future__ import annotations
 
 import asyncio
+import copy
 import logging
 import time
 from collections.abc import Callable
@@ -29,7 +33,9 @@ from typing import Any
 from aiokafka.partitioner import murmur2
 
 from consumers.engine.cancel import CancelToken
-from consumers.workflows import engine
+from consumers.frame.aggregate import Ack
+from consumers.frame.writer import answer_to
+from consumers.workflows import commands, engine
 from consumers.workflows.engine import Pause, StepContext, Transition, WorkflowDef, WorkflowState
 from schemas.base import Sealed
 from schemas.workflow import StepOutcome, WorkflowCommandReceived, WorkflowStarted
@@ -39,7 +45,7 @@ from streams.free_text import TextSealer, describe, open_text, seal_text
 from streams.producer import Publisher
 from streams.retry import Unprocessable
 from streams.settings import VoiceSettings
-from streams.topics import WORKFLOWS, topic_name
+from streams.topics import ACKS, WORKFLOWS, topic_name
 
 log = logging.getLogger(__name__)
 
@@ -54,6 +60,12 @@ CHANGELOG_SENT_S = 2.0
 
 PROBE_EVERY_S = 5.0
 """A running workflow with no task is probed at most this often."""
+
+
+def address(env: Envelope) -> commands.Address:
+    """Where the answer to the command ``env`` carries goes (the edge waits on its id)."""
+    return {"workflow": env.key, "id": env.id, "tenant": env.tenant,
+            "correlation": env.correlation}
 
 
 def partition_of(key: str, partitions: int) -> int:
@@ -102,6 +114,7 @@ class WorkflowRuntime:
         """The cancel token of each step running here."""
         self.topic = topic_name(settings, WORKFLOWS)
         self.crash = CrashPoints.parse(settings.test_crash_at)
+        self._answers: set[asyncio.Future[Any]] = set()
 
     def register(self, wf: WorkflowDef) -> None:
         self.defs[wf.kind] = wf
@@ -124,19 +137,26 @@ class WorkflowRuntime:
                 if state is None:
                     t = engine.start(wf, rec)
                     t.state.tenant = env.tenant or rec.input.get("tenant")
-            elif isinstance(rec, WorkflowCommandReceived) and not self._same_tenant(state, env):
-                log.warning("ignoring command %s of another tenant for workflow %r", env.id,
-                            workflow)
             elif isinstance(rec, WorkflowCommandReceived) and rec.command == "cancel":
                 token = self.cancels.get(workflow)
-                if token is not None:  # running here (this worker owns the workflow)
+                if token is not None and self._same_tenant(state, env):  # running here
                     token.cancel(f"cancelled by {rec.by}")
-            elif isinstance(rec, WorkflowCommandReceived) and state is not None:
-                t = engine.command(self.defs[state.kind], state, rec)
+            elif isinstance(rec, WorkflowCommandReceived):
+                if state is None or not self._same_tenant(state, env):
+                    # Not this tenant's to command: as if there were no such workflow.
+                    self._answer(address(env), Ack.rejected(f"no such workflow {workflow!r}"))
+                else:
+                    t = engine.Transition(copy.deepcopy(state))
+                    commands.receive(self.defs[state.kind], t, rec, address(env))
             elif isinstance(rec, StepOutcome) and state is not None:
                 t = self._outcome(state, rec)
                 if t is not None:
                     self.tasks.pop(workflow, None)
+            if t is not None and not t.emits:
+                # A command refused, queued or answered again: its state and answers only; the
+                # record is then treated like any other that changes no step.
+                await self._apply(t, env.correlation or workflow)
+                state, t = t.state, None
             if t is None and workflow in self.tasks:
                 held = self._held.get(workflow)
                 if held is not None and offset is not None and (held[1], held[2]) == (tp, offset):
@@ -151,6 +171,7 @@ class WorkflowRuntime:
             if t is None and state is not None and state.status == "running":
                 # Running, yet no task here holds it: its worker died mid-step.
                 t = engine.worker_lost(self.defs[state.kind], state, self.settings.step_attempts)
+                commands.settle(self.defs[state.kind], t)
             if t is None and state is not None and not state.settled \
                     and state.status in ("completed", "failed"):
                 # Ended, but its worker died before the turn-over bookkeeping: run it now.
@@ -182,12 +203,15 @@ class WorkflowRuntime:
             return None  # superseded: a later attempt or another owner took over
         wf = self.defs[state.kind]
         if rec.status == "paused":
-            return engine.step_paused(wf, state, Pause(rec.waiting_for or "command"))
-        if rec.status == "failed":
-            return engine.step_failed(wf, state, rec.error, rec.error_type or "Error",
-                                      rec.retryable, self.settings.step_attempts,
-                                      rec.sealed_error, rec.sealed_by)
-        return engine.step_succeeded(wf, state, rec.output)
+            t = engine.step_paused(wf, state, Pause(rec.waiting_for or "command"))
+        elif rec.status == "failed":
+            t = engine.step_failed(wf, state, rec.error, rec.error_type or "Error",
+                                   rec.retryable, self.settings.step_attempts,
+                                   rec.sealed_error, rec.sealed_by)
+        else:
+            t = engine.step_succeeded(wf, state, rec.output)
+        commands.settle(wf, t)  # the commands that waited for this state
+        return t
 
     async def _apply(self, t: Transition, correlation: str) -> None:
         s = t.state
@@ -203,6 +227,8 @@ class WorkflowRuntime:
         for f in futs:
             await f
         self.table[s.workflow] = s.to_dict()
+        for where, answer in t.answers:
+            self._answer(where, answer)
         if not s.settled:
             await self._settle(s)
 
@@ -225,6 +251,21 @@ class WorkflowRuntime:
             await wf.on_end(state)
         state.settled = True
         self.table[state.workflow] = state.to_dict()
+
+    def _answer(self, where: commands.Address, answer: Ack) -> None:
+        """Produce a command's ``CommandAcknowledged`` (its delivery is not awaited: a lost
+        one costs its caller a 503 and a retry, answered again from ``decided``)."""
+        env = answer_to(where["id"], where["workflow"], where.get("tenant"),
+                        where.get("correlation"), answer, SOURCE)
+        delivery = asyncio.ensure_future(self.publisher.produce(ACKS, env))
+        self._answers.add(delivery)
+        delivery.add_done_callback(self._answered)
+
+    def _answered(self, delivery: asyncio.Future[Any]) -> None:
+        self._answers.discard(delivery)
+        if not delivery.cancelled() and delivery.exception() is not None:
+            log.warning("a workflow command's answer was not delivered: %s",
+                        delivery.exception())
 
     def _send(self, env: Envelope) -> Any:
         return self.publisher.produce(WORKFLOWS, env)
