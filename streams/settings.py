@@ -125,6 +125,11 @@ class VoiceSettings(BaseSettings):
     """Wraps the per-conversation data keys of the local key store: base64 of 32 bytes, or a
     passphrase; required (and at least 32 bytes) in prod. Unset in dev/test: the public dev key."""
 
+    master_keys: SecretStr | None = None
+    """``N=secret[,N=secret…]``: KEK versions with a master secret of their own (others derive
+    from ``VOICE_MASTER_KEY``) — how ``voice keys rotate`` moves to a new secret so the old one
+    can be destroyed (docs/keys.md, "Making an erasure final")."""
+
     max_message_bytes: int = Field(default=16 * 1024, ge=1, le=64 * 1024)
     """Largest participant message accepted (UTF-8 bytes); larger answers 422. At most 64 KiB,
     the edge's bound on any one string of a request."""
