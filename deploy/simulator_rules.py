@@ -368,9 +368,37 @@ def _row_count(data: Any) -> int | None:
     return None
 
 
+_STOP_EARLY = re.compile(r"\bstop early\b", re.I)
+
+
+def agentic(conv: Conversation) -> list[dict]:
+    """An agentic turn (the ``plan`` tool is offered): plan, look at the dataset if one is
+    attached, mark the steps done, answer. Asked to "stop early", it leaves the last step
+    undone, so the end-of-turn plan guardrail has something to report."""
+    dataset = _dataset_id(conv)
+    steps = (["Look at the dataset", "Answer the question"] if dataset
+             else ["Answer the question"])
+    plans = conv.results("plan")
+    if not plans:
+        return [_text("First, a plan."),
+                _tool("plan", {"steps": [{"title": s, "done": False} for s in steps]})]
+    if dataset and "describe_dataset" in conv.tools and not conv.results("describe_dataset"):
+        return [_tool("describe_dataset", {"dataset_id": dataset})]
+    finished = len(steps) - 1 if _STOP_EARLY.search(conv.text) else len(steps)
+    if len(plans) == 1:
+        return [_tool("plan", {"steps": [{"title": s, "done": i < finished}
+                                         for i, s in enumerate(steps)]})]
+    if finished < len(steps):
+        return [_text(f"I stopped early: {finished} of {len(steps)} steps are done.")]
+    return [_text(f"Done: all {len(steps)} steps of the plan are finished.")]
+
+
 def assistant(conv: Conversation) -> list[dict]:
     map_tools = {"describe_dataset", "query_dataset", "display_map"}
-    if not (re.search(r"\bmaps?\b", conv.text, re.I) and map_tools <= set(conv.tools)):
+    wants_map = re.search(r"\bmaps?\b", conv.text, re.I) and map_tools <= set(conv.tools)
+    if "plan" in conv.tools and not wants_map:
+        return agentic(conv)
+    if not wants_map:
         said = conv.text or "(nothing)"
         return [_text(f"Happy to help. You said: \u201c{said[:300]}\u201d. "
                       "(This reply comes from the Voice model simulator.)")]

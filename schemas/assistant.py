@@ -34,7 +34,7 @@ class DatasetRef(BaseModel):
 
 
 class ChatOptions(BaseModel):
-    """The per-request switches of a chat turn (no content in them)."""
+    """The per-request switches of a chat turn, and the asker's capabilities (no content)."""
 
     model_config = ConfigDict(frozen=True, extra="forbid")
 
@@ -44,6 +44,10 @@ class ChatOptions(BaseModel):
     data_isolation: bool = False
     namespace_id: str | None = None
     inference_params: dict[str, float] = {}
+    capabilities: tuple[str, ...] = ()
+    """What the asking principal may do in the turn's tenant, resolved by the edge from its
+    verified token when the request was made (a chat body cannot carry it: ``ChatRequest``
+    refuses unknown fields). The turn's tools see these and nothing else (``ToolContext``)."""
 
 
 class DisplayPayload(BaseModel):

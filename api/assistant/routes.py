@@ -157,7 +157,8 @@ async def chat(
     options = ChatOptions(model_override=body.model_override, agentic_mode=body.agentic_mode,
                           skip_history=body.skip_history,
                           data_isolation=body.advanced.data_isolation,
-                          namespace_id=body.namespace_id, inference_params=params)
+                          namespace_id=body.namespace_id, inference_params=params,
+                          capabilities=tuple(sorted(principal.capabilities)))
     ack = await commands.submit(conversation, AssistantChat(
         conversation=conversation, owner=principal.sub, create=create, message_id=message_id,
         request=sealer.seal_json(conversation, message_id, request_doc),

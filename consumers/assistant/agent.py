@@ -106,7 +106,8 @@ def state_text(request: dict[str, Any], options: dict[str, Any],
         lines.append("[SELECTION] " + json.dumps(request["selection_state"],
                                                  sort_keys=True)[:2000])
     if options.get("agentic_mode"):
-        lines.append("[MODE] agentic: make a short plan first, then carry it out step by step")
+        lines.append("[MODE] agentic: first call `plan` with short steps, then carry them out "
+                     "one by one, calling `plan` again to mark each finished step done")
     if options.get("namespace_id"):
         lines.append(f"[NAMESPACE] {options['namespace_id']}")
     if suggestions:

@@ -19,6 +19,7 @@ from consumers.assistant.datasets import DatasetSource
 from consumers.assistant.patterns import Pattern, Suggestion, rank
 from consumers.assistant.sqlbox import SqlBox
 from consumers.assistant.tools import DatasetTools, TurnDatasets
+from consumers.assistant.toolset import turn_tools
 from consumers.engine import (
     CancelToken,
     DisplayChunk,
@@ -99,23 +100,27 @@ async def run_assistant_turn(settings: AssistantSettings, *, conversation: str, 
                              options: dict[str, Any], refs: list[DatasetRef],
                              history: list[dict[str, Any]], patterns: list[Pattern],
                              source: DatasetSource, box: SqlBox, client: Any,
-                             sink: EffectSink, cancel: CancelToken | None = None
+                             sink: EffectSink, cancel: CancelToken | None = None,
+                             tenant: str | None = None
                              ) -> tuple[TurnResult, list[Suggestion]]:
     """One turn of the assistant over opened content; returns the result and the patterns it
     was given as suggested context. ``patterns`` are its conversation's and those its tenant
-    learned elsewhere (``Pattern.conversation`` says which)."""
+    learned elsewhere (``Pattern.conversation`` says which). The tools see ``tenant`` and the
+    capabilities the edge recorded in ``options`` (none when it recorded none)."""
     suggestions = ([] if options.get("data_isolation")
                    else rank(patterns, str(request.get("message", "")),
                              conversation=conversation))
     datasets = TurnDatasets(refs, source, owner)
-    tools = DatasetTools(datasets, box, settings.assistant_query_rows,
-                         settings.assistant_map_features).registry()
+    tools = turn_tools(DatasetTools(datasets, box, settings.assistant_query_rows,
+                                    settings.assistant_map_features).tools(),
+                       agentic=bool(options.get("agentic_mode")))
     turn_input = TurnInput(
         turn_id=turn, user_message=user_content(request), history=history,
         conversation_id=conversation, principal=owner, dataset_ids=datasets.ids,
         state_provider=lambda view: state_text(request, options, suggestions, view),
         model_override=options.get("model_override"), attempt=attempt,
         skip_history=bool(options.get("skip_history")),
-        inference_params=dict(options.get("inference_params") or {}))
+        inference_params=dict(options.get("inference_params") or {}), tenant=tenant,
+        capabilities=frozenset(options.get("capabilities") or ()))
     result = await run_turn(assistant_spec(settings, tools), turn_input, client, sink, cancel)
     return result, suggestions

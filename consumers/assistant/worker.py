@@ -138,7 +138,7 @@ class Assistant:
             attempt=ctx.attempt, request=request, options=inp.get("options") or {},
             refs=[DatasetRef.model_validate(r) for r in inp.get("datasets") or []],
             history=history, patterns=patterns, source=self.datasets, box=self.box,
-            client=self.agents.client_for(tenant), sink=sink, cancel=ctx.cancel)
+            client=self.agents.client_for(tenant), sink=sink, cancel=ctx.cancel, tenant=tenant)
         outcome = OUTCOMES[result.end_reason]
         reason = "; ".join(f"{e.kind}: {e.message}" for e in result.errors) or None
         await submit(AssistantTurnEnded(conversation=conversation, turn=turn, state=outcome,
