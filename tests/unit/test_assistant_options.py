@@ -1,0 +1,250 @@
+"""What an assistant chat accepts, made real (issue 13 point 7), in process: the production
+``plan`` tool and ``agentic_mode`` (its shortlist, the plan guardrail through the simulator),
+the work log on ``done``, and the tenant and capabilities a tool sees (a tool refusing by
+capability)."""
+
+from __future__ import annotations
+
+import uuid
+from collections.abc import Iterator
+from pathlib import Path
+
+import anthropic
+import pytest
+from pydantic import BaseModel
+
+from api.assistant.models import ChatRequest
+from consumers.assistant.datasets import MemoryDatasets, from_csv
+from consumers.assistant.sqlbox import SqlBox
+from consumers.assistant.tools import DatasetTools, TurnDatasets
+from consumers.assistant.toolset import AGENTIC_SHORTLIST, turn_tools
+from consumers.assistant.turn import run_assistant_turn
+from consumers.engine import (
+    AgentSpec,
+    CancelToken,
+    Err,
+    Hint,
+    Ok,
+    PlanUpdate,
+    RecordingSink,
+    TelemetryEffect,
+    Tool,
+    ToolCallEffect,
+    ToolContext,
+    ToolRegistry,
+    TurnInput,
+    plan_tool,
+    run_turn,
+)
+from consumers.engine.testing import ScriptedModel, text, tool_use
+from consumers.engine.tools import execute
+from consumers.engine.worklog import WorkLog
+from deploy.simulator import serve_simulator
+from schemas.assistant import ChatOptions, DatasetRef
+from streams.assistant_settings import AssistantSettings
+
+CSV = (Path(__file__).resolve().parents[1] / "fixtures" / "assistant_facilities.csv").read_text()
+DS = "0123456789abcdef" * 2
+CONV = str(uuid.UUID(int=13))
+REQUEST = {"message": "How many facilities are there? Stop early.", "file_context": [],
+           "datasets": [{"dataset_id": DS, "name": "facilities.csv", "rows": 12,
+                         "columns": ["name", "state", "lat", "lon", "program"]}]}
+
+
+@pytest.fixture(scope="module")
+def box() -> Iterator[SqlBox]:
+    b = SqlBox(timeout_s=20)
+    yield b
+    b.close()
+
+
+@pytest.fixture(scope="module")
+def simulator() -> Iterator[anthropic.AsyncAnthropic]:
+    with serve_simulator() as url:
+        yield anthropic.AsyncAnthropic(api_key="simulator", base_url=url, max_retries=0)
+
+
+def settings(tmp_path: Path) -> AssistantSettings:
+    return AssistantSettings(env="test", state_dir=tmp_path, kafka_bootstrap="127.0.0.1:1")
+
+
+def dataset_tools(box: SqlBox) -> DatasetTools:
+    source = MemoryDatasets([from_csv(DS, "alice", "facilities.csv", CSV)])
+    return DatasetTools(TurnDatasets([DatasetRef(dataset_id=DS, partition=0, offset=0)],
+                                     source, "alice"), box)
+
+
+def ctx(*capabilities: str, tenant: str | None = "t1") -> ToolContext:
+    return ToolContext(principal="alice", agent_name="assistant", turn_id="t",
+                       tool_use_id="u", tenant=tenant, capabilities=frozenset(capabilities))
+
+
+# --- 1. the plan tool and agentic mode ---------------------------------------------------------
+
+
+async def test_the_plan_tool_records_the_plan_and_refuses_a_bad_one() -> None:
+    registry = ToolRegistry([plan_tool()])
+    env = (await execute(registry, "plan", {"steps": [{"title": "Look", "done": True},
+                                                      {"title": "Answer"}]},
+                         ctx(), CancelToken())).envelope
+    assert isinstance(env, Ok)
+    assert env.data == {"steps": 2, "done": 1, "remaining": ["Answer"]}
+    (update,) = env.effects
+    assert isinstance(update, PlanUpdate)
+    assert [(s.title, s.done) for s in update.steps] == [("Look", True), ("Answer", False)]
+    for bad in ({"steps": []}, {"steps": [{"title": ""}]},
+                {"steps": [{"title": f"s{i}"} for i in range(21)]}):
+        refused = (await execute(registry, "plan", bad, ctx(), CancelToken())).envelope
+        assert isinstance(refused, Hint) and refused.hint_kind == "invalid_arguments"
+        assert "steps" in refused.message
+
+
+def test_agentic_mode_offers_plan_and_only_the_shortlist(box: SqlBox) -> None:
+    class Nothing(BaseModel):
+        pass
+
+    extra = Tool("later_tool", "a tool added after the shortlist was chosen", Nothing,
+                 lambda _a, _c: Ok())
+    tools = (*dataset_tools(box).tools(), extra)
+    plain = turn_tools(tools, agentic=False)
+    assert "plan" not in plain
+    assert plain.names == ("describe_dataset", "query_dataset", "display_map", "later_tool")
+    agentic = turn_tools(tools, agentic=True)
+    assert agentic.names == AGENTIC_SHORTLIST
+    assert agentic.names[0] == "plan" and "later_tool" not in agentic
+
+
+async def test_an_agentic_turn_on_the_simulator_plans_does_part_and_is_warned(
+        tmp_path: Path, box: SqlBox, simulator: anthropic.AsyncAnthropic) -> None:
+    sink = RecordingSink()
+    result, _ = await run_assistant_turn(
+        settings(tmp_path), conversation=CONV, turn=f"{CONV}:turn-1", owner="alice", attempt=1,
+        request=REQUEST, options={"agentic_mode": True, "capabilities": ["converse"]},
+        refs=[DatasetRef(dataset_id=DS, partition=0, offset=0)], history=[], patterns=[],
+        source=MemoryDatasets([from_csv(DS, "alice", "f.csv", CSV)]), box=box,
+        client=simulator, sink=sink, tenant="t1")
+    assert result.end_reason == "end_turn"
+    assert [t.tool_name for t in sink.of(ToolCallEffect)] == ["plan", "describe_dataset",
+                                                              "plan"]
+    assert "stopped early" in result.final_text
+    (warning,) = sink.display("warning")
+    assert "1 of 2 steps not done (Answer the question)" in warning.data["text"]
+    (guard,) = [t for t in sink.of(TelemetryEffect) if t.name == "completion_guardrail"]
+    assert guard.attributes == {"guardrail": "unfinished_plan", "unfinished_steps": 1,
+                                "total_steps": 2}
+    # the same request without "stop early" finishes its plan: no warning
+    done = RecordingSink()
+    result, _ = await run_assistant_turn(
+        settings(tmp_path), conversation=CONV, turn=f"{CONV}:turn-2", owner="alice", attempt=1,
+        request={**REQUEST, "message": "How many facilities are there?"},
+        options={"agentic_mode": True}, refs=[DatasetRef(dataset_id=DS, partition=0, offset=0)],
+        history=[], patterns=[], source=MemoryDatasets([from_csv(DS, "alice", "f.csv", CSV)]),
+        box=box, client=simulator, sink=done)
+    assert result.warnings == () and "all 2 steps" in result.final_text
+
+
+async def test_without_agentic_mode_the_model_is_not_offered_plan(tmp_path: Path, box: SqlBox
+                                                                  ) -> None:
+    model = ScriptedModel([[text("ok")]])
+    await run_assistant_turn(
+        settings(tmp_path), conversation=CONV, turn=f"{CONV}:turn-3", owner="alice", attempt=1,
+        request=REQUEST, options={}, refs=[], history=[], patterns=[],
+        source=MemoryDatasets(), box=box, client=model, sink=RecordingSink())
+    assert "plan" not in [t["name"] for t in model.requests[0].tools]
+    agentic = ScriptedModel([[text("ok")]])
+    await run_assistant_turn(
+        settings(tmp_path), conversation=CONV, turn=f"{CONV}:turn-4", owner="alice", attempt=1,
+        request=REQUEST, options={"agentic_mode": True}, refs=[], history=[], patterns=[],
+        source=MemoryDatasets(), box=box, client=agentic, sink=RecordingSink())
+    assert [t["name"] for t in agentic.requests[0].tools] == list(AGENTIC_SHORTLIST)
+    assert "call `plan`" in agentic.requests[0].messages[-1]["content"][0]["text"]
+
+
+# --- 2. done carries the work log --------------------------------------------------------------
+
+
+class Add(BaseModel):
+    a: int
+
+
+def _spec(*tools: Tool, max_turns: int = 75) -> AgentSpec:
+    return AgentSpec(name="assistant", identity="[agent: assistant]",
+                     tools=ToolRegistry(tools), model="m", max_agentic_turns=max_turns)
+
+
+async def test_done_carries_the_work_log_of_tool_and_model_calls() -> None:
+    def add(args: Add, _ctx: ToolContext) -> Ok | Err:
+        return Ok(data={"sum": args.a + 1}) if args.a >= 0 else Err("negative", "bad_input")
+
+    model = ScriptedModel([[tool_use("add", {"a": 1})], [tool_use("add", {"a": -1})],
+                           [tool_use("nope", {})], [text("Done.")]])
+    sink = RecordingSink()
+    result = await run_turn(_spec(Tool("add", "add one", Add, add)), TurnInput("t-w", "add"),
+                            model, sink)
+    (done,) = sink.display("done")
+    log = done.data["work_log"]
+    assert [(e["kind"], e.get("tool") or e.get("model")) for e in log] == [
+        ("model", "m"), ("tool", "add"), ("model", "m"), ("tool", "add"), ("model", "m"),
+        ("tool", "nope"), ("model", "m")]
+    tools = [e for e in log if e["kind"] == "tool"]
+    assert [(e["envelope"], e["error_kind"]) for e in tools] == [
+        ("ok", None), ("err", "bad_input"), ("hint", "unknown_tool")]
+    assert all(e["duration_ms"] >= 0 for e in tools)
+    models = [e for e in log if e["kind"] == "model"]
+    assert sum(e["input_tokens"] for e in models) == result.usage.total_input
+    assert sum(e["output_tokens"] for e in models) == result.usage.output_tokens
+    assert done.data["max_turns_reached"] is False and "work_log_omitted" not in done.data
+
+
+async def test_the_work_log_is_bounded_and_max_turns_is_reported() -> None:
+    model = ScriptedModel([[tool_use("add", {"a": 1}), tool_use("add", {"a": 2})]],
+                          repeat=True)
+    sink = RecordingSink()
+    spec = _spec(Tool("add", "add one", Add, lambda a, _c: Ok(data={"n": a.a})), max_turns=30)
+    result = await run_turn(spec, TurnInput("t-b", "loop"), model, sink)
+    assert result.end_reason == "max_turns"
+    (done,) = sink.display("done")
+    assert done.data["max_turns_reached"] is True
+    assert len(done.data["work_log"]) == 64
+    assert done.data["work_log_omitted"] == 30 * 3 - 64  # a model call and two tool calls each
+    bounded = WorkLog(max_entries=1)
+    assert bounded.done_data() == {"work_log": []}
+
+
+# --- 3. the tool context carries tenant and capabilities ---------------------------------------
+
+
+async def test_a_tool_sees_the_turns_tenant_and_capabilities() -> None:
+    seen: list[tuple[str | None, frozenset[str]]] = []
+
+    def look(_args: Add, c: ToolContext) -> Ok:
+        seen.append((c.tenant, c.capabilities))
+        return Ok()
+
+    model = ScriptedModel([[tool_use("look", {"a": 1})], [text("ok")]])
+    await run_turn(_spec(Tool("look", "look", Add, look)),
+                   TurnInput("t-c", "look", tenant="acme",
+                             capabilities=frozenset({"converse", "issues.public"})),
+                   model, RecordingSink())
+    assert seen == [("acme", frozenset({"converse", "issues.public"}))]
+
+
+async def test_query_dataset_refuses_without_the_converse_capability(box: SqlBox) -> None:
+    registry = dataset_tools(box).registry()
+    args = {"dataset_id": DS, "sql": "SELECT count() AS n FROM data"}
+    refused = (await execute(registry, "query_dataset", args, ctx(), CancelToken())).envelope
+    assert isinstance(refused, Err) and refused.err_kind == "forbidden"
+    assert "'converse'" in refused.message
+    allowed = (await execute(registry, "query_dataset", args, ctx("converse"),
+                             CancelToken())).envelope
+    assert isinstance(allowed, Ok) and allowed.rows[0]["n"] == 12
+    # describing needs no capability: only running the caller's SQL does
+    described = (await execute(registry, "describe_dataset", {"dataset_id": DS}, ctx(),
+                               CancelToken())).envelope
+    assert isinstance(described, Ok)
+
+
+def test_a_chat_body_cannot_carry_capabilities() -> None:
+    with pytest.raises(ValueError, match="capabilities"):
+        ChatRequest.model_validate({"message": "hi", "capabilities": ["telemetry.query"]})
+    assert ChatOptions().capabilities == ()
