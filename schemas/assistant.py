@@ -19,6 +19,8 @@ from pydantic import BaseModel, ConfigDict, Field
 from schemas.base import Record, Sealed, record_type
 
 DATASET_ID = r"^[0-9a-f]{32}$"
+NAMESPACE = r"^[A-Za-z0-9_.-]{1,64}$"
+"""A namespace name: an identifier the owner picks, kept in plaintext like the ids."""
 TurnOutcome = Literal["Replied", "Failed", "Cancelled"]
 PatternStage = Literal["provisional", "extracted"]
 
@@ -88,6 +90,9 @@ class DatasetRecorded(Record):
     meta: Sealed
     csv: Sealed
     at: str
+    namespace: str | None = Field(default=None, pattern=NAMESPACE)
+    """The namespace the dataset belongs to (``None``: the default one). A turn sees only the
+    datasets of its own namespace (``ChatOptions.namespace_id``)."""
 
 
 # --- commands (topic voice.commands, key = conversation id) ---------------------------------

@@ -105,6 +105,12 @@ async def _attach(views: AssistantViews, sealer: Sealer, owner: Principal, body:
                 meta = sealer.open_json(dataset_id, "meta", ds.meta)
             except KeyErased:
                 meta = None
+        if ds is not None and ds.namespace != body.namespace_id:
+            # Another namespace's dataset is not there for this turn (seen as missing).
+            if required:
+                raise HTTPException(404, f"{where}: no dataset {dataset_id!r} in "
+                                         f"{_namespace(body.namespace_id)}")
+            continue
         if ds is None or meta is None:
             if required:
                 raise HTTPException(404, f"{where}: no dataset {dataset_id!r}")
@@ -114,6 +120,10 @@ async def _attach(views: AssistantViews, sealer: Sealer, owner: Principal, body:
                            {"dataset_id": dataset_id, "name": meta.get("name"),
                             "rows": ds.rows, "columns": meta.get("columns") or []})
     return list(out.values())
+
+
+def _namespace(namespace: str | None) -> str:
+    return f"namespace {namespace!r}" if namespace is not None else "the default namespace"
 
 
 @router.post("/chat", response_model=None, dependencies=[quota("messages")], responses={

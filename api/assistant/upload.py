@@ -23,7 +23,7 @@ from api.frame.body import BodyLimit
 from api.frame.commands import CommandsDep
 from api.frame.deps import ConverseDep, SealerDep
 from api.frame.quotas import TOO_MANY, quota
-from schemas.assistant import DatasetRecorded
+from schemas.assistant import NAMESPACE, DatasetRecorded
 from streams.assistant_settings import AssistantSettings
 from streams.topics import DATASETS
 
@@ -83,6 +83,17 @@ def _dataset_name(filename: str | None, given: str | None) -> str:
     return re.sub(r"[\x00-\x1f]", "", raw)[:200] or "dataset.csv"
 
 
+def _namespace(given: str | None) -> str | None:
+    """The form's ``namespace`` (blank: the default one); 422 naming the field if malformed."""
+    value = (given or "").strip()
+    if not value:
+        return None
+    if re.fullmatch(NAMESPACE, value) is None:
+        raise HTTPException(422, f"namespace: {value[:80]!r} is not a namespace name (1 to 64 "
+                                 "letters, digits, '_', '.' or '-')")
+    return value
+
+
 @router.post("/files", status_code=201, dependencies=[quota("uploads")], responses={
     **TOO_MANY,
     413: {"description": "Larger than VOICE_MAX_UPLOAD_BYTES."},
@@ -92,7 +103,10 @@ def _dataset_name(filename: str | None, given: str | None) -> str:
     openapi_extra={"requestBody": {"required": True, "content": {"multipart/form-data": {
         "schema": {"type": "object", "required": ["file"], "properties": {
             "file": {"type": "string", "format": "binary"},
-            "name": {"type": "string", "description": "Overrides the file's name."}}}}}}})
+            "name": {"type": "string", "description": "Overrides the file's name."},
+            "namespace": {"type": "string", "pattern": NAMESPACE,
+                          "description": "The namespace the dataset belongs to (omitted: "
+                                         "the default one)."}}}}}}})
 async def upload_file(request: Request, commands: CommandsDep, views: AssistantDep,
                       sealer: SealerDep, principal: ConverseDep) -> DatasetUploaded:
     """Upload a CSV (form part ``file``); use its ``dataset_id`` in ``data_refs``."""
@@ -110,15 +124,17 @@ async def upload_file(request: Request, commands: CommandsDep, views: AssistantD
     except CsvRejected as exc:
         raise HTTPException(422, f"not a usable CSV: {exc}") from None
     name = _dataset_name(filename, fields.get("name"))
+    namespace = _namespace(fields.get("namespace"))
     dataset_id = uuid.uuid4().hex
     await asyncio.to_thread(sealer.create, dataset_id)
     record = DatasetRecorded(
         dataset_id=dataset_id, owner=principal.sub, rows=checked.rows,
         columns=len(checked.columns), size_bytes=len(data),
         meta=sealer.seal_json(dataset_id, "meta", {"name": name, "columns": checked.columns}),
-        csv=sealer.seal(dataset_id, "csv", checked.text), at=datetime.now(UTC).isoformat())
+        csv=sealer.seal(dataset_id, "csv", checked.text), at=datetime.now(UTC).isoformat(),
+        namespace=namespace)
     env = commands.envelope(record, dataset_id, id=dataset_id)
     msg = await commands.record(DATASETS, env, "record the dataset")
     views.datasets.apply(env, msg.partition(), msg.offset())  # read-your-writes on this edge
     return DatasetUploaded(dataset_id=dataset_id, name=name, rows=checked.rows,
-                           columns=checked.columns)
+                           columns=checked.columns, namespace=namespace)

@@ -44,6 +44,7 @@ class DatasetView(AggregateView):
     meta: Sealed
     partition: int
     offset: int
+    namespace: str | None = None
 
     def owned_by(self, owner: str) -> bool:
         return self.owner == owner
@@ -95,7 +96,7 @@ class Datasets(Projection[DatasetView]):
             self.by_key[rec.dataset_id] = DatasetView(
                 dataset_id=rec.dataset_id, owner=rec.owner, tenant=env.tenant, rows=rec.rows,
                 columns=rec.columns,
-                meta=rec.meta, partition=partition, offset=offset)
+                meta=rec.meta, partition=partition, offset=offset, namespace=rec.namespace)
             self.notify(rec.dataset_id)
 
 

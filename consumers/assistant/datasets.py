@@ -40,6 +40,8 @@ class LoadedDataset:
     columns: tuple[str, ...]
     rows: int
     csv_text: str
+    namespace: str | None = None
+    """The namespace it was uploaded into (``None``: the default one)."""
 
     def records(self) -> list[dict[str, str]]:
         """The rows as dicts of text (the csv module's reading)."""
@@ -133,7 +135,7 @@ class KafkaDatasets:
             raise DatasetUnavailable(f"dataset {rec.dataset_id!r} cannot be opened: "
                                      f"{type(exc).__name__}") from None
         loaded = LoadedDataset(rec.dataset_id, rec.owner, str(meta.get("name") or "dataset"),
-                               tuple(meta.get("columns") or ()), rec.rows, text)
+                               tuple(meta.get("columns") or ()), rec.rows, text, rec.namespace)
         with self._lock:
             if rec.dataset_id not in self._cache:
                 self._cache[rec.dataset_id] = loaded

@@ -39,10 +39,12 @@ QUERY_CAPABILITY = "converse"
 class TurnDatasets:
     """The datasets one turn may read (those its request attached), opened on first use."""
 
-    def __init__(self, refs: list[DatasetRef], source: DatasetSource, owner: str) -> None:
+    def __init__(self, refs: list[DatasetRef], source: DatasetSource, owner: str,
+                 namespace: str | None = None) -> None:
         self.refs = {r.dataset_id: r for r in refs}
         self.source = source
         self.owner = owner
+        self.namespace = namespace
         self._loaded: dict[str, LoadedDataset] = {}
         self._lock = threading.Lock()
 
@@ -66,6 +68,9 @@ class TurnDatasets:
         ds = self.source.load(ref)
         if ds.owner != self.owner:
             raise DatasetUnavailable(f"dataset {dataset_id!r} is not available")
+        if ds.namespace != self.namespace:  # the edge attaches none such; a forged ref
+            raise DatasetUnavailable(f"dataset {dataset_id!r} is not in this turn's namespace "
+                                     f"{self.namespace!r}")
         with self._lock:
             self._loaded[ref.dataset_id] = ds
         return ds

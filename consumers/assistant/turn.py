@@ -110,7 +110,7 @@ async def run_assistant_turn(settings: AssistantSettings, *, conversation: str, 
     suggestions = ([] if options.get("data_isolation")
                    else rank(patterns, str(request.get("message", "")),
                              conversation=conversation))
-    datasets = TurnDatasets(refs, source, owner)
+    datasets = TurnDatasets(refs, source, owner, options.get("namespace_id"))
     tools = turn_tools(DatasetTools(datasets, box, settings.assistant_query_rows,
                                     settings.assistant_map_features).tools(),
                        agentic=bool(options.get("agentic_mode")))

@@ -9,7 +9,8 @@ Public names: ``AgentRunner``, ``ModelSettings``, ``run_turn``, ``AgentSpec``, `
 ``TurnResult``, ``StateView``,
 ``HistorySummary``, ``Usage``, ``TurnError``, ``CancelToken``, ``Tool``, ``ToolRegistry``,
 ``ToolContext``, ``ToolNotAllowed``, ``Ok``, ``Hint``, ``Err``, ``HintSignal``, ``Card``,
-``PlanStep``, ``PlanUpdate``, ``plan_tool``, ``PLAN_TOOL``, ``ContractViolation``, ``EffectSink``, ``RecordingSink``,
+``PlanStep``, ``PlanUpdate``, ``plan_tool``, ``PLAN_TOOL``, ``ContractViolation``,
+``EffectSink``, ``RecordingSink``,
 ``KafkaEffectSink``, ``Effect`` and its members (``PersistMessage``, ``TelemetryEffect``,
 ``DisplayChunk``, ``ModelCallEffect``, ``ToolCallEffect``), ``DisplayEvent``,
 ``DisplayFactory``, ``ModelError``, ``ModelNotFound``, ``AnthropicModel``, ``ModelPort``,
@@ -62,8 +63,8 @@ from consumers.engine.types import (
 from streams.model_settings import ModelSettings
 
 __all__ = [
-    "PLAN_TOOL", "AgentRunner", "AgentSpec", "AnthropicModel", "CancelToken", "Card", "ContractViolation",
-    "DisplayChunk",
+    "PLAN_TOOL", "AgentRunner", "AgentSpec", "AnthropicModel", "CancelToken", "Card",
+    "ContractViolation", "DisplayChunk",
     "DisplayEvent", "DisplayFactory", "Effect", "EffectSink", "Err", "Hint", "HintSignal",
     "HistorySummary", "KafkaEffectSink", "ModelCallEffect", "ModelError", "ModelNotFound",
     "ModelPort", "ModelSettings", "Ok", "PersistMessage", "PlanStep", "PlanUpdate", "RecordingSink",

@@ -1,20 +1,25 @@
 """What an assistant chat accepts, made real (issue 13 point 7), in process: the production
 ``plan`` tool and ``agentic_mode`` (its shortlist, the plan guardrail through the simulator),
-the work log on ``done``, and the tenant and capabilities a tool sees (a tool refusing by
-capability)."""
+the work log on ``done``, the tenant and capabilities a tool sees (a tool refusing by
+capability), and ``namespace_id`` scoping datasets."""
 
 from __future__ import annotations
 
+import dataclasses
 import uuid
 from collections.abc import Iterator
 from pathlib import Path
 
 import anthropic
 import pytest
+from fastapi import FastAPI
+from fastapi.testclient import TestClient
 from pydantic import BaseModel
 
+from api import assistant
 from api.assistant.models import ChatRequest
-from consumers.assistant.datasets import MemoryDatasets, from_csv
+from api.assistant.views import AssistantViews
+from consumers.assistant.datasets import DatasetUnavailable, MemoryDatasets, from_csv
 from consumers.assistant.sqlbox import SqlBox
 from consumers.assistant.tools import DatasetTools, TurnDatasets
 from consumers.assistant.toolset import AGENTIC_SHORTLIST, turn_tools
@@ -40,8 +45,11 @@ from consumers.engine.testing import ScriptedModel, text, tool_use
 from consumers.engine.tools import execute
 from consumers.engine.worklog import WorkLog
 from deploy.simulator import serve_simulator
-from schemas.assistant import ChatOptions, DatasetRef
+from schemas.assistant import ChatOptions, DatasetRecorded, DatasetRef
 from streams.assistant_settings import AssistantSettings
+from streams.envelope import Envelope
+from streams.sealing import MemoryKeyStore, Sealer
+from streams.tokens import mint_token
 
 CSV = (Path(__file__).resolve().parents[1] / "fixtures" / "assistant_facilities.csv").read_text()
 DS = "0123456789abcdef" * 2
@@ -248,3 +256,64 @@ def test_a_chat_body_cannot_carry_capabilities() -> None:
     with pytest.raises(ValueError, match="capabilities"):
         ChatRequest.model_validate({"message": "hi", "capabilities": ["telemetry.query"]})
     assert ChatOptions().capabilities == ()
+
+
+# --- 4. namespace_id scopes datasets -----------------------------------------------------------
+
+
+def test_a_turn_reads_only_the_datasets_of_its_namespace() -> None:
+    ds = dataclasses.replace(from_csv(DS, "alice", "f.csv", CSV), namespace="proj-a")
+    refs = [DatasetRef(dataset_id=DS, partition=0, offset=0)]
+    assert TurnDatasets(refs, MemoryDatasets([ds]), "alice", "proj-a").get(DS).rows == 12
+    for other in (None, "proj-b"):
+        with pytest.raises(DatasetUnavailable, match="namespace"):
+            TurnDatasets(refs, MemoryDatasets([ds]), "alice", other).get(DS)
+
+
+@pytest.fixture
+def edge(tmp_path: Path) -> TestClient:
+    settings = AssistantSettings(env="test", kafka_bootstrap="127.0.0.1:1", state_dir=tmp_path)
+    app = FastAPI()
+    app.include_router(assistant.router)
+    app.state.settings = settings
+    app.state.assistant = AssistantViews(settings)
+    app.state.sealer = Sealer(MemoryKeyStore())
+    app.state.producer = app.state.tail = None  # nothing here may reach Kafka
+    c = TestClient(app)
+    c.headers["Authorization"] = f"Bearer {mint_token(settings, 'alice', 'participant')}"
+    return c
+
+
+def _uploaded(edge: TestClient, namespace: str | None) -> str:
+    """A dataset of alice's in ``namespace``, as the edge's projection learns it."""
+    sealer: Sealer = edge.app.state.sealer  # type: ignore[attr-defined]
+    dataset_id = uuid.uuid4().hex
+    sealer.create(dataset_id)
+    rec = DatasetRecorded(dataset_id=dataset_id, owner="alice", rows=1, columns=1,
+                          size_bytes=4, meta=sealer.seal_json(dataset_id, "meta", {
+                              "name": "f.csv", "columns": ["a"]}),
+                          csv=sealer.seal(dataset_id, "csv", "a\n1\n"), at="now",
+                          namespace=namespace)
+    edge.app.state.assistant.datasets.apply(  # type: ignore[attr-defined]
+        Envelope(record=rec, key=dataset_id, source="/test", tenant="default"), 0, 1)
+    return dataset_id
+
+
+def test_a_chat_attaches_only_datasets_of_its_namespace(edge: TestClient) -> None:
+    in_a = _uploaded(edge, "proj-a")
+    r = edge.post("/api/v1/assistant/chat", json={"message": "hi", "data_refs": [in_a],
+                                                  "namespace_id": "proj-b"})
+    assert r.status_code == 404
+    assert r.json()["detail"] == f"data_refs[0]: no dataset {in_a!r} in namespace 'proj-b'"
+    r = edge.post("/api/v1/assistant/chat", json={"message": "hi", "dataset_id": in_a})
+    assert r.status_code == 404 and "in the default namespace" in r.json()["detail"]
+    unscoped = _uploaded(edge, None)
+    r = edge.post("/api/v1/assistant/chat", json={"message": "hi", "data_refs": [unscoped],
+                                                  "namespace_id": "proj-a"})
+    assert r.status_code == 404 and "namespace 'proj-a'" in r.json()["detail"]
+
+
+def test_an_upload_with_a_malformed_namespace_is_422_naming_it(edge: TestClient) -> None:
+    r = edge.post("/api/v1/assistant/files", files={"file": ("f.csv", b"a\n1\n", "text/csv")},
+                  data={"namespace": "../etc"})
+    assert r.status_code == 422 and r.json()["detail"].startswith("namespace: '../etc'")
