@@ -21,6 +21,9 @@ from schemas.base import Record, Sealed, record_type
 DATASET_ID = r"^[0-9a-f]{32}$"
 NAMESPACE = r"^[A-Za-z0-9_.-]{1,64}$"
 """A namespace name: an identifier the owner picks, kept in plaintext like the ids."""
+IMAGE_TYPES = ("image/png", "image/jpeg")
+"""Media types an uploaded image may have (the Messages API takes both as ``image`` blocks)."""
+ImageType = Literal["image/png", "image/jpeg"]
 TurnOutcome = Literal["Replied", "Failed", "Cancelled"]
 PatternStage = Literal["provisional", "extracted"]
 
@@ -93,6 +96,23 @@ class DatasetRecorded(Record):
     namespace: str | None = Field(default=None, pattern=NAMESPACE)
     """The namespace the dataset belongs to (``None``: the default one). A turn sees only the
     datasets of its own namespace (``ChatOptions.namespace_id``)."""
+
+
+@record_type("voice.assistant.image_recorded.v1")
+class ImageRecorded(Record):
+    """An uploaded image, beside the datasets on ``voice.datasets`` (key = image id). ``meta``
+    (``{"name"}``, content id ``meta``) and ``image`` (the file's bytes, content id ``image``)
+    are sealed with the data key named by the image id. A chat names it in ``file_context``
+    (``ID: <image id>``) and the turn shows it to the model as an ``image`` content block."""
+
+    image_id: str = Field(pattern=DATASET_ID)
+    owner: str = Field(min_length=1)
+    media_type: ImageType
+    size_bytes: int = Field(ge=1)
+    meta: Sealed
+    image: Sealed
+    at: str
+    namespace: str | None = Field(default=None, pattern=NAMESPACE)
 
 
 # --- commands (topic voice.commands, key = conversation id) ---------------------------------

@@ -76,6 +76,16 @@ class DatasetUploaded(BaseModel):
     namespace: str | None = None
 
 
+class ImageUploaded(BaseModel):
+    """``201`` for an image: name ``image_id`` in a chat's ``file_context`` (``ID: …``)."""
+
+    image_id: str
+    name: str
+    media_type: Literal["image/png", "image/jpeg"]
+    size_bytes: int
+    namespace: str | None = None
+
+
 class ChatAccepted(BaseModel):
     """``202``: the turn runs; read it at ``…/conversations/{id}/turns/{turn}`` or stream it
     at ``…/conversations/{id}/stream?after={after}``."""

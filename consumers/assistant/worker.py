@@ -18,6 +18,7 @@ import logging
 from typing import Any
 
 from consumers.assistant.datasets import KafkaDatasets
+from consumers.assistant.images import KafkaImages
 from consumers.assistant.library import TYPES, PatternLibrary
 from consumers.assistant.patterns import (
     Pattern,
@@ -76,6 +77,8 @@ class Assistant:
         self.box = SqlBox(self.settings.assistant_sql_timeout_s)
         self.datasets = KafkaDatasets(self.settings, ctx.sealer,
                                       self.settings.assistant_dataset_cache_bytes)
+        self.images = KafkaImages(self.settings, ctx.sealer,
+                                  self.settings.assistant_dataset_cache_bytes // 4)
         ctx.workflow(WorkflowDef(TURN_KIND, (StepDef("reply", self.reply_step),),
                                  on_end=self.turn_over),
                      WorkflowDef(EXTRACT_KIND, (StepDef("provisional", self.provisional_step),
@@ -138,7 +141,8 @@ class Assistant:
             attempt=ctx.attempt, request=request, options=inp.get("options") or {},
             refs=[DatasetRef.model_validate(r) for r in inp.get("datasets") or []],
             history=history, patterns=patterns, source=self.datasets, box=self.box,
-            client=self.agents.client_for(tenant), sink=sink, cancel=ctx.cancel, tenant=tenant)
+            client=self.agents.client_for(tenant), sink=sink, cancel=ctx.cancel, tenant=tenant,
+            images=self.images)
         outcome = OUTCOMES[result.end_reason]
         reason = "; ".join(f"{e.kind}: {e.message}" for e in result.errors) or None
         await submit(AssistantTurnEnded(conversation=conversation, turn=turn, state=outcome,
