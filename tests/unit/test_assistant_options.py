@@ -1,10 +1,12 @@
 """What an assistant chat accepts, made real (issue 13 point 7), in process: the production
 ``plan`` tool and ``agentic_mode`` (its shortlist, the plan guardrail through the simulator),
 the work log on ``done``, the tenant and capabilities a tool sees (a tool refusing by
-capability), and ``namespace_id`` scoping datasets."""
+capability), ``namespace_id`` scoping datasets, and uploaded images as image blocks (this
+turn's and its history's)."""
 
 from __future__ import annotations
 
+import base64
 import dataclasses
 import uuid
 from collections.abc import Iterator
@@ -19,7 +21,9 @@ from pydantic import BaseModel
 from api import assistant
 from api.assistant.models import ChatRequest
 from api.assistant.views import AssistantViews
+from consumers.assistant.agent import history_messages, user_content, user_message
 from consumers.assistant.datasets import DatasetUnavailable, MemoryDatasets, from_csv
+from consumers.assistant.images import LoadedImage, MemoryImages, resolve_images
 from consumers.assistant.sqlbox import SqlBox
 from consumers.assistant.tools import DatasetTools, TurnDatasets
 from consumers.assistant.toolset import AGENTIC_SHORTLIST, turn_tools
@@ -41,6 +45,7 @@ from consumers.engine import (
     plan_tool,
     run_turn,
 )
+from consumers.engine.history import IMAGE_TOKENS, estimate_tokens
 from consumers.engine.testing import ScriptedModel, text, tool_use
 from consumers.engine.tools import execute
 from consumers.engine.worklog import WorkLog
@@ -317,3 +322,81 @@ def test_an_upload_with_a_malformed_namespace_is_422_naming_it(edge: TestClient)
     r = edge.post("/api/v1/assistant/files", files={"file": ("f.csv", b"a\n1\n", "text/csv")},
                   data={"namespace": "../etc"})
     assert r.status_code == 422 and r.json()["detail"].startswith("namespace: '../etc'")
+
+
+# --- 5. image content blocks --------------------------------------------------------------------
+
+PNG = base64.b64decode("iVBORw0KGgoAAAANSUhEUgAAAAEAAAABCAYAAAAfFcSJAAAADUlEQVR42mNkYPhfDwAChwGA"
+                       "60e6kgAAAABJRU5ErkJggg==")
+IMG = "fe" * 16
+IMAGE_REQUEST = {"message": "What is in this picture?", "file_context": [f"ID: {IMG}"],
+                 "datasets": [], "images": [{"image_id": IMG, "name": "dot.png",
+                                             "media_type": "image/png", "partition": 0,
+                                             "offset": 3}]}
+
+
+def test_an_image_becomes_a_reference_block_then_an_image_block() -> None:
+    message = user_message(IMAGE_REQUEST)
+    assert isinstance(message, list) and message[0]["source"]["type"] == "voice_upload"
+    assert message[-1] == {"type": "text", "text": user_content(IMAGE_REQUEST)}
+    assert user_message({"message": "no images"}) == "no images"
+    source = MemoryImages([LoadedImage(IMG, "alice", "image/png", PNG)])
+    (image, text_block) = resolve_images(message, source, "alice")
+    assert image == {"type": "image", "source": {"type": "base64", "media_type": "image/png",
+                                                 "data": base64.b64encode(PNG).decode()}}
+    assert text_block == message[-1]
+    # in history too, and an image that is gone (or another owner's) is said to be
+    history = history_messages([("user", IMAGE_REQUEST), ("assistant", {"text": "A dot."})])
+    resolved = resolve_images(history, source, "alice")
+    assert resolved[0]["content"][0]["source"]["type"] == "base64"
+    gone = resolve_images(history, MemoryImages(), "alice")
+    assert gone[0]["content"][0] == {"type": "text",
+                                     "text": "[image 'dot.png' is no longer available]"}
+    assert resolve_images(history, source, "bob")[0]["content"][0]["type"] == "text"
+
+
+def test_an_image_block_is_estimated_at_a_fixed_cost_not_by_its_base64() -> None:
+    big = {"type": "image", "source": {"type": "base64", "media_type": "image/png",
+                                       "data": "A" * 400_000}}
+    msgs = [{"role": "user", "content": [big, {"type": "text", "text": "hi"}]}]
+    assert estimate_tokens(msgs) < IMAGE_TOKENS + 100
+
+
+async def test_images_reach_the_simulator_this_turn_and_from_history(
+        tmp_path: Path, box: SqlBox, simulator: anthropic.AsyncAnthropic) -> None:
+    source = MemoryImages([LoadedImage(IMG, "alice", "image/png", PNG)])
+    result, _ = await run_assistant_turn(
+        settings(tmp_path), conversation=CONV, turn=f"{CONV}:turn-5", owner="alice", attempt=1,
+        request=IMAGE_REQUEST, options={}, refs=[], history=[], patterns=[],
+        source=MemoryDatasets(), box=box, client=simulator, sink=RecordingSink(),
+        images=source)
+    assert result.end_reason == "end_turn", result.errors
+    assert f"1 image(s) in this conversation: image/png of {len(PNG)} bytes" in result.final_text
+    # the next turn has no image of its own; its history still shows the first one
+    history = history_messages([("user", IMAGE_REQUEST),
+                                ("assistant", {"text": result.final_text})])
+    later, _ = await run_assistant_turn(
+        settings(tmp_path), conversation=CONV, turn=f"{CONV}:turn-6", owner="alice", attempt=1,
+        request={"message": "And now?"}, options={}, refs=[], history=history, patterns=[],
+        source=MemoryDatasets(), box=box, client=simulator, sink=RecordingSink(),
+        images=source)
+    assert "1 image(s) in this conversation" in later.final_text
+
+
+async def test_the_simulator_refuses_a_malformed_image_block(
+        simulator: anthropic.AsyncAnthropic) -> None:
+    ref = user_message(IMAGE_REQUEST)  # an unresolved reference must never pass for an image
+    with pytest.raises(anthropic.BadRequestError, match=r"image\.source\.type"):
+        await simulator.messages.create(model="claude-sonnet-4-5", max_tokens=64,
+                                        messages=[{"role": "user", "content": ref}])
+    bad = [{"type": "image", "source": {"type": "base64", "media_type": "image/png",
+                                        "data": "not base64!"}}]
+    with pytest.raises(anthropic.BadRequestError, match="base64.data"):
+        await simulator.messages.create(model="claude-sonnet-4-5", max_tokens=64,
+                                        messages=[{"role": "user", "content": bad}])
+
+
+def test_an_image_upload_whose_bytes_are_not_that_type_is_422(edge: TestClient) -> None:
+    r = edge.post("/api/v1/assistant/files",
+                  files={"file": ("x.png", b"name,state\nA,LA\n", "image/png")})
+    assert r.status_code == 422 and r.json()["detail"].startswith("file: the part says image/png")
