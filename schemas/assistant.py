@@ -202,6 +202,13 @@ class AssistantTurnEnded(Record):
     state: TurnOutcome
     end_reason: str | None = None
     reason: str | None = None
+    """Plain text; only records written before reasons were sealed carry it."""
+    reason_code: str | None = None
+    """Why, as a plain code: the turn's error kinds (``model_error; tool_error``), or
+    ``step_failed``."""
+    sealed_reason: Sealed | None = None
+    """The reason in words, sealed with the conversation's key (content id
+    ``{turn}:reason``)."""
 
 
 @record_type("voice.assistant.pattern_recorded.v1")

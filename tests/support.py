@@ -16,6 +16,7 @@ from pathlib import Path
 from typing import Any
 
 import httpx
+from confluent_kafka import Consumer, KafkaException, TopicPartition
 
 from deploy.processes import (  # noqa: F401  (re-exported for the tests)
     spawn_voice,
@@ -27,6 +28,7 @@ from deploy.processes import (  # noqa: F401  (re-exported for the tests)
 )
 from streams.reading import read_topic
 from streams.settings import VoiceSettings
+from streams.topics import record_specs, topic_name
 
 REPO = Path(__file__).resolve().parent.parent
 
@@ -235,3 +237,24 @@ async def _aframes(lines: AsyncIterator[str]) -> AsyncIterator[SseFrame]:
             buffered = []
     for frame in sse_frames(buffered):
         yield frame
+
+
+def sink_caught_up(settings: VoiceSettings) -> bool:
+    """Whether the telemetry sink's group has committed every record of every topic it reads
+    (so every record is in the store: the sink commits only after the insert)."""
+    c = Consumer({"bootstrap.servers": settings.bootstrap,
+                  "group.id": f"{settings.group_prefix}-telemetry", "enable.auto.commit": False})
+    try:
+        # The topics the sink reads: never voice.keys.
+        names = [topic_name(settings, s) for s in record_specs()]
+        parts = [TopicPartition(t, p) for t in names for p in range(settings.topic_partitions)]
+        done = {(r.topic, r.partition): r.offset for r in c.committed(parts, timeout=10)}
+        for tp in parts:
+            _low, high = c.get_watermark_offsets(tp, timeout=10)
+            if high > 0 and done.get((tp.topic, tp.partition), -1) < high:
+                return False
+        return True
+    except KafkaException:  # the group's coordinator moving: ask again
+        return False
+    finally:
+        c.close()

@@ -97,7 +97,7 @@ async def _record_image(commands: CommandsDep, views: AssistantDep, sealer: Seal
         raise HTTPException(422, f"file: the part says {media_type} but its bytes are not a "
                                  f"{media_type.split('/')[1].upper()} image")
     image_id = uuid.uuid4().hex
-    await asyncio.to_thread(sealer.create, image_id)
+    await asyncio.to_thread(sealer.create, image_id, principal.tenant)
     record = ImageRecorded(
         image_id=image_id, owner=principal.sub, media_type=media_type,  # type: ignore[arg-type]
         size_bytes=len(data), meta=sealer.seal_json(image_id, "meta", {"name": name}),
@@ -162,7 +162,7 @@ async def upload_file(request: Request, commands: CommandsDep, views: AssistantD
     name = _dataset_name(filename, fields.get("name"))
     namespace = _namespace(fields.get("namespace"))
     dataset_id = uuid.uuid4().hex
-    await asyncio.to_thread(sealer.create, dataset_id)
+    await asyncio.to_thread(sealer.create, dataset_id, principal.tenant)
     record = DatasetRecorded(
         dataset_id=dataset_id, owner=principal.sub, rows=checked.rows,
         columns=len(checked.columns), size_bytes=len(data),

@@ -106,7 +106,9 @@ async def get_research(run: str, principal: IssuesReadDep, views: StaffViewsDep)
         raise HTTPException(404, f"no research run {run!r}")
     state = run_state(w)
     out = ResearchOut(run=run, issue=(w.input.get("issue") or {}).get("issue", ""), state=state,
-                      reason=w.last_error if state == "Failed" else None)
+                      # The failure's code (its message, which may quote a model, is not kept
+                      # plain: docs/security.md, "Free text outside the seal").
+                      reason=f"the run failed: {w.last_error}" if state == "Failed" else None)
     found = (w.outputs.get("research") or {}).get("suggestions")
     if state == "Done" and found:
         def items(section: str) -> list[SuggestionOut]:

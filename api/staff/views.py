@@ -197,7 +197,9 @@ class Workflows(Projection[WorkflowView]):
         elif isinstance(rec, StepSucceeded):
             view.outputs[rec.step] = dict(rec.output)
         elif isinstance(rec, StepFailed):
-            view.last_error = f"{rec.error_type}: {rec.error}"
+            # Plain only: the code, and Voice's own words. A message that may quote someone is
+            # sealed in the record, and staff and operators do not read participants' words.
+            view.last_error = f"{rec.error_type}: {rec.error}" if rec.error else rec.error_type
         elif isinstance(rec, WorkflowPaused):
             view.status, view.step, view.waiting_for = "paused", rec.step, rec.waiting_for
         elif isinstance(rec, WorkflowCommandReceived):
@@ -208,7 +210,7 @@ class Workflows(Projection[WorkflowView]):
         elif isinstance(rec, WorkflowCompleted):
             view.status, view.waiting_for = "completed", None
         elif isinstance(rec, WorkflowFailed):
-            view.status, view.last_error = "failed", rec.error
+            view.status, view.last_error = "failed", rec.error or rec.error_type
 
 
 class Contributions(Projection[ContributionRecorded]):

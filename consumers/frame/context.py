@@ -99,7 +99,8 @@ class WorkerContext:
         self.log_reader = KafkaLogReader(settings)
         """Reads an aggregate's records back by position (what a step's input refers to)."""
         self.on_shutdown(self.log_reader.close)
-        self.runtime = WorkflowRuntime(settings, self.table("workflows"), self.publisher)
+        self.runtime = WorkflowRuntime(settings, self.table("workflows"), self.publisher,
+                                       self.sealer)
         self.writer = Writer(self.publisher, topic_name(settings, COMMANDS))
         self.products: list[Product] = []
         self.retry_policy = RetryPolicy.from_settings(settings)
@@ -268,3 +269,4 @@ class WorkerContext:
             self.runtime.keep_only(set())
             if self._producer is not None:
                 self._producer.close()
+            self.sealer.close()

@@ -52,7 +52,9 @@ class Position:
 
 class LogUnavailable(Exception):
     """The records cannot be read: not on the log as indexed (``retryable=False``), or the
-    broker did not answer in time (``retryable=True``)."""
+    broker did not answer in time (``retryable=True``). Its message names positions."""
+
+    plain_message = True
 
     def __init__(self, message: str, retryable: bool) -> None:
         super().__init__(message)

@@ -94,7 +94,9 @@ class Review:
         self.definition = WorkflowDef(KIND, (
             StepDef("flag", self.flag_step), StepDef("review", self.review_step),
             StepDef("second_review", self.second_review_step),
-            StepDef("publish", self.publish_step)))
+            StepDef("publish", self.publish_step)),
+            # A failure may quote the contribution: sealed under its key, erased with it.
+            sealed_by=lambda i: i["contribution"])
 
     def _text(self, ctx: StepContext) -> str:
         c = ctx.input["contribution"]

@@ -17,7 +17,7 @@ from dataclasses import asdict, dataclass, field
 from typing import Any, Literal
 
 from consumers.engine.cancel import CancelToken
-from schemas.base import Record
+from schemas.base import Record, Sealed
 from schemas.workflow import (
     StepFailed,
     StepStarted,
@@ -72,6 +72,9 @@ class WorkflowDef:
     steps: tuple[StepDef, ...]
     on_end: Callable[[WorkflowState], Awaitable[None]] | None = None
     """Called once the workflow completed or failed (e.g. record the turn's outcome)."""
+    sealed_by: Callable[[dict[str, Any]], str | None] | None = None
+    """The aggregate (from the input) whose data key seals a failing step's message, which
+    may quote a model or a participant (``streams.free_text``); None keeps only its code."""
 
     def step(self, index: int) -> StepDef:
         return self.steps[index]
@@ -94,6 +97,10 @@ class WorkflowState:
     seen_commands: list[str] = field(default_factory=list)
     waiting_for: str | None = None
     last_error: str | None = None
+    """Plain: the last failure's code (and Voice's own wording); its message is sealed."""
+    last_error_sealed: dict[str, Any] | None = None
+    """The last failure's message, ``Sealed`` as a dict, under ``sealed_by``'s key."""
+    sealed_by: str | None = None
     tenant: str | None = None
     """The tenant it runs for (its start's); its records carry it, other tenants' commands
     are ignored."""
@@ -104,6 +111,11 @@ class WorkflowState:
     @classmethod
     def from_dict(cls, d: dict[str, Any] | None) -> WorkflowState | None:
         return None if d is None else cls(**copy.deepcopy(d))
+
+
+def error_content_id(workflow: str, step_index: int, attempt: int) -> str:
+    """The content id a failed attempt's message is sealed for (``streams.free_text``)."""
+    return f"{workflow}/error/{step_index}/{attempt}"
 
 
 @dataclass(frozen=True)
@@ -162,23 +174,33 @@ def step_succeeded(wf: WorkflowDef, state: WorkflowState, output: dict[str, Any]
     return t
 
 
-def step_failed(wf: WorkflowDef, state: WorkflowState, error: str, error_type: str,
-                retryable: bool, max_attempts: int) -> Transition:
-    """Record the failure; retry at once while attempts remain, else fail the workflow."""
+def step_failed(wf: WorkflowDef, state: WorkflowState, error: str | None, error_type: str,
+                retryable: bool, max_attempts: int, sealed_error: Sealed | None = None,
+                sealed_by: str | None = None) -> Transition:
+    """Record the failure; retry at once while attempts remain, else fail the workflow.
+
+    ``error`` is plain text of Voice's own (or None); a message that may quote anyone's words
+    comes as ``sealed_error`` under ``sealed_by``'s key and stays sealed in every record and
+    in the state.
+    """
     t = Transition(copy.deepcopy(state))
     s = t.state
     name = wf.step(s.step_index).name
     s.failures += 1
-    s.last_error = f"{error_type}: {error}"
+    s.last_error = f"{error_type}: {error}" if error else error_type
+    s.last_error_sealed = sealed_error.model_dump() if sealed_error is not None else None
+    s.sealed_by = sealed_by if sealed_error is not None else None
     _emit(t, StepFailed(workflow=s.workflow, step=name, attempt=s.attempt, error=error,
-                        error_type=error_type, retryable=retryable))
+                        error_type=error_type, retryable=retryable, sealed_error=sealed_error,
+                        sealed_by=s.sealed_by))
     if retryable and s.failures < max_attempts:
         s.attempt += 1
         _start_step(t, wf)
     else:
         s.status = "failed"
         _emit(t, WorkflowFailed(workflow=s.workflow, step=name, error=s.last_error,
-                                attempts=s.attempt))
+                                attempts=s.attempt, error_type=error_type,
+                                sealed_error=sealed_error, sealed_by=s.sealed_by))
         t.ended = True
     return t
 
@@ -217,6 +239,7 @@ def command(wf: WorkflowDef, state: WorkflowState, cmd: WorkflowCommandReceived)
         _start_step(t, wf)
     elif s.status == "failed" and cmd.command == "retry":
         s.status, s.attempt, s.failures, s.last_error = "running", 1, 0, None
+        s.last_error_sealed = s.sealed_by = None
         _emit(t, WorkflowResumed(workflow=s.workflow, step=wf.step(s.step_index).name))
         _start_step(t, wf)
     return t

@@ -25,8 +25,10 @@ from aiokafka.partitioner import murmur2
 from consumers.engine.cancel import CancelToken
 from consumers.workflows import engine
 from consumers.workflows.engine import Pause, StepContext, Transition, WorkflowDef, WorkflowState
+from schemas.base import Sealed
 from schemas.workflow import StepOutcome, WorkflowCommandReceived, WorkflowStarted
 from streams.envelope import Envelope
+from streams.free_text import TextSealer, describe, open_text, seal_text
 from streams.producer import Publisher
 from streams.retry import Unprocessable
 from streams.settings import VoiceSettings
@@ -46,6 +48,17 @@ def partition_of(key: str, partitions: int) -> int:
     return (murmur2(key.encode()) & 0x7FFFFFFF) % partitions
 
 
+def failure_words(sealer: TextSealer, state: WorkflowState) -> str:
+    """A failed workflow's last failure in words, for a record that seals them again under
+    its own content id: the code, and the message while it still opens (not after erasure)."""
+    words = None
+    if state.last_error_sealed is not None and state.sealed_by is not None:
+        content_id = engine.error_content_id(state.workflow, state.step_index, state.attempt)
+        words = open_text(sealer, state.sealed_by, content_id,
+                          Sealed.model_validate(state.last_error_sealed))
+    return f"{state.last_error}: {words}" if words else str(state.last_error)
+
+
 class StepError(Exception):
     """A step's failure; ``retryable=False`` fails the workflow without more attempts."""
 
@@ -57,8 +70,12 @@ class StepError(Exception):
 class WorkflowRuntime:
     """Runs the registered workflow kinds for the partitions this worker owns."""
 
-    def __init__(self, settings: VoiceSettings, table: Any, publisher: Publisher) -> None:
+    def __init__(self, settings: VoiceSettings, table: Any, publisher: Publisher,
+                 sealer: TextSealer | None = None) -> None:
+        """``sealer`` seals failing steps' messages (``WorkflowDef.sealed_by``); without
+        one only their codes are kept."""
         self.settings = settings
+        self.sealer = sealer
         self.table = table
         self.publisher = publisher
         self.defs: dict[str, WorkflowDef] = {}
@@ -149,8 +166,9 @@ class WorkflowRuntime:
         if rec.status == "paused":
             return engine.step_paused(wf, state, Pause(rec.waiting_for or "command"))
         if rec.status == "failed":
-            return engine.step_failed(wf, state, rec.error or "", rec.error_type or "Error",
-                                      rec.retryable, self.settings.step_attempts)
+            return engine.step_failed(wf, state, rec.error, rec.error_type or "Error",
+                                      rec.retryable, self.settings.step_attempts,
+                                      rec.sealed_error, rec.sealed_by)
         return engine.step_succeeded(wf, state, rec.output)
 
     async def _apply(self, t: Transition, correlation: str) -> None:
@@ -196,11 +214,13 @@ class WorkflowRuntime:
         except asyncio.CancelledError:
             raise  # keep_only() let go of it; the partition's new owner resumes it
         except Exception as exc:  # a step's failure is a record, never a crash
-            log.warning("step %s of %s failed (attempt %s): %r", step.name, state.workflow,
-                        state.attempt, exc)
-            outcome = StepOutcome(**report, status="failed", error=str(exc) or repr(exc),
-                                  error_type=type(exc).__name__,
-                                  retryable=getattr(exc, "retryable", True))
+            # Its message may quote a model or a participant: sealed in the record, only
+            # described (type, fields) in the log.
+            log.warning("step %s of %s failed (attempt %s): %s", step.name, state.workflow,
+                        state.attempt, describe(exc))
+            outcome = StepOutcome(**report, status="failed", error_type=type(exc).__name__,
+                                  retryable=getattr(exc, "retryable", True),
+                                  **self._sealed_message(wf, state, exc))
         if self.cancels.get(state.workflow) is cancel:
             del self.cancels[state.workflow]
         env = Envelope(record=outcome, key=state.workflow, source=SOURCE,
@@ -210,6 +230,23 @@ class WorkflowRuntime:
             await self._send(env)
         except Exception:
             log.exception("reporting the outcome of %s failed", state.workflow)
+
+    def _sealed_message(self, wf: WorkflowDef, state: WorkflowState, exc: Exception
+                        ) -> dict[str, Any]:
+        """A failed step's message sealed under its workflow's aggregate; without one (or
+        when sealing fails, e.g. the aggregate was erased) the outcome keeps the code only."""
+        key = wf.sealed_by(state.input) if wf.sealed_by is not None else None
+        text = str(exc) or repr(exc)
+        if key is None or self.sealer is None:
+            return {}
+        content_id = engine.error_content_id(state.workflow, state.step_index, state.attempt)
+        try:
+            return {"sealed_error": seal_text(self.sealer, key, content_id, text),
+                    "sealed_by": key}
+        except Exception as sealing:
+            log.warning("the message of %s's failure was dropped, not sealed: %s",
+                        state.workflow, describe(sealing))
+            return {}
 
     def unheld(self, active_partitions: set[int], partitions: int) -> list[str]:
         """Running workflows of this worker's partitions that no local task holds.
