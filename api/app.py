@@ -69,7 +69,8 @@ def create_app(settings: VoiceSettings | None = None, bind_host: str | None = No
         app.state.assistant = AssistantViews(chat_settings)
         app.state.tail = EdgeTail(settings, on_conversation=on_record(views),
                                   more=app.state.staff.handlers(),
-                                  located=app.state.assistant.tail_handlers(),
+                                  located={**app.state.assistant.tail_handlers(),
+                                           **app.state.staff.located_handlers()},
                                   live={DELTAS: views.apply_delta})
         app.state.tail.start()
         try:

@@ -223,6 +223,16 @@ class AssistantPatternRecorded(Record):
     text: Sealed
 
 
+@record_type("voice.assistant.expire_turn.v1")
+class ExpireAssistantTurn(Record):
+    """The janitor of the worker owning the conversation found ``turn`` running past its
+    deadline: the sequencer ends it ``Failed`` (``DEADLINE_EXCEEDED``) if it still runs, else
+    ignores this. Command id ``{turn}:deadline``."""
+
+    conversation: str
+    turn: str
+
+
 ASSISTANT_COMMANDS = (AssistantChat, AppendDisplay, AssistantReplyRecorded, AssistantTurnEnded,
-                      AssistantPatternRecorded)
+                      AssistantPatternRecorded, ExpireAssistantTurn)
 """Record types the assistant sequencer takes off ``voice.commands``."""

@@ -71,6 +71,16 @@ class EraseConversation(Record):
     conversation: str
 
 
+@record_type("voice.conversation.expire_turn.v1")
+class ExpireTurn(Record):
+    """The janitor of the worker owning the conversation found ``turn`` open past its
+    deadline: the sequencer ends it (``DEADLINE_EXCEEDED``) if it is still open, else ignores
+    this. Command id ``{turn}:deadline``."""
+
+    conversation: str
+    turn: str
+
+
 # --- the conversation log (topic voice.conversations, key = conversation id) -----------------
 
 

@@ -26,9 +26,10 @@ from deploy.processes import (  # noqa: F401  (re-exported for the tests)
     wait_http_ready,
     worker_group,
 )
+from streams.envelope import Envelope, decode
 from streams.reading import read_topic
 from streams.settings import VoiceSettings
-from streams.topics import record_specs, topic_name
+from streams.topics import TopicSpec, record_specs, topic_name
 
 REPO = Path(__file__).resolve().parent.parent
 
@@ -114,6 +115,40 @@ def wait_for(predicate, timeout: float = 20, interval: float = 0.1, what: str = 
             return value
         time.sleep(interval)
     raise TimeoutError(f"{what} not reached in {timeout}s")
+
+
+# --- the faults suite: logs read back, a client that retries as the edge asks ------------
+
+
+def log_of(settings: VoiceSettings, spec: TopicSpec, key: str) -> list[Envelope]:
+    """``key``'s records on ``spec`` (every delivery, duplicates included), in seq order."""
+    out = [decode(m.key(), m.value(), m.headers())
+           for m in read_all(settings, topic_name(settings, spec)) if m.key() == key.encode()]
+    return sorted(out, key=lambda e: e.seq or 0)
+
+
+def accepted(post: Callable[[], httpx.Response], also: tuple[int, ...] = ()
+             ) -> httpx.Response:
+    """``post`` until it is answered ``202`` (or one of ``also``): a worker that just joined
+    may not own the partition yet, and the edge answers ``503``; the client retries with the
+    same ``Idempotency-Key``, as the edge asks."""
+    deadline = time.monotonic() + 90
+    while (r := post()).status_code == 503:
+        assert time.monotonic() < deadline, r.text
+        time.sleep(1)
+    assert r.status_code in (202, 201, *also), r.text
+    return r
+
+
+def no_duplicate_seqs(log: list[Envelope]) -> list[Envelope]:
+    """The log without redelivered duplicates (same seq, same id), checked dense."""
+    by_seq: dict[int, Envelope] = {}
+    for env in log:
+        assert env.seq is not None
+        first = by_seq.setdefault(env.seq, env)
+        assert first.id == env.id, f"seq {env.seq} given twice: {first.id} and {env.id}"
+    assert sorted(by_seq) == list(range(1, len(by_seq) + 1))
+    return [by_seq[s] for s in sorted(by_seq)]
 
 
 # --- SSE ------------------------------------------------------------------------------------

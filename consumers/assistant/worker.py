@@ -41,6 +41,7 @@ from consumers.workflows.runtime import StepError, failure_words
 from schemas.assistant import (
     AppendDisplay,
     AssistantPatternRecorded,
+    AssistantReplyRecorded,
     AssistantTurnEnded,
     DatasetRef,
     DisplayPayload,
@@ -49,6 +50,7 @@ from schemas.assistant import (
 from schemas.base import Record
 from schemas.workflow import WorkflowStarted
 from streams.assistant_settings import assistant_settings
+from streams.crashpoints import CrashPoints
 from streams.envelope import Envelope
 from streams.free_text import seal_text
 from streams.sealing import KeyErased, Sealer
@@ -78,8 +80,9 @@ class Assistant:
         self.ctx = ctx
         self.settings = assistant_settings(ctx.settings)
         self.out = ctx.publisher
+        self.crash = CrashPoints.parse(ctx.settings.test_crash_at)
         self.agents = ctx.agents
-        ctx.aggregate(AssistantSequencer())
+        ctx.aggregate(AssistantSequencer(ctx.settings.assistant_turn_deadline_s))
         self.transcripts = ctx.table("assistant_index")
         self.reader = ctx.log_reader
         self.box = SqlBox(self.settings.assistant_sql_timeout_s)
@@ -106,6 +109,8 @@ class Assistant:
             await self.out.send(COMMANDS, Envelope(
                 record=record, key=conversation, source=SOURCE, subject=conversation,
                 tenant=tenant, correlation=correlation, id=command_id))
+            if isinstance(record, AssistantReplyRecorded):
+                self.crash.hit("after_reply", correlation)
         return submit
 
     # --- the log: transcripts, patterns, workflow starts --------------------------------------
@@ -150,8 +155,8 @@ class Assistant:
             attempt=ctx.attempt, request=request, options=inp.get("options") or {},
             refs=[DatasetRef.model_validate(r) for r in inp.get("datasets") or []],
             history=history, patterns=patterns, source=self.datasets, box=self.box,
-            client=self.agents.client_for(tenant), sink=sink, cancel=ctx.cancel, tenant=tenant,
-            images=self.images)
+            client=self.agents.client_for(tenant, turn), sink=sink, cancel=ctx.cancel,
+            tenant=tenant, images=self.images)
         outcome = OUTCOMES[result.end_reason]
         reason = "; ".join(f"{e.kind}: {e.message}" for e in result.errors) or None
         code = "; ".join(dict.fromkeys(e.kind for e in result.errors)) or None

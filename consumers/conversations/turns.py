@@ -37,6 +37,7 @@ from schemas.conversation import (
     TurnStateChanged,
 )
 from schemas.workflow import WorkflowStarted
+from streams.crashpoints import CrashPoints
 from streams.envelope import Envelope
 from streams.free_text import seal_text
 from streams.producer import Publisher
@@ -196,15 +197,17 @@ class Turns:
     """Keeps each conversation's transcript index, starts turn workflows, runs their step."""
 
     def __init__(self, publisher: Publisher, index: Any, sealer: Sealer, agent: ConcernAgent,
-                 reader: LogReader, read_bytes: int) -> None:
+                 reader: LogReader, read_bytes: int, crash: CrashPoints | None = None) -> None:
         """``index`` is the table of ``TranscriptIndex`` values; ``reader`` fetches the
-        records a turn refers to; ``read_bytes`` is ``VOICE_HISTORY_READ_BYTES``."""
+        records a turn refers to; ``read_bytes`` is ``VOICE_HISTORY_READ_BYTES``; ``crash``
+        the test-only crash points."""
         self.publisher = publisher
         self.index = index
         self.sealer = sealer
         self.agent = agent
         self.reader = reader
         self.read_bytes = read_bytes
+        self.crash = crash or CrashPoints()
         self.definition = WorkflowDef(KIND, (StepDef("reply", self.reply_step),),
                                       on_end=self.on_end, sealed_by=lambda i: i["conversation"])
 
@@ -273,6 +276,7 @@ class Turns:
         await self._submit(conversation, turn, tenant, "reply", ReplyRecorded(
             conversation=conversation, turn=turn, reply_id=reply_id,
             text=self.sealer.seal(conversation, reply_id, reply.text or "…")))
+        self.crash.hit("after_reply", turn)
         if reply.proposal is not None:
             proposal_id = f"{turn}:proposal"
             await self._submit(conversation, turn, tenant, "proposal", ProposalRecorded(

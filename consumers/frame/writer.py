@@ -91,10 +91,18 @@ class Raw:
 
 def acknowledgement(cmd: Envelope, ack: Ack, source: str) -> Envelope:
     """The ``CommandAcknowledged`` of ``cmd`` (key = command id) the edge waits on."""
-    rec = CommandAcknowledged(command_id=cmd.id, aggregate=cmd.key, outcome=ack.outcome,
+    return answer_to(cmd.id, cmd.key, cmd.tenant, cmd.correlation, ack, source)
+
+
+def answer_to(command_id: str, aggregate: str, tenant: str | None, correlation: str | None,
+              ack: Ack, source: str) -> Envelope:
+    """``acknowledgement`` of a command known by its fields (one decided after its record was
+    handled: a workflow's queued command)."""
+    rec = CommandAcknowledged(command_id=command_id, aggregate=aggregate, outcome=ack.outcome,
                               seq=ack.seq, detail=ack.detail)
-    return Envelope(record=rec, key=cmd.id, source=source, subject=cmd.key, tenant=cmd.tenant,
-                    correlation=cmd.correlation, causation=cmd.id, id=f"{cmd.id}-ack")
+    return Envelope(record=rec, key=command_id, source=source, subject=aggregate,
+                    tenant=tenant, correlation=correlation, causation=command_id,
+                    id=f"{command_id}-ack")
 
 
 def appended(agg: Aggregate[Any], cmd: Envelope, decision: Decision[Any]) -> list[Output]:

@@ -5,8 +5,9 @@ and the lifecycle records to produce, with dense per-workflow seqs and ids deriv
 (``{workflow}:{seq}``), so a replayed transition produces identical records.
 
 Retries are immediate and bounded (``attempts``); a step that waits for someone outside Voice
-returns ``Pause`` and a command resumes it; a worker that died mid-step shows up as a running
-step no task holds, recorded as a failed attempt (``WorkerLost``) and retried elsewhere.
+returns ``Pause`` and a command resumes it (``consumers.workflows.commands`` decides each
+command and answers it); a worker that died mid-step shows up as a running step no task
+holds, recorded as a failed attempt (``WorkerLost``) and retried elsewhere.
 """
 
 from __future__ import annotations
@@ -17,6 +18,7 @@ from dataclasses import asdict, dataclass, field
 from typing import Any, Literal
 
 from consumers.engine.cancel import CancelToken
+from consumers.frame.aggregate import Ack
 from schemas.base import Record, Sealed
 from schemas.workflow import (
     StepFailed,
@@ -72,6 +74,11 @@ class WorkflowDef:
     steps: tuple[StepDef, ...]
     on_end: Callable[[WorkflowState], Awaitable[None]] | None = None
     """Called once the workflow completed or failed (e.g. record the turn's outcome)."""
+    answers: Callable[[WorkflowState, WorkflowCommandReceived], str] | None = None
+    """Which pause a command answers, when not the one its name says (e.g. a ``review``
+    answers whichever of the two reviews the workflow waits for)."""
+    refuse: Callable[[WorkflowState, WorkflowCommandReceived], str | None] | None = None
+    """Why the workflow refuses a command that answers its pause (``None``: it takes it)."""
     sealed_by: Callable[[dict[str, Any]], str | None] | None = None
     """The aggregate (from the input) whose data key seals a failing step's message, which
     may quote a model or a participant (``streams.free_text``); None keeps only its code."""
@@ -95,6 +102,11 @@ class WorkflowState:
     outputs: dict[str, dict[str, Any]] = field(default_factory=dict)
     commands: dict[str, dict[str, Any]] = field(default_factory=dict)
     seen_commands: list[str] = field(default_factory=list)
+    """Command ids applied before decisions were remembered (``decided``); kept for them."""
+    decided: dict[str, dict[str, Any]] = field(default_factory=dict)
+    """command id → its answer (outcome, seq, detail), the most recent ones."""
+    queued: list[dict[str, Any]] = field(default_factory=list)
+    """Commands received while running, decided when it next stops (``commands.settle``)."""
     waiting_for: str | None = None
     last_error: str | None = None
     """Plain: the last failure's code (and Voice's own wording); its message is sealed."""
@@ -104,6 +116,10 @@ class WorkflowState:
     tenant: str | None = None
     """The tenant it runs for (its start's); its records carry it, other tenants' commands
     are ignored."""
+    settled: bool = True
+    """False from the moment it ended until its definition's ``on_end`` (the turn-over
+    bookkeeping) has run: the runtime runs it again for an ended, unsettled workflow, so a
+    worker dying in between never leaves a turn open."""
 
     def to_dict(self) -> dict[str, Any]:
         return copy.deepcopy(asdict(self))
@@ -136,6 +152,8 @@ class Transition:
     run_step: bool = False
     """True when the current step must be (re)started by a task."""
     ended: bool = False
+    answers: list[tuple[dict[str, Any], Ack]] = field(default_factory=list)
+    """Commands decided by this transition: where each answer goes, and the answer."""
 
 
 def _emit(t: Transition, record: Record) -> None:
@@ -220,26 +238,10 @@ def worker_lost(wf: WorkflowDef, state: WorkflowState, max_attempts: int) -> Tra
                        True, max_attempts)
 
 
-def command(wf: WorkflowDef, state: WorkflowState, cmd: WorkflowCommandReceived) -> Transition:
-    """Apply a command: resume a paused workflow, or ``retry`` a failed one from its step.
-
-    A command id seen before changes nothing, so a duplicate command resumes once. A
-    ``cancel`` changes no state here: the runtime signals the running step, which ends.
-    """
-    t = Transition(copy.deepcopy(state))
+def resume(wf: WorkflowDef, t: Transition) -> None:
+    """Run the current step again: a pause answered, or a failed workflow retried."""
     s = t.state
-    if cmd.command_id in s.seen_commands:
-        return t
-    s.seen_commands.append(cmd.command_id)
-    if s.status == "paused" and cmd.command == s.waiting_for:
-        s.commands[cmd.command] = {"by": cmd.by, **cmd.payload}
-        s.status, s.waiting_for = "running", None
-        s.attempt, s.failures = 1, 0
-        _emit(t, WorkflowResumed(workflow=s.workflow, step=wf.step(s.step_index).name))
-        _start_step(t, wf)
-    elif s.status == "failed" and cmd.command == "retry":
-        s.status, s.attempt, s.failures, s.last_error = "running", 1, 0, None
-        s.last_error_sealed = s.sealed_by = None
-        _emit(t, WorkflowResumed(workflow=s.workflow, step=wf.step(s.step_index).name))
-        _start_step(t, wf)
-    return t
+    s.status, s.waiting_for = "running", None
+    s.attempt, s.failures = 1, 0
+    _emit(t, WorkflowResumed(workflow=s.workflow, step=wf.step(s.step_index).name))
+    _start_step(t, wf)
