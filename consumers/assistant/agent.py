@@ -9,6 +9,7 @@ from __future__ import annotations
 import json
 from typing import Any
 
+from consumers.assistant.images import REF_SOURCE
 from consumers.assistant.patterns import Suggestion
 from consumers.engine import AgentSpec, StateView, ToolRegistry
 from streams.assistant_settings import AssistantSettings
@@ -57,6 +58,17 @@ def user_content(request: dict[str, Any]) -> str:
     return "\n\n".join(parts)
 
 
+def user_message(request: dict[str, Any]) -> str | list[dict[str, Any]]:
+    """The user's message as the model gets it: ``user_content`` text, preceded by one image
+    reference block per attached image (``consumers.assistant.images`` resolves them)."""
+    text = user_content(request)
+    images = [i for i in request.get("images") or [] if isinstance(i, dict)]
+    if not images:
+        return text
+    return [*({"type": "image", "source": {"type": REF_SOURCE, **i}} for i in images),
+            {"type": "text", "text": text}]
+
+
 def _blocks(content: Any) -> list[dict[str, Any]]:
     if isinstance(content, str):
         return [{"type": "text", "text": content}] if content else []
@@ -70,7 +82,7 @@ def history_messages(turns: list[tuple[str, Any]]) -> list[dict[str, Any]]:
     messages: list[dict[str, Any]] = []
     for role, payload in turns:
         if role == "user":
-            items = [{"role": "user", "content": user_content(payload)}]
+            items = [{"role": "user", "content": user_message(payload)}]
         elif not messages:
             continue  # a reply without its request (trimmed away): its chain would dangle
         else:
@@ -106,7 +118,8 @@ def state_text(request: dict[str, Any], options: dict[str, Any],
         lines.append("[SELECTION] " + json.dumps(request["selection_state"],
                                                  sort_keys=True)[:2000])
     if options.get("agentic_mode"):
-        lines.append("[MODE] agentic: make a short plan first, then carry it out step by step")
+        lines.append("[MODE] agentic: first call `plan` with short steps, then carry them out "
+                     "one by one, calling `plan` again to mark each finished step done")
     if options.get("namespace_id"):
         lines.append(f"[NAMESPACE] {options['namespace_id']}")
     if suggestions:

@@ -19,6 +19,7 @@ from contextlib import suppress
 from typing import Any
 
 from consumers.assistant.datasets import KafkaDatasets
+from consumers.assistant.images import KafkaImages
 from consumers.assistant.library import TYPES, PatternLibrary
 from consumers.assistant.patterns import (
     Pattern,
@@ -87,6 +88,8 @@ class Assistant:
         self.box = SqlBox(self.settings.assistant_sql_timeout_s)
         self.datasets = KafkaDatasets(self.settings, ctx.sealer,
                                       self.settings.assistant_dataset_cache_bytes)
+        self.images = KafkaImages(self.settings, ctx.sealer,
+                                  self.settings.assistant_dataset_cache_bytes // 4)
         ctx.workflow(WorkflowDef(TURN_KIND, (StepDef("reply", self.reply_step),),
                                  on_end=self.turn_over, sealed_by=_conversation),
                      WorkflowDef(EXTRACT_KIND, (StepDef("provisional", self.provisional_step),
@@ -152,7 +155,8 @@ class Assistant:
             attempt=ctx.attempt, request=request, options=inp.get("options") or {},
             refs=[DatasetRef.model_validate(r) for r in inp.get("datasets") or []],
             history=history, patterns=patterns, source=self.datasets, box=self.box,
-            client=self.agents.client_for(tenant, turn), sink=sink, cancel=ctx.cancel)
+            client=self.agents.client_for(tenant, turn), sink=sink, cancel=ctx.cancel,
+            tenant=tenant, images=self.images)
         outcome = OUTCOMES[result.end_reason]
         reason = "; ".join(f"{e.kind}: {e.message}" for e in result.errors) or None
         code = "; ".join(dict.fromkeys(e.kind for e in result.errors)) or None

@@ -96,6 +96,10 @@ class TurnInput:
     skip_history: bool = False
     inference_params: dict[str, float] = field(default_factory=dict)
     """Per-request sampling overrides (``temperature``, ``top_p``, ``top_k``) for every call."""
+    tenant: str | None = None
+    """The turn's tenant, handed to every tool (``ToolContext.tenant``)."""
+    capabilities: frozenset[str] = frozenset()
+    """The asking principal's capabilities as the edge resolved them (``ToolContext``)."""
 
 
 @dataclass(frozen=True)

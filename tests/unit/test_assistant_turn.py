@@ -75,7 +75,8 @@ async def test_the_louisiana_map_example_on_the_simulator(tmp_path: Path, box: S
     sink = ConversationSink(inner, commands, sealer, CONV, TURN)
     result, suggested = await run_assistant_turn(
         settings(tmp_path), conversation=CONV, turn=TURN, owner="alice", attempt=1,
-        request=REQUEST, options={}, refs=[DatasetRef(dataset_id=DS, partition=0, offset=0)],
+        request=REQUEST, options={"capabilities": ["converse"]},
+        refs=[DatasetRef(dataset_id=DS, partition=0, offset=0)],
         history=[], patterns=[], source=MemoryDatasets([from_csv(DS, "alice", "f.csv", CSV)]),
         box=box, client=simulator, sink=sink)
     assert result.end_reason == "end_turn" and suggested == []
