@@ -142,7 +142,8 @@ async def run_concern_extraction(spec: AgentSpec, client: Any, sink: EffectSink,
     if result.end_reason == "error":
         raise ConcernAgentFailed("; ".join(f"{e.kind}: {e.message}" for e in result.errors),
                                  retryable=result.retryable)
-    return dataclasses.replace(parse_reply(result.final_text), summary=result.summary)
+    return dataclasses.replace(parse_reply(result.final_text),
+                               summary=result.summary if result.summarised else None)
 
 
 class ConcernAgentFailed(Exception):
