@@ -23,6 +23,7 @@ from schemas.assistant import (
     AssistantChat,
     AssistantConversationStarted,
     AssistantDisplayRecorded,
+    AssistantHistorySummarised,
     AssistantPatternRecorded,
     AssistantReplyRecorded,
     AssistantTurnEnded,
@@ -73,7 +74,8 @@ class AssistantSequencer(Aggregate[AssistantState]):
             records = append(state, AssistantDisplayRecorded(
                 conversation=rec.conversation, turn=rec.turn, display_seq=state.display_seq,
                 event=rec.event))
-        elif isinstance(rec, (AssistantReplyRecorded, AssistantPatternRecorded)):
+        elif isinstance(rec, (AssistantReplyRecorded, AssistantPatternRecorded,
+                              AssistantHistorySummarised)):
             records = append(state, rec)
         elif isinstance(rec, AssistantTurnEnded):
             records = append(state, rec)

@@ -124,7 +124,8 @@ def concern_tools(catalog: IssueCatalog) -> ToolRegistry:
 def concern_spec(settings: VoiceSettings, catalog: IssueCatalog) -> AgentSpec:
     return AgentSpec(name=AGENT_NAME, identity=SYSTEM_PROMPT, tools=concern_tools(catalog),
                      model=settings.model, fallback_models=tuple(settings.fallback_models),
-                     compaction_model=settings.compaction_model, max_output_tokens=1024)
+                     compaction_model=settings.compaction_model, max_output_tokens=1024,
+                     history_token_budget=settings.history_token_budget)
 
 
 async def run_concern_extraction(spec: AgentSpec, client: Any, sink: EffectSink,

@@ -189,6 +189,14 @@ def compaction_input(previous: HistorySummary | None, messages: Sequence[dict[st
             f"[MESSAGES AFTER IT]\n{text}")
 
 
+def summary_tokens(spec: AgentSpec) -> int:
+    """The most a summary may be: half the headroom a new summary leaves (so summary + raw
+    part stay at most ``(1 + history_raw_share) / 2`` of the budget), and never more than the
+    agent's output limit."""
+    headroom = spec.history_token_budget * (1 - spec.history_raw_share)
+    return max(256, min(spec.max_output_tokens, int(headroom / 2)))
+
+
 async def prepare_history(spec: AgentSpec, history: list[dict[str, Any]],
                           stored: HistorySummary | None, caller: ModelCaller) -> PreparedHistory:
     """History within budget: as is, or the (reused or new) summary + the recent messages.
@@ -199,7 +207,8 @@ async def prepare_history(spec: AgentSpec, history: list[dict[str, Any]],
     one and the messages after it up to a new cut (``choose_cut``); the cut leaves at most
     ``history_raw_share`` of the budget raw, so the next summary waits until about
     ``(1 - history_raw_share) × budget`` tokens of new history (less the summary) have come:
-    hysteresis, not a summary every turn once a conversation is over budget. The products
+    hysteresis, not a summary every turn once a conversation is over budget (the summary is
+    itself bounded, ``summary_tokens``). The products
     fold their stored summary into the history they pass (``lead_with``), ``stored=None``,
     and the same rule holds: the folded summary is the first message the new one reads.
     """
@@ -220,7 +229,7 @@ async def prepare_history(spec: AgentSpec, history: list[dict[str, Any]],
         system=[{"type": "text", "text": COMPACTION_IDENTITY}],
         messages=[{"role": "user", "content": compaction_input(stored, history[base:cut],
                                                                base)}],
-        tools=[], max_tokens=spec.max_output_tokens)
+        tools=[], max_tokens=summary_tokens(spec))
     summary = HistorySummary(response.text.strip(), cut)
     return PreparedHistory(with_summary(summary, history[cut:]), summary, summarised=True)
 
