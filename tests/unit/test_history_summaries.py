@@ -28,8 +28,8 @@ from consumers.engine.history import (
     summary_tokens,
 )
 from consumers.engine.model import ModelCaller
-from consumers.engine.types import Keys
 from consumers.engine.testing import ScriptedModel, text
+from consumers.engine.types import Keys
 from consumers.frame.logrefs import MemoryLogReader
 from consumers.frame.writer import outputs
 from consumers.workflows.engine import StepContext
@@ -178,7 +178,6 @@ def check(model: Model, marks: dict[str, int], summaries: list[tuple[int, str]])
     throughs = [t for t, _ in summaries]
     assert throughs == sorted(set(throughs)), "each summary covers through a later seq"
     assert len(summaries) <= TURNS // N, (len(summaries), N)
-    print(f"{len(summaries)} summaries in {TURNS} turns; at most {TURNS // N} allowed")
     assert len(summaries) >= TURNS * TURN_TOKENS // BUDGET // 4, "the budget was crossed"
     previous = 0
     for k, (through, summary) in enumerate(summaries, start=1):
