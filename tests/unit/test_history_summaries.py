@@ -42,6 +42,7 @@ from schemas.assistant import (
 )
 from schemas.conversation import HistorySummarised, MessageRecorded, ReplyRecorded
 from streams.assistant_settings import AssistantSettings
+from streams.crashpoints import CrashPoints
 from streams.envelope import Envelope
 from streams.sealing import MemoryKeyStore, Sealer
 from streams.settings import VoiceSettings
@@ -240,8 +241,9 @@ class AssistantWorld:
         a = Assistant()
         a.ctx = SimpleNamespace(sealer=self.sealer)  # type: ignore[assignment]
         a.settings, a.out, a.reader = self.settings, self.out, self.log
+        a.crash = CrashPoints.parse("")
         a.agents = SimpleNamespace(sink=lambda *args, **kw: RecordingSink(),
-                                   client_for=lambda tenant: model.scripted)
+                                   client_for=lambda *args: model.scripted)
         a.box = a.datasets = None  # type: ignore[assignment]
         self.assistant = a
         self.starts: list[dict[str, Any]] = []
