@@ -147,8 +147,9 @@ class AppendDisplay(Record):
 
 
 # --- the log (topic voice.assistant, key = conversation id) ---------------------------------
-# ``AssistantReplyRecorded``, ``AssistantTurnEnded`` and ``AssistantPatternRecorded`` are also
-# the commands that ask for them: the sequencer appends them as they are.
+# ``AssistantReplyRecorded``, ``AssistantTurnEnded``, ``AssistantPatternRecorded`` and
+# ``AssistantHistorySummarised`` are also the commands that ask for them: the sequencer
+# appends them as they are.
 
 
 @record_type("voice.assistant.conversation_started.v1")
@@ -223,6 +224,22 @@ class AssistantPatternRecorded(Record):
     text: Sealed
 
 
+@record_type("voice.assistant.history_summarised.v1")
+class AssistantHistorySummarised(Record):
+    """A summary of the conversation through ``through_seq`` (sealed text, content id
+    ``summary_id``), made by the compaction model when a turn's history was over its token
+    budget and submitted by the turn's step (command id ``summary_id``, so a re-run records it
+    once). Later turns read it and only the requests and replies after ``through_seq``; the
+    next summary is made from it and those, never from the whole conversation again."""
+
+    conversation: str
+    turn: str
+    summary_id: str
+    through_seq: int = Field(ge=1)
+    """The last seq of the conversation the summary covers."""
+    text: Sealed
+
+
 @record_type("voice.assistant.expire_turn.v1")
 class ExpireAssistantTurn(Record):
     """The janitor of the worker owning the conversation found ``turn`` running past its
@@ -234,5 +251,5 @@ class ExpireAssistantTurn(Record):
 
 
 ASSISTANT_COMMANDS = (AssistantChat, AppendDisplay, AssistantReplyRecorded, AssistantTurnEnded,
-                      AssistantPatternRecorded, ExpireAssistantTurn)
+                      AssistantPatternRecorded, AssistantHistorySummarised, ExpireAssistantTurn)
 """Record types the assistant sequencer takes off ``voice.commands``."""

@@ -152,6 +152,11 @@ class VoiceSettings(BaseSettings):
     summarised well before this; only when summarising failed are older records left out
     of a turn, and the turn is told so."""
 
+    history_token_budget: int = Field(default=60_000, ge=500)
+    """Tokens of history (estimated, about four characters a token) an agent's turn sends as
+    is; over it, the older part is summarised (stored on the conversation's log and reused
+    by later turns) and the recent part stays raw — docs/engine.md, "History"."""
+
     edge_events_kept: int = Field(default=10_000, ge=10)
     """Events an edge keeps per conversation for SSE resume; older cursors answer 409."""
 

@@ -36,6 +36,7 @@ def assistant_spec(settings: AssistantSettings, tools: ToolRegistry) -> AgentSpe
                      model=settings.assistant_model or settings.model,
                      fallback_models=tuple(settings.fallback_models),
                      compaction_model=settings.compaction_model, max_output_tokens=4096,
+                     history_token_budget=settings.history_token_budget,
                      tool_guidance=TOOL_GUIDANCE, allowed_models=settings.allowed_models)
 
 
@@ -79,8 +80,16 @@ def history_messages(turns: list[tuple[str, Any]]) -> list[dict[str, Any]]:
     """Messages-API history from opened transcript entries: ``("user", request)`` and
     ``("assistant", chain)``. Roles alternate (same-role neighbours are merged) and it starts
     with the user; each reply contributes its whole tool-call chain."""
+    return history_with_seqs([(role, payload, 0) for role, payload in turns])[0]
+
+
+def history_with_seqs(turns: list[tuple[str, Any, int]]
+                      ) -> tuple[list[dict[str, Any]], list[int]]:
+    """``history_messages`` of ``(role, payload, seq)`` entries, and the last log seq each
+    message holds (where a summary that ends before a message covers through)."""
     messages: list[dict[str, Any]] = []
-    for role, payload in turns:
+    seqs: list[int] = []
+    for role, payload, seq in turns:
         if role == "user":
             items = [{"role": "user", "content": user_message(payload)}]
         elif not messages:
@@ -95,9 +104,11 @@ def history_messages(turns: list[tuple[str, Any]]) -> list[dict[str, Any]]:
                 messages[-1] = {"role": item["role"],
                                 "content": _blocks(messages[-1]["content"])
                                 + _blocks(item["content"])}
+                seqs[-1] = seq
             else:
                 messages.append({"role": item["role"], "content": item["content"]})
-    return messages
+                seqs.append(seq)
+    return messages, seqs
 
 
 def state_text(request: dict[str, Any], options: dict[str, Any],

@@ -98,6 +98,7 @@ class _Turn:
         self.warnings: list[str] = []
         self.final_text = ""
         self.summary: HistorySummary | None = None
+        self.summarised = False
         self.iterations = 0
         self._attempt_mark = 0
 
@@ -127,6 +128,7 @@ class _Turn:
         try:
             prepared = await prepare_history(spec, history, ti.summary, self.caller)
             self.messages, self.summary = prepared.messages, prepared.summary
+            self.summarised = prepared.summarised
             if prepared.summarised and prepared.summary is not None:
                 await self._telemetry("history_summarised", {
                     "summary_through": prepared.summary.summary_through,
@@ -310,4 +312,4 @@ class _Turn:
             final_text=self.final_text, end_reason=end_reason, cost_usd=caller.cost_usd,
             usage=caller.usage, messages_appended=structured, cards=cards,
             errors=tuple(self.errors), warnings=tuple(self.warnings),
-            model_calls=caller.calls, summary=self.summary)
+            model_calls=caller.calls, summary=self.summary, summarised=self.summarised)
