@@ -15,7 +15,7 @@ import math
 from dataclasses import dataclass
 from typing import Annotated, Any
 
-from confluent_kafka import KafkaError, KafkaException, Message
+from confluent_kafka import KafkaException, Message
 from fastapi import Depends, HTTPException
 
 from api.frame.auth import Principal
@@ -25,7 +25,7 @@ from schemas.base import Record
 from schemas.system import CommandAcknowledged
 from schemas.workflow import WorkflowCommandReceived, WorkflowStarted
 from streams.envelope import Envelope, new_id
-from streams.producer import ProduceError, Publisher, RecordProducer, RecordTooLarge
+from streams.producer import ProduceError, Publisher, RecordProducer, RecordTooLarge, too_large
 from streams.settings import VoiceSettings
 from streams.topics import COMMANDS, WORKFLOWS, TopicSpec
 
@@ -70,7 +70,7 @@ class Commands:
                                      "send less") from None
         except (ProduceError, KafkaException, BufferError) as exc:
             log.warning("could not %s: %s: %s", what, type(exc).__name__, exc)
-            if _too_large(exc):  # within our limit, yet over the client's or the topic's
+            if too_large(exc):  # within our limit, yet over the client's or the topic's
                 raise HTTPException(413, f"could not {what}: the broker refuses a record this "
                                          "large; send less") from None
             raise HTTPException(503, f"could not {what}: the broker did not take the record; "
@@ -108,18 +108,15 @@ class Commands:
         await self.record(WORKFLOWS, env, f"start {workflow!r}")
 
 
-def _too_large(exc: BaseException) -> bool:
-    if isinstance(exc, ProduceError):
-        return exc.too_large
-    err = exc.args[0] if isinstance(exc, KafkaException) and exc.args else None
-    return isinstance(err, KafkaError) and err.code() == KafkaError.MSG_SIZE_TOO_LARGE
-
-
 def refused(ack: CommandAcknowledged, what: str,
             not_found: HTTPException | None = None) -> HTTPException:
-    """The HTTP error of a command its writer refused: 503 when it could not record it (try
-    again), 404 for an unknown aggregate (``not_found`` when given), else 409 with the reason."""
+    """The HTTP error of a command its writer refused: 413 when the log refused its records
+    as too large (sending it again cannot help), 503 when it could not record it otherwise
+    (try again), 404 for an unknown aggregate (``not_found`` when given), else 409 with the
+    reason."""
     reason = str(ack.detail.get("reason") or "refused")
+    if ack.detail.get("too_large"):
+        return HTTPException(413, f"{what}: {reason}")
     if ack.detail.get("retryable"):
         return HTTPException(503, f"{what}: {reason}")
     if reason.startswith("no such"):

@@ -19,8 +19,14 @@ from deploy.kafka_local import LocalKafka, free_port
 from streams.tokens import mint_token
 from streams.topics import create_topics
 from tests.faults.traffic import SteadyPosts, audit, timeline, turns_terminal
-from tests.support import spawn_voice, stop, unique_settings, wait_group_stable, \
-    wait_http_ready, worker_group
+from tests.support import (
+    spawn_voice,
+    stop,
+    unique_settings,
+    wait_group_stable,
+    wait_http_ready,
+    worker_group,
+)
 
 pytestmark = [pytest.mark.integration, pytest.mark.faults]
 
