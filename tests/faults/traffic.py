@@ -70,25 +70,34 @@ class SteadyPosts:
         a.took = time.monotonic() - began
         return a
 
-    def run(self, during: list[tuple[float, object]] | None = None) -> list[Answer]:
-        """Send for ``seconds``; ``during`` is ``(at second, callable)`` run in order from
-        the load's own thread (a fault injected mid-load). Returns every answer."""
-        steps = sorted(during or [], key=lambda s: s[0])
+    def run(self, during: list[tuple[float, object]] | None = None,
+            longest: float = 300.0) -> list[Answer]:
+        """Send for ``seconds``, and on until the steps of ``during`` are done (at most
+        ``longest`` seconds in all). ``during`` is ``(not before second, callable)``, run in
+        the order given on a thread of their own (a fault injected mid-load; a step may
+        wait for its effect). Returns every answer."""
+        steps = list(during or [])
         interval = 1.0 / self.rate
         start = time.monotonic()
         pending: list[Future[Answer]] = []
         with ThreadPoolExecutor(max_workers=int(self.rate * 4) + 8) as pool:
-            fault = threading.Thread(target=_run_steps, args=(steps, start), daemon=True)
+            failed: list[BaseException] = []
+            fault = threading.Thread(target=_run_steps, args=(steps, start, failed),
+                                     daemon=True)
             fault.start()
             n = 0
-            while (now := time.monotonic() - start) < self.seconds:
+            while ((now := time.monotonic() - start) < self.seconds or fault.is_alive()) \
+                    and now < longest:
                 cnv = self.conversations[n % len(self.conversations)]
                 a = Answer(cnv, f"Message {n} in {cnv}: the bins on Elm Road were not "
                                 f"collected this week.", f"k-{uuid.uuid4().hex}", now)
                 pending.append(pool.submit(self.post, a))
                 n += 1
                 time.sleep(max(0.0, start + n * interval - time.monotonic()))
-            fault.join()
+            fault.join(timeout=1)
+            assert not fault.is_alive(), f"the load's steps took over {longest}s"
+            if failed:
+                raise failed[0]
             self.answers = [f.result() for f in pending]
         return self.answers
 
@@ -117,10 +126,31 @@ def timeline(answers: list[Answer]) -> str:
                      for s, c in sorted(by_second.items()))
 
 
-def _run_steps(steps: list[tuple[float, object]], start: float) -> None:
-    for at, step in steps:
-        time.sleep(max(0.0, start + at - time.monotonic()))
-        step()  # type: ignore[operator]
+def _run_steps(steps: list[tuple[float, object]], start: float,
+               failed: list[BaseException]) -> None:
+    try:
+        for at, step in steps:
+            time.sleep(max(0.0, start + at - time.monotonic()))
+            step()  # type: ignore[operator]
+    except BaseException as exc:  # raised again by ``run``, on the test's thread
+        failed.append(exc)
+
+
+def wait_members(settings: VoiceSettings, group: str, n: int, timeout: float = 180) -> None:
+    """Wait until consumer group ``group`` is stable with ``n`` members, each assigned."""
+    from confluent_kafka.admin import AdminClient
+
+    admin = AdminClient({"bootstrap.servers": settings.bootstrap})
+
+    def settled() -> bool:
+        try:
+            desc = admin.describe_consumer_groups([group])[group].result(timeout=5)
+        except Exception:  # the coordinator busy: ask again
+            return False
+        return (str(desc.state).endswith("STABLE") and len(desc.members) == n
+                and all(m.assignment.topic_partitions for m in desc.members))
+
+    wait_for(settled, timeout=timeout, interval=0.5, what=f"{group} with {n} members")
 
 
 def conversation_logs(settings: VoiceSettings) -> dict[str, list[Envelope]]:
