@@ -10,6 +10,7 @@ from fastapi import APIRouter, Header, HTTPException
 from pydantic import BaseModel, Field, model_validator
 
 from api.frame.commands import CommandsDep
+from api.frame.deadline import remaining
 from api.frame.deps import VIEW_WAIT_S, SealerDep, known_or_404
 from api.frame.models import MAX_STRING_CHARS, HeaderText, RequestModel
 from api.staff.deps import ReviewDecideDep, ReviewReadDep, StaffViewsDep
@@ -164,7 +165,8 @@ async def review_contribution(
 
     if idempotency_key and not waits():
         # Perhaps a repeat whose first request this edge has not read back yet.
-        await views.workflows.wait(contribution, lambda _w: earlier() is not None, VIEW_WAIT_S)
+        await views.workflows.wait(contribution, lambda _w: earlier() is not None,
+                                   remaining(VIEW_WAIT_S))
     if (first_time := earlier()) is not None:  # a repeated request: the first answer again
         return ReviewAccepted(contribution=contribution, command=first_time.command,  # type: ignore[arg-type]
                               command_id=command_id)
@@ -183,6 +185,7 @@ async def review_contribution(
         payload={"decision": body.decision,
                  "redactions": [r.model_dump(exclude_none=True) for r in body.redactions]}))
     # Read-your-writes: the worker forwarded the command before acknowledging it.
-    await views.workflows.wait(contribution, lambda _w: earlier() is not None, VIEW_WAIT_S)
+    await views.workflows.wait(contribution, lambda _w: earlier() is not None,
+                                   remaining(VIEW_WAIT_S))
     return ReviewAccepted(contribution=contribution, command=waiting_for,  # type: ignore[arg-type]
                           command_id=command_id)
