@@ -51,5 +51,5 @@ lock:
 	$(BIN)/pip-compile -q --generate-hashes --extra test --strip-extras --allow-unsafe \
 	    --no-emit-find-links $(LOCK_FLAGS) -o $(LOCK) pyproject.toml
 
-clean:
-	rm -rf $(VENV) .state
+clean:                ## remove the venv and the local stack's state (broker data, ClickHouse)
+	rm -rf $(VENV) .state "$${VOICE_STATE_DIR:-$${XDG_STATE_HOME:-$$HOME/.local/state}/voice}"

@@ -129,28 +129,38 @@ measured) but never refuse."""
 def stack(ctx: Context, workers: int | None = None) -> Stack:
     """The run's stack (started on first use, on the run's broker)."""
     global _STACK
-    if _STACK is not None:
-        return _STACK
+    if _STACK is None:
+        _STACK = start_stack(ctx, "stack", workers=workers)
+    return _STACK
+
+
+def start_stack(ctx: Context, label: str, workers: int | None = None,
+                model_url: str | None = None) -> Stack:
+    """A stack of its own (topics ``…<run id>.<label>.``): the simulator at zero latency, or
+    the model at ``model_url``; the caller closes it (``stack`` keeps the run's one)."""
     base = ctx.settings
-    state = Path(tempfile.mkdtemp(prefix="voice-bench-stack-"))
+    state = Path(tempfile.mkdtemp(prefix=f"voice-bench-{label}-"))
     settings = base.model_copy(update={
-        "topic_prefix": f"{base.topic_prefix}voice.bench.{ctx.run_id}.stack.",
-        "group_prefix": f"bench{ctx.run_id}", "state_dir": state, "env": "test"})
-    ctx.log(f"  starting the stack (state {state})")
+        "topic_prefix": f"{base.topic_prefix}voice.bench.{ctx.run_id}.{label}.",
+        "group_prefix": f"bench{ctx.run_id}{label}", "state_dir": state, "env": "test"})
+    ctx.log(f"  starting the {label} (state {state})")
     t0 = time.perf_counter()
     create_topics(settings)
     bench = BenchSettings()
     st = Stack(settings, "", "", broker_pid=getattr(ctx, "broker_pid", None),
                external=getattr(ctx, "external", False))
-    _STACK = st
     try:
-        sim_port, edge_port = free_port(), free_port()
-        sim = spawn_voice(settings, "simulator", "--port", str(sim_port), log=state / "sim.log",
-                          VOICE_SIMULATOR_LATENCY_MS="0", VOICE_SIMULATOR_CHUNK_DELAY_MS="0")
-        st.procs["simulator"] = sim
-        st.simulator_url = f"http://127.0.0.1:{sim_port}"
-        wait_http_ready(f"{st.simulator_url}/health", proc=sim)
-        model_env = {"ANTHROPIC_API_KEY": "simulator", "ANTHROPIC_BASE_URL": st.simulator_url}
+        edge_port = free_port()
+        if model_url is None:
+            sim_port = free_port()
+            sim = spawn_voice(settings, "simulator", "--port", str(sim_port),
+                              log=state / "sim.log", VOICE_SIMULATOR_LATENCY_MS="0",
+                              VOICE_SIMULATOR_CHUNK_DELAY_MS="0")
+            st.procs["simulator"] = sim
+            model_url = f"http://127.0.0.1:{sim_port}"
+            wait_http_ready(f"{model_url}/health", proc=sim)
+        st.simulator_url = model_url
+        model_env = {"ANTHROPIC_API_KEY": "simulator", "ANTHROPIC_BASE_URL": model_url}
         for i in range(workers or bench.workers):
             st.procs[f"worker{i}"] = spawn_voice(settings, "worker",
                                                  log=state / f"worker{i}.log", **model_env,
@@ -162,9 +172,9 @@ def stack(ctx: Context, workers: int | None = None) -> Stack:
         st.edge_url = f"http://127.0.0.1:{edge_port}"
         wait_http_ready(f"{st.edge_url}/readyz", proc=edge)
     except BaseException:
-        close_all()
+        st.close()
         raise
-    ctx.log(f"  stack up in {time.perf_counter() - t0:.1f} s")
+    ctx.log(f"  {label} up in {time.perf_counter() - t0:.1f} s")
     return st
 
 

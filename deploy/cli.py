@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 import signal
 import sys
 from pathlib import Path
@@ -23,6 +24,8 @@ replay_app = typer.Typer(help="Replay a conversation or workflow from the log.",
                          no_args_is_help=True)
 app.add_typer(kafka_app, name="kafka")
 app.add_typer(replay_app, name="replay")
+keys_app = typer.Typer(help="The data keys on the cluster (docs/keys.md).", no_args_is_help=True)
+app.add_typer(keys_app, name="keys")
 
 
 def _settings(need_broker: bool = True) -> VoiceSettings:
@@ -34,18 +37,50 @@ def _settings(need_broker: bool = True) -> VoiceSettings:
     return _with_broker(settings) if need_broker else settings
 
 
-def _with_broker(settings: VoiceSettings) -> VoiceSettings:
-    """``settings`` with a bootstrap: configured, or a running `voice up`'s; else exit 2."""
-    if not settings.kafka_bootstrap:
-        from deploy.supervisor import bootstrap_file
+@app.callback()
+def _global(state: Path = typer.Option(
+        None, "--state", envvar="VOICE_STATE_DIR", show_default=False,
+        help="The state folder of the `voice up` to talk to (default: VOICE_STATE_DIR, else "
+             "$XDG_STATE_HOME/voice or ~/.local/state/voice), from any folder.")) -> None:
+    if state is not None:  # every later load_settings() reads it
+        os.environ["VOICE_STATE_DIR"] = str(state.expanduser().absolute())
 
-        path = bootstrap_file(settings)
-        if path.exists():
-            return settings.model_copy(update={"kafka_bootstrap": path.read_text().strip()})
-        typer.echo("No Kafka: set VOICE_KAFKA_BOOTSTRAP=host:port, or run `voice up` "
-                   "(it starts a local broker).", err=True)
+
+def _with_broker(settings: VoiceSettings) -> VoiceSettings:
+    """``settings`` with a bootstrap: configured, or a running `voice up`'s; else exit 2
+    naming where it looked."""
+    if settings.kafka_bootstrap:
+        return settings
+    from deploy.supervisor import bootstrap_file
+
+    path = bootstrap_file(settings)
+    how = ("Set VOICE_KAFKA_BOOTSTRAP=host:port for a cluster, or start one with `voice up`; "
+           "a `voice up` run with another state folder is found with --state DIR or "
+           "VOICE_STATE_DIR.")
+    if not path.exists():
+        typer.echo(f"No Kafka: VOICE_KAFKA_BOOTSTRAP is not set and no `voice up` is running "
+                   f"with state folder {settings.state_dir} (looked for {path}). {how}",
+                   err=True)
         raise typer.Exit(2)
-    return settings
+    bootstrap = path.read_text().strip()
+    if not _answers(bootstrap):
+        typer.echo(f"No Kafka: the broker `voice up` recorded in {path} ({bootstrap}) does not "
+                   f"answer; is that `voice up` still running? {how}", err=True)
+        raise typer.Exit(2)
+    return settings.model_copy(update={"kafka_bootstrap": bootstrap})
+
+
+def _answers(bootstrap: str, timeout: float = 2.0) -> bool:
+    """Whether the first ``host:port`` of ``bootstrap`` accepts a TCP connection."""
+    import socket
+
+    host, _, port = bootstrap.split(",")[0].rpartition(":")
+    try:
+        with socket.create_connection((host.strip("[]") or "127.0.0.1", int(port)),
+                                      timeout=timeout):
+            return True
+    except (OSError, ValueError):
+        return False
 
 
 def _refuse_insecure_bind(settings: VoiceSettings, host: str, process: str) -> None:
@@ -94,7 +129,7 @@ def edge(host: str = typer.Option(None), port: int = typer.Option(None)) -> None
 
     from api.app import create_app
 
-    uvicorn.run(create_app(settings), host=bind, port=port or settings.edge_port,
+    uvicorn.run(create_app(settings, bind_host=bind), host=bind, port=port or settings.edge_port,
                 log_level="warning", timeout_graceful_shutdown=5)
 
 
@@ -210,6 +245,30 @@ def schemas_export(folder: Path = typer.Argument(..., help="Folder to write into
 
     for path in export_json_schemas(folder):
         typer.echo(str(path))
+
+
+@keys_app.command("rotate")
+def keys_rotate() -> None:
+    """Re-wrap every live data key under a new KEK version and retire the older versions."""
+    from streams.keyservice import key_store_for
+    from streams.sealing import SealingError
+
+    settings = _settings()
+    try:
+        store = key_store_for(settings)
+    except SealingError as exc:
+        typer.echo(str(exc), err=True)
+        raise typer.Exit(2) from None
+    try:
+        done = store.rotate()
+    except SealingError as exc:
+        typer.echo(f"rotation failed: {exc}", err=True)
+        raise typer.Exit(1) from None
+    finally:
+        store.close()
+    typer.echo(f"KEK version {done.kek_version} current; retired {done.retired}; "
+               f"{done.rewrapped} key(s) re-wrapped, {done.tombstones} erased id(s) "
+               "tombstoned again")
 
 
 RerunOpt = typer.Option(False, "--rerun", help="Re-run the turn(s) from the recorded model "

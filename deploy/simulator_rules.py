@@ -246,25 +246,43 @@ def _records(data: Any, raw: str) -> list[dict]:
     return found
 
 
+def _related(searches: list[dict], first_kw: list[str]) -> str | None:
+    """The issue a concern relates to, from its searches' results. A result that grades its
+    rows (``strong``, as Voice's catalog does) is trusted: its first strong row, else none.
+    Ungraded rows: the one whose title shares most words with the concern."""
+    relates, best = None, 0
+    for call in searches:
+        if call.get("error"):
+            continue
+        records = _records(call["data"], call["result"])
+        graded = [r for r in records if isinstance(r.get("strong"), bool)]
+        if graded:
+            strong = [r for r in graded if r["strong"]]
+            if strong:
+                return str(strong[0]["id"])
+            continue
+        for rec in records:
+            title = str(rec.get("title") or rec.get("name") or rec.get("summary") or "")
+            overlap = len(_stems(keywords(title)) & _stems(first_kw))
+            if overlap > best:
+                relates, best = str(rec["id"]), overlap
+    return relates
+
+
 def concern_extraction(conv: Conversation) -> list[dict]:
     reason = uninterpretable(conv.text)
     if reason:
-        return [_text(f"COULD_NOT_INTERPRET: {reason}.")]
+        # Quoting the message, as real models do: the reason then carries the participant's
+        # words, which Voice must seal like the message itself (issue 12 §5).
+        quote = " ".join(conv.text.split())[:80]
+        return [_text(f"COULD_NOT_INTERPRET: {reason}: \"{quote}\".")]
     concerns = extract_concerns(conv.text)
     first_kw = keywords(concerns[0]["statement"])
     asks = bool(_ASK.search(conv.text))
     searches = conv.results("search_issues")
     if asks and "search_issues" in conv.tools and not searches:
         return [_tool("search_issues", {"query": " ".join(first_kw[:8]) or conv.text[:80]})]
-    relates, best = None, 0
-    for call in searches:
-        if call.get("error"):
-            continue
-        for rec in _records(call["data"], call["result"]):
-            title = str(rec.get("title") or rec.get("name") or rec.get("summary") or "")
-            overlap = len(_stems(keywords(title)) & _stems(first_kw))
-            if overlap > best:
-                relates, best = str(rec["id"]), overlap
+    relates = _related(searches, first_kw)
     new_issue = None
     if asks and relates is None:
         new_issue = {"title": _title(concerns[0]["statement"]),

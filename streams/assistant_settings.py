@@ -48,6 +48,10 @@ class AssistantSettings(VoiceSettings):
     assistant_patterns_kept: int = Field(default=50, ge=1)
     """Patterns a conversation keeps for its suggested context (the most recent)."""
 
+    assistant_tenant_patterns_kept: int = Field(default=500, ge=1)
+    """Extracted patterns each worker keeps per tenant to offer its other conversations (the
+    most recent; ``consumers.assistant.library``)."""
+
 
 def assistant_settings(settings: VoiceSettings | None = None) -> AssistantSettings:
     """``AssistantSettings`` from the environment, keeping every value of ``settings``."""

@@ -12,6 +12,7 @@ import base64
 import binascii
 import ipaddress
 import json
+import os
 from pathlib import Path
 from typing import Annotated, Literal
 from urllib.parse import urlparse
@@ -47,6 +48,13 @@ HOW_TO_GENERATE_MASTER_KEY = ("python -c 'import base64, os; "
                               "print(base64.b64encode(os.urandom(32)).decode())'")
 
 
+def default_state_dir() -> Path:
+    """``$XDG_STATE_HOME/voice``, else ``~/.local/state/voice`` (the XDG base-directory
+    default): one place per user, whatever folder a ``voice`` command runs in."""
+    base = os.environ.get("XDG_STATE_HOME") or str(Path.home() / ".local" / "state")
+    return Path(base).expanduser().absolute() / "voice"
+
+
 class VoiceSettings(BaseSettings):
     """What every process kind (edge, worker, telemetry sink, CLI) reads from its environment."""
 
@@ -69,8 +77,11 @@ class VoiceSettings(BaseSettings):
     group_prefix: str = "voice"
     """Prefix of consumer group ids (and of the Faust application id)."""
 
-    state_dir: Path = Path(".state")
-    """Folder the local broker, the embedded ClickHouse and the local key store own."""
+    state_dir: Path = Field(default_factory=lambda: default_state_dir())
+    """Folder of what ``voice up`` runs locally: the local broker's data and address, the
+    embedded ClickHouse. Always absolute (a relative one is taken from the folder the process
+    starts in), so every ``voice`` command finds the running stack from any folder. Nothing
+    any process needs for correctness lives here: each process may have its own, or none."""
 
     gateway_bound_s: float = Field(default=15.0, gt=0)
     """Every response, streams included, ends before this bound."""
@@ -142,6 +153,32 @@ class VoiceSettings(BaseSettings):
     step_attempts: int = Field(default=3, ge=1)
     """Immediate attempts of a failing workflow step before the workflow fails."""
 
+    step_deadline_s: float = Field(default=300.0, gt=0)
+    """How long one attempt of a workflow step may run: past it the step is stopped and fails
+    with ``DEADLINE_EXCEEDED`` (not retried), so its workflow fails and ends its turn."""
+
+    turn_deadline_s: float = Field(default=900.0, gt=0)
+    """How long a participant's turn may stay open after its message: past it the worker
+    owning the conversation ends it ``CouldNotInterpret`` with reason ``DEADLINE_EXCEEDED``,
+    whatever became of its workflow (the backstop of every other path to a terminal state)."""
+
+    assistant_turn_deadline_s: float = Field(default=900.0, gt=0)
+    """The same for an assistant turn: past it the turn ends ``Failed`` (``DEADLINE_EXCEEDED``)
+    and the conversation takes the next message."""
+
+    janitor_interval_s: float = Field(default=5.0, gt=0)
+    """How often a worker looks for turns past their deadline on the partitions it owns."""
+
+    worker_max_poll_interval_s: float = Field(default=1000.0, gt=0)
+    """The worker's consumer ``max.poll.interval.ms`` (in seconds). Steps run as tasks, so a
+    model call never holds the poll loop; the faults suite sets it low to prove it."""
+
+    test_crash_at: str = ""
+    """Tests only: ``point[@match],…``; the worker SIGKILLs itself at the first named point it
+    reaches (``before_step``, ``model_call``, ``after_reply``, ``before_turn_over``) in a
+    workflow whose id contains ``match`` (``streams.crashpoints``). Unset in every
+    deployment."""
+
     consumer_retry_attempts: int = Field(default=3, ge=1, le=20)
     """Attempts a consumer (a worker's agent, the telemetry sink) makes at one record before
     it dead-letters it (``streams.retry``); a failure that says it is not retryable gets one."""
@@ -200,6 +237,11 @@ class VoiceSettings(BaseSettings):
     staff_step_delay_ms: str = ""
     """Tests only: ``step=ms,step=ms``; the named staff workflow steps sleep that long at their
     midpoint, so a test can kill a worker in the middle of them. Unset in every deployment."""
+
+    @field_validator("state_dir", mode="after")
+    @classmethod
+    def _absolute_state_dir(cls, value: Path) -> Path:
+        return value.expanduser().absolute()
 
     @model_validator(mode="after")
     def _check_tokens(self) -> VoiceSettings:

@@ -55,6 +55,9 @@ class TurnOut(BaseModel):
     reply: ReplyOut | None = None
     proposal: dict[str, JsonValue] | None = None
     reason: str | None = None
+    """Why the turn ended so, in words (opened for the conversation's owner)."""
+    reason_code: str | None = None
+    """Why, as a stable code: ``could_not_interpret``, ``cancelled``, ``step_failed``."""
 
 
 class TranscriptMessage(BaseModel):
@@ -77,6 +80,9 @@ class TurnSummary(BaseModel):
     turn: str
     state: TurnState
     reason: str | None = None
+    """Why the turn ended so, in words (opened for the conversation's owner)."""
+    reason_code: str | None = None
+    """Why, as a stable code: ``could_not_interpret``, ``cancelled``, ``step_failed``."""
 
 
 class ConversationOut(BaseModel):
@@ -108,6 +114,18 @@ class AgentMessageEvent(BaseModel):
     text: str
 
 
+class DeltaEvent(BaseModel):
+    """``event: delta`` (no ``id:``): the agent's reply as the model writes it. Append ``text``
+    at ``offset`` of what attempt ``attempt`` of the turn has shown (start again when the
+    attempt changes; ignore a delta past what you have). Transient: the turn's ``message`` event
+    replaces every delta, and is what a reconnecting client gets."""
+
+    turn: str
+    attempt: int
+    offset: int
+    text: str
+
+
 class ProposalEvent(BaseModel):
     """``event: proposal``."""
 
@@ -123,3 +141,6 @@ class TurnEvent(BaseModel):
     turn: str
     state: TurnState
     reason: str | None = None
+    """Why the turn ended so, in words (opened for the conversation's owner)."""
+    reason_code: str | None = None
+    """Why, as a stable code: ``could_not_interpret``, ``cancelled``, ``step_failed``."""

@@ -12,6 +12,7 @@ from pydantic import JsonValue
 from api.conversations.models import (
     AgentMessageEvent,
     ConversationOut,
+    DeltaEvent,
     ParticipantMessageEvent,
     ProposalEvent,
     ProposalOut,
@@ -25,6 +26,7 @@ from api.conversations.views import ConversationView, TurnView
 from schemas.conversation import (
     MessageRecorded,
     ProposalRecorded,
+    ReplyDelta,
     ReplyRecorded,
     TurnStateChanged,
 )
@@ -50,6 +52,17 @@ def proposal_json(sealer: Sealer, env: Envelope) -> dict[str, JsonValue]:
     return sealer.open_json(rec.conversation, rec.proposal_id, rec.proposal)
 
 
+def turn_reason(sealer: Sealer, rec: TurnStateChanged | None) -> dict[str, str | None]:
+    """``reason`` (opened; a record from before reasons were sealed has it plain) and
+    ``reason_code`` of a turn's state record."""
+    if rec is None:
+        return {"reason": None, "reason_code": None}
+    reason = rec.reason
+    if rec.sealed_reason is not None:
+        reason = sealer.open_text(rec.conversation, f"{rec.turn}:reason", rec.sealed_reason)
+    return {"reason": reason, "reason_code": rec.reason_code}
+
+
 def turn_out(sealer: Sealer, tv: TurnView) -> TurnOut:
     assert tv.state is not None
     reply = None
@@ -57,7 +70,8 @@ def turn_out(sealer: Sealer, tv: TurnView) -> TurnOut:
         assert tv.reply.seq is not None
         reply = ReplyOut(seq=tv.reply.seq, text=reply_text(sealer, tv.reply))
     proposal = proposal_json(sealer, tv.proposal) if tv.proposal is not None else None
-    return TurnOut(turn=tv.turn, state=tv.state, reply=reply, proposal=proposal, reason=tv.reason)
+    return TurnOut(turn=tv.turn, state=tv.state, reply=reply, proposal=proposal,
+                   **turn_reason(sealer, tv.ended))
 
 
 def conversation_out(sealer: Sealer, view: ConversationView) -> ConversationOut:
@@ -74,7 +88,7 @@ def conversation_out(sealer: Sealer, view: ConversationView) -> ConversationOut:
         elif isinstance(rec, ProposalRecorded):
             proposals.append(ProposalOut(seq=seq, turn=rec.turn,
                                          proposal=proposal_json(sealer, env)))
-    turns = [TurnSummary(turn=tv.turn, state=tv.state, reason=tv.reason)
+    turns = [TurnSummary(turn=tv.turn, state=tv.state, **turn_reason(sealer, tv.ended))
              for tv in sorted(view.turns.values(), key=lambda t: t.message_seq)
              if tv.state is not None]
     return ConversationOut(conversation=view.conversation, messages=messages,
@@ -100,7 +114,17 @@ def sse_event(sealer: Sealer, env: Envelope) -> ServerSentEvent | None:
         data = ProposalEvent(seq=seq, turn=rec.turn, proposal=proposal_json(sealer, env))
     elif isinstance(rec, TurnStateChanged):
         event = "turn"
-        data = TurnEvent(seq=seq, turn=rec.turn, state=rec.state, reason=rec.reason)
+        data = TurnEvent(seq=seq, turn=rec.turn, state=rec.state, **turn_reason(sealer, rec))
     else:
         return None
     return ServerSentEvent(event=event, id=str(seq), data=data)
+
+
+def delta_event(sealer: Sealer, env: Envelope) -> ServerSentEvent:
+    """The SSE ``delta`` event (no ``id:``) of a turn's streamed reply text."""
+    rec = env.record
+    assert isinstance(rec, ReplyDelta)
+    content_id = f"{rec.turn}/delta/{rec.attempt}/{rec.offset}"
+    text = sealer.open_text(rec.conversation, content_id, rec.text)
+    return ServerSentEvent(event="delta", data=DeltaEvent(turn=rec.turn, attempt=rec.attempt,
+                                                          offset=rec.offset, text=text))

@@ -88,7 +88,7 @@ async def create_conversation(
     """Open a conversation owned by the caller."""
     conversation = f"cnv-{secrets.token_hex(8)}"
     # The data key exists before the conversation does, so its first message can be sealed.
-    await asyncio.to_thread(sealer.create, conversation)
+    await asyncio.to_thread(sealer.create, conversation, principal.tenant)
     ack = await commands.submit(
         conversation, StartConversation(conversation=conversation, owner=principal.sub))
     # "duplicate" is this very command answered again (its writer crashed after applying it,
@@ -127,7 +127,8 @@ async def send_message(
     conversation = view.conversation
     message_id = new_id()
     with opening(views, conversation):
-        sealed = sealer.seal(conversation, message_id, body.text)
+        # In a thread: a key this edge has not read yet makes the store read the key topic.
+        sealed = await asyncio.to_thread(sealer.seal, conversation, message_id, body.text)
     ack = await commands.submit(conversation, SendMessage(
         conversation=conversation, message_id=message_id, text=sealed,
         idempotency_key=idempotency_key))
@@ -229,7 +230,8 @@ async def erase_conversation(
             dependencies=[stream_slot()], responses={**NOT_FOUND, **TOO_OLD, **TOO_MANY})
 async def stream(view: OwnedDep, cursor: CursorDep, settings: SettingsDep, views: ViewsDep,
                  sealer: SealerDep) -> AsyncIterator[ServerSentEvent]:
-    """Events: ``message`` (participant's or agent's), ``proposal``, ``turn``; ``id:`` = seq."""
+    """Events: ``message`` (participant's or agent's), ``proposal``, ``turn``; ``id:`` = seq.
+    While a turn runs, ``delta`` events (no ``id:``) carry its reply as the model writes it."""
     conversation = view.conversation
     erased = "end; the conversation was erased"
 
@@ -244,7 +246,14 @@ async def stream(view: OwnedDep, cursor: CursorDep, settings: SettingsDep, views
             views.mark_erased(conversation)
             raise StreamEnd(erased) from None
 
-    feed = Feed(view=current, render=render_event, gone=erased,
+    def render_delta(env: Envelope) -> ServerSentEvent | None:
+        try:
+            return render.delta_event(sealer, env)
+        except KeyErased:
+            views.mark_erased(conversation)
+            raise StreamEnd(erased) from None
+
+    feed = Feed(view=current, render=render_event, gone=erased, render_live=render_delta,
                 wait=lambda until, timeout: views.wait(conversation, lambda _v: until(), timeout))
     async for sse in sse_stream(feed, cursor, settings.gateway_bound_s):
         yield sse

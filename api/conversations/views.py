@@ -18,6 +18,7 @@ from schemas.conversation import (
     ConversationStarted,
     MessageRecorded,
     ProposalRecorded,
+    ReplyDelta,
     ReplyRecorded,
     TurnRequested,
     TurnState,
@@ -32,7 +33,8 @@ class TurnView:
     turn: str
     message_seq: int
     state: TurnState | None = None
-    reason: str | None = None
+    ended: TurnStateChanged | None = None
+    """The turn's latest state record: its reason's code plain, its words sealed."""
     reply: Envelope | None = None
     """The turn's ``ReplyRecorded`` (sealed), once recorded."""
     proposal: Envelope | None = None
@@ -74,6 +76,7 @@ class ConversationView(KeptEvents[Envelope]):
         """Drop everything but identity: the conversation is erased."""
         self.erased = True
         self.events.clear()
+        self.live.clear()
         self.content.clear()
         self.turns.clear()
 
@@ -115,13 +118,31 @@ class ConversationViews(StreamProjection[ConversationView]):
             view.turn(rec.turn).message_seq = rec.message_seq
         elif isinstance(rec, TurnStateChanged):
             tv = view.turn(rec.turn)
-            tv.state, tv.reason = rec.state, rec.reason
+            tv.state, tv.ended = rec.state, rec
+            if rec.state != "Thinking":
+                view.drop_live(lambda d, turn=rec.turn: d.record.turn == turn)
         elif isinstance(rec, ReplyRecorded):
             view.content[env.seq] = env
             view.turn(rec.turn).reply = env
+            view.drop_live(lambda d, turn=rec.turn: d.record.turn == turn)
         elif isinstance(rec, ProposalRecorded):
             view.content[env.seq] = env
             view.turn(rec.turn).proposal = env
+
+    def apply_delta(self, env: Envelope) -> None:
+        """Hold a turn's streamed reply text (``voice.deltas``) for the conversation's live
+        streams, until the log completes the turn; a delta for a turn already complete, of an
+        unknown or erased conversation or of another tenant is dropped."""
+        rec = env.record
+        view = self.by_key.get(env.key)
+        if (not isinstance(rec, ReplyDelta) or view is None or view.erased
+                or env.tenant != view.tenant or rec.conversation != view.conversation):
+            return
+        tv = view.turns.get(rec.turn)
+        if tv is not None and (tv.reply is not None or tv.state not in (None, "Thinking")):
+            return
+        view.add_live(env)
+        self.notify(env.key)
 
     def mark_erased(self, conversation: str) -> None:
         """Forget a conversation's content now (its key is gone), before the log says so."""

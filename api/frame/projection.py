@@ -165,6 +165,30 @@ class KeptEvents(AggregateView, Generic[E]):
         out.reverse()
         return out
 
+    # --- transient events: streamed to whoever is connected, never part of the log's order
+
+    live: deque[tuple[int, Any]] = field(default_factory=deque)
+    """Transient events (e.g. a reply as the model writes it), numbered by ``live_head``;
+    a stream sends those it has not sent, without ``id:`` — they are not resumable, the log's
+    event that completes them is."""
+    live_head: int = 0
+
+    def add_live(self, item: Any, kept: int = 256) -> None:
+        """Add a transient event, keeping the last ``kept``."""
+        self.live_head += 1
+        self.live.append((self.live_head, item))
+        while len(self.live) > kept:
+            self.live.popleft()
+
+    def live_after(self, n: int) -> list[tuple[int, Any]]:
+        """Transient events numbered above ``n``, in order."""
+        return [(i, item) for i, item in self.live if i > n]
+
+    def drop_live(self, gone: Callable[[Any], bool]) -> None:
+        """Forget the transient events ``gone`` says the log has completed."""
+        if self.live:
+            self.live = deque((i, item) for i, item in self.live if not gone(item))
+
 
 class Projection(Generic[V]):
     """One aggregate kind's views at the edge, by key, with wait/notify per key.

@@ -106,6 +106,9 @@ class Feed(Generic[E]):
     """A final comment to end with right after sending ``event`` (e.g. its turn is done)."""
     idle: Callable[[], bool] = lambda: False
     """Whether to end once every kept event is sent (e.g. no turn runs any more)."""
+    render_live: Callable[[Any], ServerSentEvent | None] | None = None
+    """The SSE event (no ``id:``) of one transient event of the view (``KeptEvents.live``);
+    None: the stream sends none. A new stream sends every transient event still held."""
 
 
 async def sse_stream(feed: Feed[E], cursor: int, bound_s: float
@@ -116,6 +119,7 @@ async def sse_stream(feed: Feed[E], cursor: int, bound_s: float
     end_at = loop.time() + bound_s - min(END_MARGIN_S, bound_s / 3)
     keepalive = min(KEEPALIVE_S, bound_s / 3)
     last_sent = loop.time()
+    live_sent = 0
     try:
         while True:
             view = feed.view()
@@ -142,6 +146,14 @@ async def sse_stream(feed: Feed[E], cursor: int, bound_s: float
                 if (final := feed.ends_after(event, cursor)) is not None:
                     yield ServerSentEvent(comment=final)
                     return
+            if feed.render_live is not None and loop.time() < end_at:
+                # After the kept events: a transient event the log has since completed was
+                # dropped from the view when the completing event was applied.
+                for n, item in view.live_after(live_sent):
+                    live_sent = n
+                    if (sse := feed.render_live(item)) is not None:
+                        yield sse
+                        last_sent = loop.time()
             now = loop.time()
             if now >= end_at:
                 break
@@ -154,9 +166,10 @@ async def sse_stream(feed: Feed[E], cursor: int, bound_s: float
                 yield ServerSentEvent(comment="keep-alive")
                 last_sent = now
 
-            def moved(seen: int = cursor) -> bool:
+            def moved(seen: int = cursor, seen_live: int = live_sent) -> bool:
                 v = feed.view()
-                return v is None or v.head() > seen or feed.idle()
+                return (v is None or v.head() > seen or feed.idle()
+                        or (feed.render_live is not None and v.live_head > seen_live))
 
             await feed.wait(moved, max(0.0, min(end_at, last_sent + keepalive) - now))
     except StreamEnd as end:

@@ -27,6 +27,7 @@ from confluent_kafka import OFFSET_BEGINNING, OFFSET_END, Consumer, TopicPartiti
 
 from schemas.system import CommandAcknowledged
 from streams.envelope import DecodeError, Envelope, decode
+from streams.free_text import describe, trace_of
 from streams.settings import VoiceSettings
 from streams.topics import ACKS, CONVERSATIONS, TopicSpec, topic_name
 
@@ -46,7 +47,8 @@ class EdgeTail:
 
     def __init__(self, settings: VoiceSettings, on_conversation: RecordHandler,
                  more: Mapping[TopicSpec, RecordHandler] | None = None,
-                 located: Mapping[TopicSpec, LocatedHandler] | None = None) -> None:
+                 located: Mapping[TopicSpec, LocatedHandler] | None = None,
+                 live: Mapping[TopicSpec, RecordHandler] | None = None) -> None:
         self.settings = settings
         self.on_conversation = on_conversation
         self.acks_topic = topic_name(settings, ACKS)
@@ -55,6 +57,8 @@ class EdgeTail:
         """Further topics read from the beginning (staff views), each with its handler."""
         self.located = {topic_name(settings, spec): h for spec, h in (located or {}).items()}
         """Like ``more``, for handlers that need each record's partition and offset."""
+        self.live = {topic_name(settings, spec): h for spec, h in (live or {}).items()}
+        """Transient topics (reply deltas), read from their end: only what happens now."""
         self._waiters: dict[str, asyncio.Future[Envelope]] = {}
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
@@ -104,7 +108,8 @@ class EdgeTail:
         md = consumer.list_topics(timeout=10)
         parts: list[TopicPartition] = []
         starts = [(self.acks_topic, OFFSET_END), (self.conv_topic, OFFSET_BEGINNING),
-                  *((t, OFFSET_BEGINNING) for t in (*self.more, *self.located))]
+                  *((t, OFFSET_BEGINNING) for t in (*self.more, *self.located)),
+                  *((t, OFFSET_END) for t in self.live)]
         for topic, start in starts:
             t = md.topics.get(topic)
             if t is None or t.error is not None:
@@ -171,6 +176,8 @@ class EdgeTail:
             self._loop.call_soon_threadsafe(self._apply, where, self._resolve, env)
         elif topic in self.more:
             self._loop.call_soon_threadsafe(self._apply, where, self.more[topic], env)
+        elif topic in self.live:
+            self._loop.call_soon_threadsafe(self._apply, where, self.live[topic], env)
         elif topic in self.located:
             self._loop.call_soon_threadsafe(self._apply, where, self.located[topic], env,
                                             partition, offset)
@@ -182,11 +189,12 @@ class EdgeTail:
         """Run one view's handler on the loop; a record it raises on is logged and counted."""
         try:
             handler(*args)
-        except Exception:
+        except Exception as exc:
             topic, partition, offset = where
             self.skipped[(topic, "not applied")] += 1
-            log.exception("edge view could not apply %s[%s]@%s; skipped", topic, partition,
-                          offset)
+            # Described with where it was raised, not quoted: it may echo the record's values.
+            log.error("edge view could not apply %s[%s]@%s; skipped: %s\n%s", topic,
+                      partition, offset, describe(exc), trace_of(exc))
 
     def skipped_counts(self) -> dict[str, dict[str, int]]:
         """``skipped`` by topic, for ``/readyz``."""

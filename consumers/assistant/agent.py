@@ -9,7 +9,7 @@ from __future__ import annotations
 import json
 from typing import Any
 
-from consumers.assistant.patterns import Pattern
+from consumers.assistant.patterns import Suggestion
 from consumers.engine import AgentSpec, StateView, ToolRegistry
 from streams.assistant_settings import AssistantSettings
 
@@ -88,7 +88,8 @@ def history_messages(turns: list[tuple[str, Any]]) -> list[dict[str, Any]]:
     return messages
 
 
-def state_text(request: dict[str, Any], options: dict[str, Any], suggestions: list[Pattern],
+def state_text(request: dict[str, Any], options: dict[str, Any],
+               suggestions: list[Suggestion],
                view: StateView | None = None) -> str:
     """The assistant's part of ``[CURRENT_STATE]`` (the engine adds step, datasets, tools)."""
     lines: list[str] = []
@@ -109,8 +110,9 @@ def state_text(request: dict[str, Any], options: dict[str, Any], suggestions: li
     if options.get("namespace_id"):
         lines.append(f"[NAMESPACE] {options['namespace_id']}")
     if suggestions:
-        lines.append("[SUGGESTED CONTEXT] (from earlier turns of this conversation)")
-        lines += [f"- ({p.stage}, {p.turn.rpartition(':')[2]}) {p.text}" for p in suggestions]
+        lines.append("[SUGGESTED CONTEXT] (patterns learned in earlier turns of this tenant, "
+                     "ranked by BM25 against this message; why each was chosen in brackets)")
+        lines += [f"- ({s.why()}) {s.pattern.text}" for s in suggestions]
     if view is not None and view.tools_called:
         lines.append(f"[PROGRESS] {len(view.tools_called)} tool call(s) so far this turn")
     return "\n".join(lines)

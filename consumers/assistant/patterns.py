@@ -2,8 +2,11 @@
 
 After a turn ends, the extraction workflow records a ``provisional`` pattern at once (no model:
 what was asked, which tools ran, how it ended) and then an ``extracted`` one, written by the
-compaction agent from the exchange. The next turn of the conversation ranks them by keyword
-overlap with its message and carries the best few in ``[CURRENT_STATE]``. Pure functions.
+compaction agent from the exchange. A later turn ranks the patterns it may use — its own
+conversation's, and the extracted ones its tenant learned in other conversations
+(``consumers.assistant.library``) — by BM25 against its message (the ranker the issue catalog
+uses, ``consumers.retrieval``) and carries the best few in ``[CURRENT_STATE]``, each with why it
+was chosen. Pure functions.
 """
 
 from __future__ import annotations
@@ -13,6 +16,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from consumers.engine import AgentSpec, ToolRegistry
+from consumers.retrieval import Doc, Ranker
 from streams.assistant_settings import AssistantSettings
 
 EXTRACTOR = "compaction"
@@ -35,7 +39,7 @@ columns rows row column id""".split())
 
 @dataclass(frozen=True)
 class Pattern:
-    """An opened pattern of the conversation."""
+    """An opened pattern."""
 
     pattern_id: str
     turn: str
@@ -43,6 +47,31 @@ class Pattern:
     text: str
     keywords: tuple[str, ...]
     seq: int = 0
+    conversation: str = ""
+    """The conversation it was learned in (empty: the conversation of the turn using it)."""
+
+
+@dataclass(frozen=True)
+class Suggestion:
+    """A pattern chosen for a turn, and why: the words of the message it matched and its BM25
+    score among the candidates."""
+
+    pattern: Pattern
+    score: float
+    matched: tuple[str, ...]
+    elsewhere: bool = False
+    """Learned in another conversation of the tenant (not the turn's own)."""
+
+    @property
+    def pattern_id(self) -> str:
+        return self.pattern.pattern_id
+
+    def why(self) -> str:
+        """The reason shown in ``[CURRENT_STATE]``."""
+        origin = "another conversation" if self.elsewhere else (
+            f"this conversation, {self.pattern.turn.rpartition(':')[2]}")
+        return (f"{self.pattern.stage}, {origin}; matched: {', '.join(self.matched)}; "
+                f"BM25 {self.score:.2f}")
 
 
 def keywords(text: str) -> list[str]:
@@ -96,19 +125,24 @@ def extracted(text: str, request: dict[str, Any]) -> dict[str, Any]:
     return {"text": clean, "keywords": keywords(f"{clean} {request.get('message', '')}")}
 
 
-def rank(patterns: list[Pattern], message: str, k: int = SUGGESTED) -> list[Pattern]:
-    """The ``k`` patterns sharing most keywords with ``message`` (none that share nothing);
-    per turn the extracted pattern stands in for its provisional one; ties go to the newest."""
-    best: dict[str, Pattern] = {}
+def rank(patterns: list[Pattern], message: str, k: int = SUGGESTED,
+         conversation: str = "") -> list[Suggestion]:
+    """The ``k`` patterns that BM25 ranks best for ``message`` (none that no word of it hits);
+    per turn the extracted pattern stands in for its provisional one; equal scores go to the
+    newest. A pattern learned in a conversation other than ``conversation`` is marked so."""
+    best: dict[tuple[str, str], Pattern] = {}
     for p in patterns:
-        held = best.get(p.turn)
+        held = best.get((p.conversation, p.turn))
         if held is None or (held.stage == "provisional" and p.stage == "extracted"):
-            best[p.turn] = p
-    wanted = set(keywords(message))
-    scored = [(len(wanted & set(p.keywords)), p.seq, p) for p in best.values()]
-    scored = [s for s in scored if s[0] > 0]
-    scored.sort(key=lambda s: (-s[0], -s[1]))
-    return [p for _, _, p in scored[:k]]
+            best[(p.conversation, p.turn)] = p
+    newest_first = sorted(best.values(), key=lambda p: -p.seq)
+    by_id = {p.pattern_id: p for p in newest_first}
+    ranker = Ranker([Doc(p.pattern_id, f"{p.text} {' '.join(p.keywords)}")
+                     for p in newest_first])
+    return [Suggestion(by_id[h.id], h.score, h.matched,
+                       elsewhere=bool(by_id[h.id].conversation)
+                       and by_id[h.id].conversation != conversation)
+            for h in ranker.search(message, k)]
 
 
 def extractor_spec(settings: AssistantSettings) -> AgentSpec:

@@ -16,7 +16,7 @@ from typing import Any
 
 from consumers.assistant.agent import assistant_spec, state_text, user_content
 from consumers.assistant.datasets import DatasetSource
-from consumers.assistant.patterns import Pattern, rank
+from consumers.assistant.patterns import Pattern, Suggestion, rank
 from consumers.assistant.sqlbox import SqlBox
 from consumers.assistant.tools import DatasetTools, TurnDatasets
 from consumers.engine import (
@@ -100,11 +100,13 @@ async def run_assistant_turn(settings: AssistantSettings, *, conversation: str, 
                              history: list[dict[str, Any]], patterns: list[Pattern],
                              source: DatasetSource, box: SqlBox, client: Any,
                              sink: EffectSink, cancel: CancelToken | None = None
-                             ) -> tuple[TurnResult, list[Pattern]]:
+                             ) -> tuple[TurnResult, list[Suggestion]]:
     """One turn of the assistant over opened content; returns the result and the patterns it
-    was given as suggested context."""
+    was given as suggested context. ``patterns`` are its conversation's and those its tenant
+    learned elsewhere (``Pattern.conversation`` says which)."""
     suggestions = ([] if options.get("data_isolation")
-                   else rank(patterns, str(request.get("message", ""))))
+                   else rank(patterns, str(request.get("message", "")),
+                             conversation=conversation))
     datasets = TurnDatasets(refs, source, owner)
     tools = DatasetTools(datasets, box, settings.assistant_query_rows,
                          settings.assistant_map_features).registry()

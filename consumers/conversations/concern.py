@@ -11,10 +11,14 @@ import dataclasses
 import json
 import re
 from dataclasses import dataclass
-from typing import Any, Protocol
+from typing import Any
 
 from pydantic import BaseModel, Field, ValidationError
 
+from consumers.conversations.catalog import IssueCatalog
+from consumers.conversations.catalog import (  # the name's older home, kept for callers
+    MemoryIssueCatalog as MemoryIssueCatalog,
+)
 from consumers.engine import (
     AgentSpec,
     CancelToken,
@@ -85,36 +89,9 @@ def parse_reply(answer: str) -> ConcernReply:
 # --- tools and the engine run ---------------------------------------------------------------
 
 
-class IssueCatalog(Protocol):
-    """Read-only access to the issues the agent may relate concerns to."""
-
-    def search(self, query: str, limit: int = 5) -> list[dict[str, Any]]: ...
-
-    def get(self, issue: str) -> dict[str, Any] | None: ...
-
-
-class MemoryIssueCatalog:
-    """Issues held in memory (tests; a worker fed from the issues log)."""
-
-    def __init__(self, issues: list[dict[str, Any]] | None = None) -> None:
-        self.issues: dict[str, dict[str, Any]] = {i["id"]: i for i in issues or []}
-
-    def search(self, query: str, limit: int = 5) -> list[dict[str, Any]]:
-        words = {w for w in re.findall(r"[a-z]{3,}", query.lower())}
-        scored = []
-        for issue in self.issues.values():
-            text = f"{issue.get('title', '')} {issue.get('summary', '')}".lower()
-            score = sum(1 for w in words if w in text)
-            if score:
-                scored.append((score, issue))
-        scored.sort(key=lambda x: -x[0])
-        return [i for _, i in scored[:limit]]
-
-    def get(self, issue: str) -> dict[str, Any] | None:
-        return self.issues.get(issue)
-
-
 class SearchIssues(BaseModel):
+    """The search tool's input."""
+
     query: str = Field(min_length=1, description="Keywords of the concern.")
 
 
@@ -126,9 +103,7 @@ def concern_tools(catalog: IssueCatalog) -> ToolRegistry:
     """The agent's allow-listed, read-only tools."""
 
     def search_issues(args: SearchIssues, ctx: ToolContext) -> Ok:  # noqa: ARG001
-        rows = [{"id": i["id"], "title": i.get("title", ""), "summary": i.get("summary", "")}
-                for i in catalog.search(args.query)]
-        return Ok(rows=tuple(rows))
+        return Ok(rows=tuple(catalog.search(args.query)))
 
     def get_issue(args: GetIssue, ctx: ToolContext) -> Ok | Hint:  # noqa: ARG001
         issue = catalog.get(args.issue)
@@ -139,8 +114,9 @@ def concern_tools(catalog: IssueCatalog) -> ToolRegistry:
                          "summary": issue.get("summary", "")},))
 
     return ToolRegistry((
-        Tool("search_issues", "Find existing issues matching keywords.", SearchIssues,
-             search_issues),
+        Tool("search_issues", "Find existing issues matching keywords, best first. Each row "
+             "says why it was found (matched words, BM25 score, relevance 0-1); `strong` marks "
+             "a match close enough to relate the concern to.", SearchIssues, search_issues),
         Tool("get_issue", "Read one issue by id.", GetIssue, get_issue),
     ))
 

@@ -11,19 +11,20 @@ from __future__ import annotations
 
 from typing import Any
 
+from consumers.conversations.catalog import FollowedIssues, IssueIndex, IssueSource
 from consumers.conversations.concern import (
     ConcernReply,
-    IssueCatalog,
-    MemoryIssueCatalog,
     concern_spec,
     run_concern_extraction,
 )
+from consumers.conversations.deltas import ReplyStream
 from consumers.conversations.sequencer import ConversationSequencer
 from consumers.conversations.turns import ConcernAgent, Turns
 from consumers.engine import AgentSpec, CancelToken
 from consumers.frame.context import WorkerContext
+from streams.crashpoints import CrashPoints
 from streams.envelope import Envelope
-from streams.topics import CONVERSATIONS
+from streams.topics import CONVERSATIONS, ISSUES
 
 
 class Conversations:
@@ -32,22 +33,26 @@ class Conversations:
     name = "conversations"
 
     def __init__(self, agent: ConcernAgent | None = None,
-                 issues: IssueCatalog | None = None) -> None:
-        """``agent`` replaces the concern agent (tests); ``issues`` is what its tools search."""
+                 issues: IssueSource | None = None) -> None:
+        """``agent`` replaces the concern agent (tests); ``issues`` is what its tools search
+        (by default every issue of the turn's tenant, followed from ``voice.issues``)."""
         self._agent = agent
-        self.issues: IssueCatalog = issues or MemoryIssueCatalog()
+        self.issues: IssueSource | None = issues
         self.ctx: WorkerContext | None = None
         self.turns: Turns | None = None
-        self.spec: AgentSpec | None = None
 
     def register(self, ctx: WorkerContext) -> None:
         """Add the sequencer, the transcript index and its consumer, and the turn workflow."""
         self.ctx = ctx
-        self.spec = concern_spec(ctx.settings, self.issues)
-        ctx.aggregate(ConversationSequencer())
+        if self.issues is None:
+            index = IssueIndex()
+            follower = ctx.follow(ISSUES, index.apply, "issues")
+            self.issues = FollowedIssues(index, follower.fresh)
+        ctx.aggregate(ConversationSequencer(ctx.settings.turn_deadline_s))
         self.turns = Turns(ctx.publisher, ctx.table("transcript_index"), ctx.sealer,
                            self._agent or self.concern_agent, ctx.log_reader,
-                           ctx.settings.history_read_bytes)
+                           ctx.settings.history_read_bytes,
+                           CrashPoints.parse(ctx.settings.test_crash_at))
         ctx.workflow(self.turns.definition)
         ctx.wire(CONVERSATIONS, self._on_record)
 
@@ -56,13 +61,20 @@ class Conversations:
         await self.turns.on_conversation_record(env, event.message.partition,
                                                 event.message.offset)
 
+    def spec_for(self, tenant: str | None) -> AgentSpec:
+        """The agent of one tenant's turn: its tools search only that tenant's issues."""
+        assert self.ctx is not None and self.issues is not None, "register() first"
+        return concern_spec(self.ctx.settings, self.issues.for_tenant(tenant))
+
     async def concern_agent(self, conversation: str, turn: str, attempt: int,
                             history: list[dict[str, Any]], cancel: CancelToken,
                             tenant: str | None = None) -> ConcernReply:
         """One concern-extraction turn of ``tenant`` (its model tokens count against that
         tenant's budget); its effects become records keyed by the turn."""
-        assert self.ctx is not None and self.spec is not None, "register() first"
+        assert self.ctx is not None and self.issues is not None, "register() first"
         agents = self.ctx.agents
-        return await run_concern_extraction(self.spec, agents.client_for(tenant),
-                                            agents.sink(turn, sealed=True, tenant=tenant),
+        sink = ReplyStream(agents.sink(turn, sealed=True, tenant=tenant), self.ctx.publisher,
+                           self.ctx.sealer, conversation, turn, tenant)
+        return await run_concern_extraction(self.spec_for(tenant),
+                                            agents.client_for(tenant, turn), sink,
                                             conversation, turn, attempt, history, cancel)

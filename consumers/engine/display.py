@@ -1,14 +1,18 @@
 """Display events: what SSE clients see of a turn, built by one ``DisplayFactory`` per turn.
 
-Text deltas are coalesced before they become effects: the factory buffers them and emits
-exactly ``COALESCE_CHARS``-character slices as the buffer fills, plus the remainder whenever any
-other event is emitted (so order is kept) or the stream ends. Slice boundaries depend only on
-the text and the other events, not on how the model chunked its deltas, which keeps replays
-comparable. Progress events are transient (``persistent=False``).
+Text deltas are coalesced by time, as the model streams: the first delta of a slice starts a
+``COALESCE_S`` (50 ms) clock and everything that arrives until it runs out goes out as one
+``text_delta`` — so a short reply arrives as it is written, not whole at the end, and a fast
+stream is not one record per token. Pending text also goes out before any other event (order
+is kept), at the end of the stream, and at once when it reaches ``MAX_SLICE_CHARS`` (a record
+stays small). Slice boundaries therefore depend on timing; a replay compares a turn's text,
+not its slices (``consumers.engine.replay``). Progress events are transient
+(``persistent=False``).
 """
 
 from __future__ import annotations
 
+import asyncio
 import time
 from collections.abc import Callable
 from typing import Any
@@ -16,7 +20,10 @@ from typing import Any
 from consumers.engine.effects import EffectSink
 from consumers.engine.types import DisplayChunk, DisplayEvent, DisplayType
 
-COALESCE_CHARS = 500
+COALESCE_S = 0.05
+"""Longest a streamed piece of text waits for more before it is emitted."""
+MAX_SLICE_CHARS = 4000
+"""Pending text this long is emitted at once, whatever the clock says."""
 
 CHANNELS: dict[str, str] = {
     "text_delta": "response", "text_complete": "response",
@@ -39,17 +46,22 @@ class DisplayFactory:
 
     def __init__(self, sink: EffectSink, key_prefix: str, turn_id: str,
                  conversation_id: str | None = None, message_id: str | None = None,
-                 coalesce_chars: int = COALESCE_CHARS,
+                 coalesce_s: float = COALESCE_S, max_slice_chars: int = MAX_SLICE_CHARS,
                  clock: Callable[[], float] = time.time) -> None:
         self._sink = sink
         self._prefix = key_prefix
         self._turn = turn_id
         self._conversation = conversation_id
         self._message = message_id or turn_id
-        self._limit = max(1, coalesce_chars)
+        self._coalesce_s = max(0.0, coalesce_s)
+        self._limit = max(1, max_slice_chars)
         self._clock = clock
         self._buffer = ""
         self._seq = 0
+        self._lock = asyncio.Lock()
+        """Held while an event is emitted: the timer's flush and the turn's own events take
+        turns, so ids and records stay in order."""
+        self._timer: asyncio.Task[None] | None = None
         self.text_emitted = 0
         """Characters of response text emitted so far (a fallback after a partial stream
         tells the client to discard them)."""
@@ -59,11 +71,12 @@ class DisplayFactory:
                    parent_id: str | None = None, display_id: str | None = None,
                    metadata: dict[str, Any] | None = None) -> DisplayEvent:
         """Emit one event (pending text first, so the client sees things in order)."""
-        if type_ != "text_delta":
-            await self.flush_text()
-        return await self._emit(type_, data, scope=scope, persistent=persistent,
-                                group_id=group_id, parent_id=parent_id, display_id=display_id,
-                                metadata=metadata)
+        async with self._lock:
+            if type_ != "text_delta":
+                await self._flush_locked()
+            return await self._emit(type_, data, scope=scope, persistent=persistent,
+                                    group_id=group_id, parent_id=parent_id,
+                                    display_id=display_id, metadata=metadata)
 
     async def _emit(self, type_: DisplayType, data: dict[str, Any], *, scope: str = "turn",
                     persistent: bool = True, group_id: str | None = None,
@@ -82,18 +95,48 @@ class DisplayFactory:
 
     # --- response text
     async def text(self, delta: str) -> None:
-        """Buffer a text delta; full slices of ``coalesce_chars`` are emitted at once."""
-        self._buffer += delta
-        while len(self._buffer) >= self._limit:
-            piece, self._buffer = self._buffer[:self._limit], self._buffer[self._limit:]
-            await self._text_delta(piece)
+        """Buffer a text delta; it goes out within ``coalesce_s`` (at once past
+        ``max_slice_chars``, or with no clock at all when ``coalesce_s`` is 0)."""
+        if not delta:
+            return
+        async with self._lock:
+            self._buffer += delta
+            while len(self._buffer) >= self._limit:
+                piece, self._buffer = self._buffer[:self._limit], self._buffer[self._limit:]
+                await self._text_delta(piece)
+            if not self._buffer:
+                self._stop_timer()
+            elif self._coalesce_s == 0:
+                await self._flush_locked()
+            elif self._timer is None:
+                self._timer = asyncio.ensure_future(self._flush_after(self._coalesce_s))
+
+    async def _flush_after(self, delay: float) -> None:
+        await asyncio.sleep(delay)
+        async with self._lock:
+            self._timer = None  # before any await: a delta from now on starts a new clock
+            await self._flush_locked()
+
+    def _stop_timer(self) -> None:
+        """Cancel a timer that has not begun flushing (one that has holds the lock, so a
+        caller holding it never sees that)."""
+        if self._timer is not None:
+            self._timer.cancel()
+            self._timer = None
 
     def drop_pending_text(self) -> int:
         """Forget buffered text not yet emitted (a failed attempt's partial stream)."""
+        self._stop_timer()
         dropped, self._buffer = len(self._buffer), ""
         return dropped
 
     async def flush_text(self) -> None:
+        """Emit pending text now (the stream ended)."""
+        async with self._lock:
+            await self._flush_locked()
+
+    async def _flush_locked(self) -> None:
+        self._stop_timer()
         if self._buffer:
             piece, self._buffer = self._buffer, ""
             await self._text_delta(piece)

@@ -12,7 +12,8 @@ from __future__ import annotations
 
 import asyncio
 import inspect
-from typing import Any
+from collections.abc import Awaitable
+from typing import Any, TypeVar
 
 from consumers.engine.cancel import CancelToken
 from consumers.engine.dispatch import DispatchContext, TurnState, dispatch_tool_use
@@ -50,6 +51,8 @@ from consumers.engine.types import (
     TurnInput,
     TurnResult,
 )
+
+T = TypeVar("T")
 
 
 async def run_turn(spec: AgentSpec, turn_input: TurnInput, client: Any, sink: EffectSink,
@@ -192,15 +195,17 @@ class _Turn:
                     return "context_limit"
             self._attempt_mark = self.display.text_emitted
             try:
-                response = await self.caller.call(
+                response = await self._unless_cancelled(self.caller.call(
                     agent_name=spec.name, iteration=iteration, chain=self.chain, system=system,
                     messages=request, tools=tools, max_tokens=spec.max_output_tokens,
                     sampling=self.ti.inference_params,
                     callbacks=StreamCallbacks(self.display.text, self._on_tool_start),
-                    on_fallback=self._on_fallback)
+                    on_fallback=self._on_fallback))
             except ModelError as exc:
                 self.errors.append(TurnError(exc.kind, str(exc)))
                 return "error"
+            if response is None:  # cancelled while the model was streaming
+                return "cancelled"
             calibration.observe(raw, response.usage.total_input)
             if response.content:
                 assistant = {"role": "assistant", "content": response.content}
@@ -218,6 +223,23 @@ class _Turn:
             self.messages.append(tool_message)
             self.appended.append(tool_message)
         return "max_turns"
+
+    async def _unless_cancelled(self, call: Awaitable[T]) -> T | None:
+        """``call``'s result, or None once the turn is cancelled: a model stream in flight is
+        interrupted (its connection closed), not waited out."""
+        task = asyncio.ensure_future(call)
+        stop = asyncio.ensure_future(self.cancel.wait())
+        try:
+            await asyncio.wait({task, stop}, return_when=asyncio.FIRST_COMPLETED)
+        finally:
+            stop.cancel()
+        if task.done():
+            return task.result()
+        task.cancel()
+        await asyncio.wait({task})  # raises only if this turn itself is being cancelled
+        if not task.cancelled():
+            task.exception()  # retrieved: an error after the cancel is not the turn's
+        return None
 
     async def _on_tool_start(self, name: str) -> None:
         await self.display.reasoning(f"Preparing a call to {name}")

@@ -113,6 +113,28 @@ def _strip(value: Any) -> Any:
     return value
 
 
+def _comparables(effects: Sequence[Effect]) -> list[tuple[str, dict[str, Any]]]:
+    """(key, comparable) per effect, a run of text deltas as one: the engine slices streamed
+    text by time (``consumers.engine.display``), so a re-run has the same text in other
+    slices, and display events' keys and ids count those slices."""
+    out: list[tuple[str, dict[str, Any]]] = []
+    for e in effects:
+        if not isinstance(e, DisplayChunk):
+            out.append((e.key, comparable(e)))
+            continue
+        c = comparable(e)
+        c.pop("key", None)
+        c["event"].pop("id", None)
+        if e.event.type == "text_delta" and out and out[-1][1].get("text_run") is not None:
+            out[-1][1]["text_run"] += e.event.data.get("text", "")
+        elif e.event.type == "text_delta":
+            out.append((e.key, {"text_run": e.event.data.get("text", ""),
+                                "turn_id": e.turn_id, "conversation_id": e.conversation_id}))
+        else:
+            out.append((e.key, c))
+    return out
+
+
 def _kept(effects: Sequence[Effect]) -> list[Effect]:
     # Progress events are transient and come from the tool run itself, which replay skips.
     return [e for e in effects
@@ -127,12 +149,13 @@ def compare_effects(recorded: Sequence[Effect], replayed: Sequence[Effect]) -> l
     """
     kinds = {type(e) for e in recorded}
     a, b = _kept(recorded), [e for e in _kept(replayed) if type(e) in kinds]
+    ca, cb = _comparables(a), _comparables(b)
     out = []
-    for i, (x, y) in enumerate(zip(a, b, strict=False)):
-        cx, cy = comparable(x), comparable(y)
+    for i, ((x, cx), (_, cy)) in enumerate(zip(ca, cb, strict=False)):
         if cx != cy:
             fields = sorted(k for k in cx.keys() | cy.keys() if cx.get(k) != cy.get(k))
-            out.append(f"effect {i} ({x.key}): {', '.join(fields)} differ")
+            out.append(f"effect {i} ({x}): {', '.join(fields)} differ")
+    a, b = ca, cb
     if len(a) != len(b):
         out.append(f"recorded {len(a)} effects, replay produced {len(b)}")
     return out

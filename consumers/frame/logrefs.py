@@ -15,9 +15,10 @@ bounded by ``recent``: the most recent records whose content fits a byte budget,
 from __future__ import annotations
 
 import asyncio
+import threading
 import time
 import uuid
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any, Protocol
 
@@ -51,7 +52,9 @@ class Position:
 
 class LogUnavailable(Exception):
     """The records cannot be read: not on the log as indexed (``retryable=False``), or the
-    broker did not answer in time (``retryable=True``)."""
+    broker did not answer in time (``retryable=True``). Its message names positions."""
+
+    plain_message = True
 
     def __init__(self, message: str, retryable: bool) -> None:
         super().__init__(message)
@@ -65,6 +68,22 @@ class LogReader(Protocol):
                    positions: Sequence[Position]) -> list[Envelope]:
         """The records at ``positions``, in that order; ``LogUnavailable`` if one is not
         there or is not the indexed seq of ``key``."""
+
+    async def scan(self, spec: TopicSpec, partition: int, key: str, start: int,
+                   through: int) -> list[Envelope]:
+        """``key``'s records from offset ``start`` on, each seq once, in seq order, up to
+        and including seq ``through``; ``LogUnavailable`` if the log ends before it."""
+
+
+def scan_span(found: dict[int, Envelope], env: Envelope, key: str, through: int) -> bool:
+    """Keep ``env`` in ``found`` (by seq) if it is ``key``'s and within ``through``; whether
+    the scan is done (seq ``through`` seen). A record written twice (a writer that crashed
+    before its table write) is kept once."""
+    if env.key != key or env.seq is None:
+        return False
+    if env.seq <= through:
+        found.setdefault(env.seq, env)
+    return env.seq >= through
 
 
 def recent(entries: list[dict[str, Any]], budget: int, keep: int = 1,
@@ -81,21 +100,26 @@ def recent(entries: list[dict[str, Any]], budget: int, keep: int = 1,
     return out[::-1]
 
 
-def fetch_records(settings: VoiceSettings, topic: str, partition: int, key: str,
+def _consumer(settings: VoiceSettings) -> Consumer:
+    """A consumer for reads by position: never in a group (``assign`` only), never commits."""
+    return Consumer({"bootstrap.servers": settings.bootstrap,
+                     "group.id": f"voice-logread-{uuid.uuid4().hex}",
+                     "enable.auto.commit": False, "enable.auto.offset.store": False,
+                     "auto.offset.reset": "error", "fetch.wait.max.ms": 50,
+                     "fetch.message.max.bytes": 2 * 1024 * 1024})
+
+
+def fetch_records(c: Consumer, topic: str, partition: int, key: str,
                   positions: Sequence[Position], timeout: float = 10.0) -> list[Envelope]:
-    """``LogReader.read`` on the broker (blocking): one consumer, assigned at the first
-    offset, reading on while the next one is near and seeking when it is far."""
+    """``LogReader.read`` on the broker (blocking) with consumer ``c``: assigned at the first
+    offset, reading on while the next one is near and seeking when it is far; unassigned after,
+    so ``c`` can serve the next read."""
     if not positions:
         return []
     expected = {p.offset: p.seq for p in positions}
     wanted = sorted(expected)
     found: dict[int, Envelope] = {}
     where = f"{topic}[{partition}]"
-    c = Consumer({"bootstrap.servers": settings.bootstrap,
-                  "group.id": f"voice-logread-{uuid.uuid4().hex}",
-                  "enable.auto.commit": False, "enable.auto.offset.store": False,
-                  "auto.offset.reset": "error", "fetch.wait.max.ms": 50,
-                  "fetch.message.max.bytes": 2 * 1024 * 1024})
     deadline = time.monotonic() + timeout
     try:
         i = 0
@@ -106,7 +130,7 @@ def fetch_records(settings: VoiceSettings, topic: str, partition: int, key: str,
                 if time.monotonic() > deadline:
                     raise LogUnavailable(f"could not read {where}@{wanted[i]} in {timeout:.0f} s",
                                          retryable=True)
-                for msg in c.consume(num_messages=500, timeout=0.2):
+                for msg in _next_batch(c):
                     err = msg.error()
                     if err is not None:
                         if err.fatal() or err.code() == KafkaError._AUTO_OFFSET_RESET:
@@ -125,8 +149,60 @@ def fetch_records(settings: VoiceSettings, topic: str, partition: int, key: str,
                         seek = True
                         break
     finally:
-        c.close()
+        c.unassign()
     return [found[p.offset] for p in positions]
+
+
+def scan_records(c: Consumer, topic: str, partition: int, key: str, start: int,
+                 through: int, timeout: float = 30.0) -> list[Envelope]:
+    """``LogReader.scan`` on the broker (blocking) with consumer ``c``: assigned at
+    ``start`` (or the log's first offset, if later), reading on until ``key``'s seq
+    ``through``; unassigned after. What it keeps is the caller's to bound (it asked for that
+    span); no record of another key is kept."""
+    where = f"{topic}[{partition}]"
+    found: dict[int, Envelope] = {}
+    if through < 1:
+        return []
+    deadline = time.monotonic() + timeout
+    try:
+        low, high = c.get_watermark_offsets(TopicPartition(topic, partition), timeout=timeout)
+        start = max(start, low)
+        c.assign([TopicPartition(topic, partition, start)])
+        offset = start - 1
+        while True:
+            if offset >= high - 1:
+                raise LogUnavailable(f"{where} ends at {high} before seq {through} of {key!r} "
+                                     f"(read from {start})", retryable=False)
+            if time.monotonic() > deadline:
+                raise LogUnavailable(f"could not read {where} from {start} to seq {through} of "
+                                     f"{key!r} in {timeout:.0f} s", retryable=True)
+            for msg in _next_batch(c):
+                err = msg.error()
+                if err is not None:
+                    if err.fatal() or err.code() == KafkaError._AUTO_OFFSET_RESET:
+                        raise LogUnavailable(f"cannot read {where}@{start}: {err.str()}",
+                                             retryable=False)
+                    continue
+                offset = msg.offset()
+                try:
+                    env = decode(msg.key(), msg.value(), msg.headers())
+                except DecodeError:
+                    continue  # not a record (dead-lettered by its consumer); not ``key``'s
+                if scan_span(found, env, key, through):
+                    return [found[s] for s in sorted(found)]
+    finally:
+        c.unassign()
+
+
+def _next_batch(c: Consumer) -> list[Any]:
+    """What has arrived, or else the first record to arrive within 0.2 s. Not
+    ``consume(n, timeout)`` alone: it waits out its whole timeout unless ``n`` records come,
+    which cost every read 200 ms."""
+    batch = c.consume(num_messages=500, timeout=0)
+    if batch:
+        return batch
+    msg = c.poll(0.2)
+    return [] if msg is None else [msg]
 
 
 def _checked(msg: Any, where: str, key: str, seq: int) -> Envelope:
@@ -142,17 +218,64 @@ def _checked(msg: Any, where: str, key: str, seq: int) -> Envelope:
 
 
 class KafkaLogReader:
-    """``LogReader`` on the broker; the blocking read runs in a thread."""
+    """``LogReader`` on the broker; the blocking read runs in a thread.
 
-    def __init__(self, settings: VoiceSettings, timeout: float = 10.0) -> None:
+    Consumers are kept and reused (at most ``pool_size`` idle): a new one per read spent
+    ≈ 200 ms connecting and fetching metadata before its first record — most of a turn's
+    overhead (docs/benchmarks.md). Concurrent reads each take their own consumer, since one
+    consumer's assignment serves one read at a time. One that failed is closed, not kept.
+    """
+
+    def __init__(self, settings: VoiceSettings, timeout: float = 10.0,
+                 pool_size: int = 4) -> None:
         self.settings = settings
         self.timeout = timeout
+        self.pool_size = pool_size
+        self._idle: list[Consumer] = []
+        self._lock = threading.Lock()
+
+    def _take(self) -> Consumer:
+        with self._lock:
+            if self._idle:
+                return self._idle.pop()
+        return _consumer(self.settings)
+
+    def _give(self, c: Consumer) -> None:
+        with self._lock:
+            if len(self._idle) < self.pool_size:
+                self._idle.append(c)
+                return
+        c.close()
+
+    def _using(self, fn: Callable[..., list[Envelope]], *args: Any) -> list[Envelope]:
+        """``fn(consumer, *args)`` with a kept consumer (a new one if none is idle)."""
+        c = self._take()
+        try:
+            out = fn(c, *args)
+        except BaseException:
+            c.close()
+            raise
+        self._give(c)
+        return out
 
     async def read(self, spec: TopicSpec, partition: int, key: str,
                    positions: Sequence[Position]) -> list[Envelope]:
-        return await asyncio.to_thread(fetch_records, self.settings,
+        return await asyncio.to_thread(self._using, fetch_records,
                                        topic_name(self.settings, spec), partition, key,
                                        list(positions), self.timeout)
+
+    def close(self) -> None:
+        """Close the idle consumers (the worker is stopping)."""
+        with self._lock:
+            idle, self._idle = self._idle, []
+        for c in idle:
+            c.close()
+
+    async def scan(self, spec: TopicSpec, partition: int, key: str, start: int,
+                   through: int) -> list[Envelope]:
+        return await asyncio.to_thread(self._using, scan_records,
+                                       topic_name(self.settings, spec), partition, key, start,
+                                       through, 3 * self.timeout)
 
 
 class MemoryLogReader:
@@ -184,3 +307,14 @@ class MemoryLogReader:
                                      retryable=False)
             out.append(env)
         return out
+
+    async def scan(self, spec: TopicSpec, partition: int, key: str, start: int,
+                   through: int) -> list[Envelope]:
+        found: dict[int, Envelope] = {}
+        if through < 1:
+            return []
+        for env in self.logs.get((spec.name, partition), [])[start:]:
+            if scan_span(found, env, key, through):
+                return [found[s] for s in sorted(found)]
+        raise LogUnavailable(f"{spec.name}[{partition}] ends before seq {through} of {key!r}",
+                             retryable=False)

@@ -173,6 +173,11 @@ ROUTES: dict[tuple[str, str], Row] = {
     ("GET", "/docs"): Row(None, "public", 200),
     ("GET", "/docs/oauth2-redirect"): Row(None, "public", 200),
     ("GET", "/redoc"): Row(None, "public", 200),
+    # --- the web pages and what they read before anyone signs in: public ---
+    ("GET", "/"): Row(None, "public", 200),
+    ("GET", "/assistant"): Row(None, "public", 200),
+    ("GET", "/staff"): Row(None, "public", 200),
+    ("GET", "/web/config"): Row(None, "public", 200),
 }
 
 

@@ -59,3 +59,46 @@ async def test_records_are_read_by_position_across_other_keys_and_far_gaps(
         await KafkaLogReader(settings, timeout=3).read(
             CONVERSATIONS, 0, "cnv-a", [Position(4, positions[-1].offset + 1000)])
     assert err.value.retryable is False, err.value
+
+
+async def test_a_span_of_one_key_is_scanned_across_other_keys_and_repeats_kept_once(
+        settings: VoiceSettings) -> None:
+    # What a staff step reads instead of a copy (an issue's evidence, its followers): one
+    # key's records from an offset up to a seq, another key's between, one written twice.
+    envs = [rec("cnv-b", 1), rec("cnv-a", 1), rec("cnv-b", 2), rec("cnv-a", 2), rec("cnv-a", 2),
+            *(rec("cnv-b", n) for n in range(3, 300)), rec("cnv-a", 3), rec("cnv-a", 4)]
+    positions = await produce(settings, envs)
+    start = positions[1].offset
+    reader = KafkaLogReader(settings, timeout=5)
+    got = await reader.scan(CONVERSATIONS, 0, "cnv-a", start, 3)
+    assert [(e.key, e.seq) for e in got] == [("cnv-a", 1), ("cnv-a", 2), ("cnv-a", 3)]
+    assert await reader.scan(CONVERSATIONS, 0, "cnv-a", start, 0) == []
+    with pytest.raises(LogUnavailable, match="before seq 9") as err:  # never written
+        await reader.scan(CONVERSATIONS, 0, "cnv-a", start, 9)
+    assert err.value.retryable is False
+
+
+async def test_one_reader_reuses_its_consumers_across_reads_backwards_and_at_once(
+        settings: VoiceSettings) -> None:
+    # A kept consumer must not hand a later read what it had fetched for an earlier one.
+    envs = [rec("cnv-r", n) for n in range(1, 2 * SEEK_GAP)]
+    positions = await produce(settings, envs)
+    reader = KafkaLogReader(settings, pool_size=2)
+    try:
+        last = await reader.read(CONVERSATIONS, 0, "cnv-r", [positions[-1]])
+        first = await reader.read(CONVERSATIONS, 0, "cnv-r", [positions[0]])
+        assert (last[0].seq, first[0].seq) == (len(envs), 1)
+        assert len(reader._idle) == 1  # the one consumer, kept and used twice
+
+        picks = [[positions[i], positions[i + 1]] for i in range(0, len(positions) - 1, 17)]
+        got = await asyncio.gather(*(reader.read(CONVERSATIONS, 0, "cnv-r", p) for p in picks))
+        assert [[e.seq for e in g] for g in got] == [[p.seq for p in ps] for ps in picks]
+        assert 1 <= len(reader._idle) <= 2  # at most pool_size kept
+
+        with pytest.raises(LogUnavailable):  # a failed read closes its consumer ...
+            await reader.read(CONVERSATIONS, 0, "cnv-r", [Position(1, positions[5].offset)])
+        again = await reader.read(CONVERSATIONS, 0, "cnv-r", [positions[5]])  # ... and on
+        assert again[0].seq == 6
+    finally:
+        reader.close()
+    assert reader._idle == []

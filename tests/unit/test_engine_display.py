@@ -1,41 +1,86 @@
-"""Display events: coalescing of text deltas, ordering, fields, transient progress."""
+"""Display events: text deltas coalesced by time, ordering, fields, transient progress."""
 
 from __future__ import annotations
+
+import asyncio
 
 from consumers.engine import DisplayFactory, RecordingSink
 from consumers.engine.display import CHANNELS
 
 
-async def test_text_deltas_are_coalesced_into_500_char_slices_in_order():
+async def test_text_that_arrives_together_goes_out_together_and_in_order():
     sink = RecordingSink()
     d = DisplayFactory(sink, "t1/a1", "t1", conversation_id="c1", clock=lambda: 12.5)
-    body = "".join(f"word{i} " for i in range(250))  # ~1.7k chars
-    for i in range(0, len(body), 7):
+    body = "".join(f"word{i} " for i in range(100))
+    for i in range(0, len(body), 7):  # all within the clock: one slice
         await d.text(body[i:i + 7])
-    assert [len(e.data["text"]) for e in sink.display()] == [500, 500, 500]
+    assert sink.display() == []  # not yet: the clock runs
     await d.reasoning("thinking about it")  # a non-text event flushes what is pending first
     await d.text("tail")
     await d.flush_text()
     events = sink.display()
-    assert [e.type for e in events] == ["text_delta"] * 4 + ["reasoning", "text_delta"]
-    assert "".join(e.data["text"] for e in events if e.type == "text_delta") == body + "tail"
-    assert len(events[3].data["text"]) == len(body) - 1500
-    assert [e.id for e in events] == [f"t1/a1/d{i}" for i in range(1, 7)]
+    assert [e.type for e in events] == ["text_delta", "reasoning", "text_delta"]
+    assert [e.data.get("text") for e in events] == [body, "thinking about it", "tail"]
+    assert [e.id for e in events] == [f"t1/a1/d{i}" for i in range(1, 4)]
     assert len({e.key for e in sink.effects}) == len(sink.effects)
     assert all(e.conversation_id == "c1" and e.turn_id == "t1" for e in sink.effects)
 
 
-async def test_slices_do_not_depend_on_how_the_model_chunked_its_deltas():
-    body = "x" * 1234
-    shapes = []
-    for size in (1, 13, 499, 1234):
+async def test_a_streamed_piece_goes_out_within_the_clock_without_waiting_for_more():
+    sink = RecordingSink()
+    d = DisplayFactory(sink, "p", "t", coalesce_s=0.05)
+    await d.text("Hel")
+    await d.text("lo")
+    await asyncio.sleep(0.2)  # no further delta, no flush: the clock emits it
+    assert [e.data["text"] for e in sink.display()] == ["Hello"]
+    await d.text(" there")  # a new clock for the next piece
+    await asyncio.sleep(0.2)
+    await d.text("!")
+    await d.flush_text()
+    assert [e.data["text"] for e in sink.display()] == ["Hello", " there", "!"]
+
+
+async def test_slices_are_timed_by_the_stream_and_never_longer_than_the_limit():
+    sink = RecordingSink()
+    d = DisplayFactory(sink, "p", "t", coalesce_s=0.03, max_slice_chars=100)
+    for word in ("a" * 10, "b" * 10):
+        await d.text(word)
+        await asyncio.sleep(0.1)  # slower than the clock: a slice each
+    await d.text("c" * 250)  # past the limit: out at once, in limit-sized slices
+    assert [e.data["text"] for e in sink.display()] == ["a" * 10, "b" * 10, "c" * 100,
+                                                         "c" * 100]
+    await d.flush_text()
+    assert sink.display()[-1].data["text"] == "c" * 50
+
+
+async def test_dropped_text_never_goes_out_and_no_clock_is_left_running():
+    sink = RecordingSink()
+    d = DisplayFactory(sink, "p", "t", coalesce_s=0.02)
+    await d.text("a partial attempt")
+    assert d.drop_pending_text() == len("a partial attempt")
+    await asyncio.sleep(0.1)
+    assert sink.display() == [] and d.text_emitted == 0
+
+
+async def test_a_replay_compares_the_text_of_a_turn_not_how_it_was_sliced():
+    from consumers.engine.replay import compare_effects
+
+    runs = []
+    for gap in (0.0, 0.06):
         sink = RecordingSink()
-        d = DisplayFactory(sink, "p", "t")
-        for i in range(0, len(body), size):
-            await d.text(body[i:i + size])
-        await d.flush_text()
-        shapes.append([len(e.data["text"]) for e in sink.display()])
-    assert shapes == [[500, 500, 234]] * 4
+        d = DisplayFactory(sink, "p", "t", coalesce_s=0.03, clock=lambda: 1.0)
+        for piece in ("one ", "two ", "three"):
+            await d.text(piece)
+            await asyncio.sleep(gap)
+        await d.done(0.0)
+        runs.append(sink.effects)
+    assert len(runs[0]) != len(runs[1])  # sliced differently ...
+    assert compare_effects(runs[0], runs[1]) == []  # ... the same turn
+    sink = RecordingSink()
+    d = DisplayFactory(sink, "p", "t", clock=lambda: 1.0)
+    await d.text("one two thr33")
+    await d.done(0.0)
+    assert compare_effects(runs[0], sink.effects) != []  # other text: a divergence
 
 
 async def test_event_fields_and_transient_progress():

@@ -234,6 +234,37 @@ async def test_cancel_while_a_slow_tool_runs_stops_before_the_next_model_call():
     assert result.messages_appended[-1]["content"][1]["is_error"] is True
 
 
+class EndlessStream:
+    """A model that streams a few words, then keeps the stream open for ever."""
+
+    def __init__(self) -> None:
+        self.streaming = asyncio.Event()
+        self.closed = False
+
+    async def stream(self, request, callbacks):  # noqa: ANN001, ANN201
+        try:
+            await callbacks.on_text("Let me think about ")
+            self.streaming.set()
+            await asyncio.Event().wait()
+        finally:
+            self.closed = True
+
+
+async def test_cancel_interrupts_a_model_stream_in_flight():
+    model = EndlessStream()
+    token = CancelToken()
+    sink = RecordingSink()
+    task = asyncio.ensure_future(run_turn(assistant_spec(map_tools({})), TurnInput("t-c2", "go"),
+                                          model, sink, token))
+    await asyncio.wait_for(model.streaming.wait(), 2)
+    token.cancel()
+    result = await asyncio.wait_for(task, 2)  # not waiting for the stream to end
+    assert result.end_reason == "cancelled" and model.closed
+    types = [e.type for e in sink.display()]
+    assert types[-1] == "done" and "status" in types
+    assert "".join(e.data["text"] for e in sink.display("text_delta")) == "Let me think about "
+
+
 async def _set(event: asyncio.Event) -> None:
     event.set()
 

@@ -104,3 +104,18 @@ def test_voice_up_leaves_a_real_key_to_the_real_api(monkeypatch: pytest.MonkeyPa
     assert set(children) == {"worker", "telemetry", "edge"}
     assert children["worker"]["ANTHROPIC_API_KEY"] == "sk-ant-real"
     assert "ANTHROPIC_BASE_URL" not in children["worker"]
+
+
+def test_the_state_folder_is_absolute_and_one_per_user_by_default(
+        monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
+    from streams.settings import VoiceSettings, default_state_dir
+
+    monkeypatch.delenv("VOICE_STATE_DIR", raising=False)
+    monkeypatch.setenv("XDG_STATE_HOME", str(tmp_path / "xdg"))
+    assert VoiceSettings().state_dir == tmp_path / "xdg" / "voice"
+    monkeypatch.delenv("XDG_STATE_HOME")
+    monkeypatch.setenv("HOME", str(tmp_path / "home"))
+    assert default_state_dir() == tmp_path / "home" / ".local" / "state" / "voice"
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.setenv("VOICE_STATE_DIR", "rel/state")  # a relative one: from where it starts
+    assert VoiceSettings().state_dir == tmp_path / "rel" / "state"

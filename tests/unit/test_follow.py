@@ -1,0 +1,99 @@
+"""The worker's follower of a whole topic (``consumers.frame.follow``) without a broker: which
+records it applies, what it skips, and when ``fresh`` answers (the broker path runs in
+``tests/integration/test_catalog.py``)."""
+
+from __future__ import annotations
+
+import threading
+from typing import Any
+
+from confluent_kafka import TopicPartition
+
+from consumers.frame.follow import Follower
+from schemas.staff import FollowerAdded, IssueOpened
+from streams.envelope import Envelope, encode
+from streams.settings import VoiceSettings
+from streams.topics import ISSUES
+
+
+class Msg:
+    def __init__(self, key: bytes | None, value: bytes | None,
+                 headers: list[tuple[str, bytes]]) -> None:
+        self._k, self._v, self._h = key, value, headers
+
+    def key(self) -> bytes | None:
+        return self._k
+
+    def value(self) -> bytes | None:
+        return self._v
+
+    def headers(self) -> list[tuple[str, bytes]]:
+        return self._h
+
+    def topic(self) -> str:
+        return "t"
+
+    def partition(self) -> int:
+        return 0
+
+    def offset(self) -> int:
+        return 7
+
+
+def msg(record: Any) -> Msg:
+    key, value, headers = encode(Envelope(record=record, key="iss-0a0a0a0a", source="/t",
+                                          seq=1, tenant="t1"))
+    return Msg(key, value, headers)
+
+
+def follower(applied: list[Envelope], types: frozenset[str] | None = None,
+             fail: bool = False) -> Follower:
+    def apply(env: Envelope) -> None:
+        if fail:
+            raise ValueError("boom")
+        applied.append(env)
+
+    return Follower(VoiceSettings(env="test", kafka_bootstrap="127.0.0.1:1"), ISSUES, apply,
+                    "test", types)
+
+
+def test_only_the_named_types_are_decoded_and_bad_records_are_skipped() -> None:
+    applied: list[Envelope] = []
+    f = follower(applied, types=frozenset({IssueOpened.ce_type}))
+    f._handle(msg(IssueOpened(issue="iss-0a0a0a0a", title="t", summary="", by="s", at="a")))
+    f._handle(msg(FollowerAdded(issue="iss-0a0a0a0a", participant="p")))
+    assert [type(e.record) for e in applied] == [IssueOpened] and f.skipped == 0
+    f._handle(Msg(b"k", b"not a record", [("ce_type", IssueOpened.ce_type.encode())]))
+    assert f.skipped == 1
+    failing = follower([], fail=True)
+    failing._handle(msg(FollowerAdded(issue="iss-0a0a0a0a", participant="p")))
+    assert failing.skipped == 1
+
+
+class FakeConsumer:
+    def __init__(self, ends: dict[int, int]) -> None:
+        self.ends = ends
+        self.at = {p: -1001 for p in ends}
+
+    def get_watermark_offsets(self, tp: TopicPartition, timeout: float) -> tuple[int, int]:
+        return 0, self.ends[tp.partition]
+
+    def position(self, tps: list[TopicPartition]) -> list[TopicPartition]:
+        return [TopicPartition(tp.topic, tp.partition, self.at[tp.partition]) for tp in tps]
+
+
+def test_fresh_answers_once_every_record_there_when_asked_is_applied() -> None:
+    f = follower([])
+    f._thread = threading.current_thread()  # started: fresh() must not start a thread
+    consumer = FakeConsumer({0: 3, 1: 0, 2: 5})
+    asked = threading.Event()
+    f._asked.append(asked)
+    f._answer(consumer, [0, 1, 2])
+    assert not asked.is_set()
+    consumer.ends = {0: 9, 1: 9, 2: 9}  # records produced after the question do not count
+    consumer.at = {0: 3, 1: -1001, 2: 4}
+    f._answer(consumer, [0, 1, 2])
+    assert not asked.is_set()
+    consumer.at[2] = 5
+    f._answer(consumer, [0, 1, 2])
+    assert asked.is_set() and f._waiting == []

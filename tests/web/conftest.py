@@ -1,0 +1,219 @@
+"""The web pages in a real headless Chromium (Debian's ``chromium`` and ``chromium-driver``,
+driven by Selenium) against a real stack: the session's broker, a worker and an edge.
+
+The edge runs in ``dev`` on 127.0.0.1, so the pages offer the dev sign-in form and the tests
+sign in through it, as a person would. Its gateway bound is short (``GATEWAY_BOUND_S``): every
+stream is cut by the edge every few seconds, so each test also proves the pages resume; the edge
+can also be restarted on the same address (``WebStack.restart_edge``).
+Every test ends by asserting the browser logged no error (``SEVERE``) while it ran; screenshots
+go to ``test-artifacts/web/`` (git-ignored), linked from ``docs/web.md``.
+"""
+
+from __future__ import annotations
+
+import shutil
+import subprocess
+import time
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from streams.settings import VoiceSettings
+from streams.topics import create_topics
+from tests.support import (
+    spawn_voice,
+    stop,
+    unique_settings,
+    wait_group_stable,
+    wait_http_ready,
+    worker_group,
+)
+
+CHROMIUM = "/usr/bin/chromium"
+CHROMEDRIVER = "/usr/bin/chromedriver"
+INSTALL = "apt-get install -y chromium chromium-driver"
+
+GATEWAY_BOUND_S = "4"
+"""The edge ends every stream about 3 s after it starts (1 s before this bound)."""
+
+ARTIFACTS = Path(__file__).resolve().parents[2] / "test-artifacts" / "web"
+"""Where the screenshots go (git-ignored); ``docs/web.md`` links them."""
+
+WAIT_S = 90.0
+"""Generous: a turn runs through the broker, a worker and the simulator on a shared 2-core box."""
+
+
+EDGE_ENV = {"VOICE_ENV": "dev", "VOICE_GATEWAY_BOUND_S": GATEWAY_BOUND_S}
+"""The edge's: dev (so the dev sign-in exists, on 127.0.0.1) and the short bound."""
+
+
+@dataclass
+class WebStack:
+    """A worker and an edge on their own topics of the session's broker; the edge can be
+    restarted on the same address (a browser's connection dropped by the server)."""
+
+    settings: VoiceSettings
+    url: str
+    port: int
+    logs: Path
+    edge: subprocess.Popen[bytes]
+
+    def start_edge(self) -> None:
+        self.edge = spawn_voice(self.settings, "edge", "--port", str(self.port),
+                                log=self.logs / "edge.log", **EDGE_ENV)
+        wait_http_ready(f"{self.url}/readyz", timeout=WAIT_S, proc=self.edge)
+
+    def restart_edge(self) -> None:
+        """Stop the edge (its streams end mid-flight), start a new one on the same port."""
+        stop(self.edge)
+        self.start_edge()
+
+
+@pytest.fixture(scope="session")
+def stack(kafka_bootstrap: str, tmp_path_factory: pytest.TempPathFactory, simulator_url: str
+          ) -> Iterator[WebStack]:
+    """The stack the web tests share (each signs in as its own people, so they do not see
+    each other's data)."""
+    from deploy.kafka_local import free_port
+
+    tmp = tmp_path_factory.mktemp("web")
+    settings = unique_settings(kafka_bootstrap, tmp)
+    create_topics(settings)
+    worker = spawn_voice(settings, "worker", log=tmp / "worker.log",
+                         ANTHROPIC_API_KEY="simulator", ANTHROPIC_BASE_URL=simulator_url)
+    port = free_port()
+    web = WebStack(settings, f"http://127.0.0.1:{port}", port, tmp,
+                   spawn_voice(settings, "edge", "--port", str(port), log=tmp / "edge.log",
+                               **EDGE_ENV))
+    try:
+        wait_group_stable(settings, worker_group(settings))
+        wait_http_ready(f"{web.url}/readyz", timeout=WAIT_S, proc=web.edge)
+        yield web
+    finally:
+        stop(web.edge)
+        stop(worker)
+
+
+@pytest.fixture(scope="session")
+def chromium() -> Iterator[Any]:
+    """One headless Chromium for the session (a fresh profile per test is not needed: each
+    test signs in again, and sessionStorage is per tab)."""
+    for path in (CHROMIUM, CHROMEDRIVER):
+        if shutil.which(path) is None:
+            pytest.fail(f"{path} is missing: {INSTALL} (.ci/run does it)")
+    from selenium import webdriver
+    from selenium.webdriver.chrome.service import Service
+
+    options = webdriver.ChromeOptions()
+    options.binary_location = CHROMIUM
+    for arg in ("--headless=new", "--no-sandbox", "--disable-dev-shm-usage", "--disable-gpu",
+                "--window-size=1280,900", "--no-first-run", "--disable-extensions"):
+        options.add_argument(arg)
+    options.set_capability("goog:loggingPrefs", {"browser": "ALL"})
+    driver = webdriver.Chrome(options=options, service=Service(CHROMEDRIVER))
+    driver.set_page_load_timeout(60)
+    try:
+        yield driver
+    finally:
+        driver.quit()
+
+
+@pytest.fixture
+def browser(chromium: Any) -> Iterator[Any]:
+    """The session's browser, signed out, its log emptied; after the test, no errors in it."""
+    chromium.set_window_size(1280, 900)
+    chromium.get_log("browser")
+    yield chromium
+    severe = [e for e in chromium.get_log("browser") if e["level"] == "SEVERE"]
+    chromium.get("about:blank")
+    assert not severe, f"the browser logged errors: {severe}"
+
+
+def wait_for(check: Callable[[], Any], what: str, timeout: float = WAIT_S) -> Any:
+    """Poll ``check`` until it returns something truthy; fail naming ``what`` with the last
+    exception or value."""
+    deadline = time.monotonic() + timeout
+    last: Any = None
+    while time.monotonic() < deadline:
+        try:
+            value = check()
+            if value:
+                return value
+            last = value
+        except Exception as exc:  # a stale element while the page re-renders: look again
+            last = exc
+        time.sleep(0.2)
+    raise AssertionError(f"{what}: not within {timeout}s (last: {last!r})")
+
+
+def by_testid(driver: Any, testid: str) -> Any:
+    from selenium.webdriver.common.by import By
+
+    return driver.find_element(By.CSS_SELECTOR, f'[data-testid="{testid}"]')
+
+
+def all_by_testid(driver: Any, testid: str) -> list[Any]:
+    from selenium.webdriver.common.by import By
+
+    return driver.find_elements(By.CSS_SELECTOR, f'[data-testid="{testid}"]')
+
+
+def sign_in(driver: Any, url: str, page: str, sub: str, role: str, tenant: str = "default"
+            ) -> None:
+    """Open ``page`` and sign in with the dev form as ``sub`` (``role`` in ``tenant``)."""
+    from selenium.webdriver.common.by import By
+    from selenium.webdriver.support.ui import Select
+
+    driver.get(f"{url}{page}")
+    driver.execute_script("sessionStorage.clear()")
+    driver.get(f"{url}{page}")
+    form = wait_for(lambda: all_by_testid(driver, "dev-signin"), "the dev sign-in form")[0]
+    for field, value in (("dev-sub", sub), ("dev-tenant", tenant)):
+        box = form.find_element(By.ID, field)
+        box.clear()
+        box.send_keys(value)
+    Select(form.find_element(By.ID, "dev-role")).select_by_value(role)
+    by_testid(driver, "dev-signin-button").click()
+    wait_for(lambda: by_testid(driver, "signed-in-as").text.startswith(sub),
+             f"signed in as {sub}")
+
+
+def screenshot(driver: Any, name: str, width: int = 1280) -> Path:
+    """Save the page at ``width`` px wide as ``test-artifacts/web/<name>.png``."""
+    ARTIFACTS.mkdir(parents=True, exist_ok=True)
+    height = driver.execute_script("return document.documentElement.scrollHeight")
+    driver.set_window_size(width, max(700, min(int(height) + 40, 2400)))
+    path = ARTIFACTS / f"{name}.png"
+    driver.save_screenshot(str(path))
+    return path
+
+
+def fits_360(driver: Any) -> bool:
+    """Whether the page, 360 px wide, has nothing wider than the window (no sideways scroll)."""
+    driver.set_window_size(360, 800)
+    try:
+        return bool(wait_for(lambda: driver.execute_script(
+            "return document.documentElement.scrollWidth <= window.innerWidth"),
+            "nothing wider than 360 px", timeout=10))
+    finally:
+        driver.set_window_size(1280, 900)
+
+
+NETWORK_ERRORS = ("net::ERR_CONNECTION_REFUSED", "net::ERR_EMPTY_RESPONSE",
+                  "net::ERR_CONNECTION_RESET", "net::ERR_INCOMPLETE_CHUNKED_ENCODING",
+                  "Failed to fetch")
+"""What Chromium logs while the edge is deliberately down — and nothing else is excused."""
+
+
+def errors_besides_network(driver: Any) -> list[dict[str, Any]]:
+    """The browser's errors logged since the last look, other than the network's own."""
+    return [e for e in driver.get_log("browser") if e["level"] == "SEVERE"
+            and not any(n in e["message"] for n in NETWORK_ERRORS)]
+
+
+def token_of(driver: Any) -> str:
+    """The bearer the page keeps (to check the page against the API)."""
+    return str(driver.execute_script("return sessionStorage.getItem('voice.token')"))

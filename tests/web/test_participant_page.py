@@ -1,0 +1,180 @@
+"""The participant's page in a real browser: sign in, open a conversation, send, see the message
+accepted at once, the reply stream in and ``Replied``; the edge cuts the stream every few
+seconds (its gateway bound), and once the edge is restarted mid-stream; the page resumes after
+the last seq it saw: the transcript ends exactly as the API has it, no message twice and none
+missing. Then erasure. And the issues
+side: follow an issue, see its update arrive in the inbox live, contribute."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import httpx
+import jwt
+import pytest
+from selenium.webdriver.common.by import By
+from selenium.webdriver.common.keys import Keys
+
+from streams.tokens import mint_token
+from tests.web.conftest import (
+    WebStack,
+    all_by_testid,
+    by_testid,
+    errors_besides_network,
+    fits_360,
+    screenshot,
+    sign_in,
+    token_of,
+    wait_for,
+)
+
+pytestmark = [pytest.mark.integration, pytest.mark.web]
+
+FIRST = "The crossing by the school is unsafe. Please add a traffic light."
+SECOND = "Also the streetlights on Elm Road have been out for weeks."
+
+
+def transcript(driver: Any) -> list[tuple[int, str, str]]:
+    """(seq, role, text) of every message element in the transcript, in page order."""
+    items = by_testid(driver, "transcript").find_elements(By.CSS_SELECTOR, "[data-role]")
+    return [(int(li.get_attribute("data-seq")), li.get_attribute("data-role"),
+             li.find_element(By.CSS_SELECTOR, ".text").text) for li in items]
+
+
+def reconnects(driver: Any) -> int:
+    return int(by_testid(driver, "stream-status").get_attribute("data-reconnects") or 0)
+
+
+def requested_with(driver: Any, secret: str) -> list[str]:
+    """Every URL the page requested (page, scripts, API calls, streams) that contains
+    ``secret``."""
+    urls = driver.execute_script(
+        "return performance.getEntriesByType('resource').map(e => e.name)"
+        ".concat([location.href])")
+    return [u for u in urls if secret in u]
+
+
+def stream_state(driver: Any) -> str:
+    return str(by_testid(driver, "stream-status").get_attribute("data-state"))
+
+
+def turn_state(driver: Any) -> str:
+    return by_testid(driver, "turn-state").text
+
+
+def agent_replies(driver: Any) -> int:
+    return sum(1 for _seq, role, _text in transcript(driver) if role == "agent")
+
+
+def test_send_reply_replied_and_resume_after_cuts(stack: WebStack, browser: Any) -> None:
+    sign_in(browser, stack.url, "/", "alice-web", "participant")
+    assert "token" not in browser.current_url  # never in the address bar
+    by_testid(browser, "new-conversation").click()
+    wait_for(lambda: by_testid(browser, "message-input").is_displayed(), "a conversation open")
+
+    by_testid(browser, "message-input").send_keys(FIRST)
+    by_testid(browser, "send-button").click()
+    # Accepted at once: the 202 puts the message in the transcript, before any reply.
+    first = wait_for(lambda: [m for m in transcript(browser) if m[1] == "participant"],
+                     "the sent message in the transcript", timeout=30)
+    assert first[0][2] == FIRST
+    wait_for(lambda: turn_state(browser) == "Replied" and agent_replies(browser) == 1,
+             "the agent's reply and Replied")
+    assert by_testid(browser, "proposal").is_displayed()
+
+    # The edge cuts every stream at its gateway bound: wait for a cut after the reply.
+    seen = reconnects(browser)
+    wait_for(lambda: reconnects(browser) > seen, "the stream cut and resumed")
+    # Then the edge goes away mid-stream and a new one starts on the same address: the page
+    # reconnects by itself. Only the network's own errors may be logged meanwhile.
+    stack.restart_edge()
+    seen = reconnects(browser)
+    wait_for(lambda: reconnects(browser) > seen and stream_state(browser) == "live",
+             "the stream resumed on the new edge")
+    assert not errors_besides_network(browser)
+    # The next message by keyboard alone (Ctrl+Enter in the message box).
+    box = by_testid(browser, "message-input")
+    box.send_keys(SECOND)
+    box.send_keys(Keys.CONTROL, Keys.ENTER)
+    wait_for(lambda: agent_replies(browser) == 2 and turn_state(browser) == "Replied",
+             "the second reply and Replied")
+    # And one more cut after it, so a resume after the last event is covered too.
+    seen = reconnects(browser)
+    wait_for(lambda: reconnects(browser) > seen, "the stream cut and resumed again")
+
+    conversation = by_testid(browser, "transcript").find_element(
+        By.XPATH, "ancestor::div[@id='conversation']").find_element(By.ID, "conversation-id").text
+    api = httpx.get(f"{stack.url}/me/conversations/{conversation}", timeout=30,
+                    headers={"Authorization": f"Bearer {token_of(browser)}"})
+    assert api.status_code == 200, api.text
+    expected = [(m["seq"], m["role"], m["text"]) for m in api.json()["messages"]]
+    shown = transcript(browser)
+    assert len({seq for seq, _r, _t in shown}) == len(shown), f"a message shown twice: {shown}"
+    assert shown == expected, "the page's transcript differs from the conversation's log"
+    assert [role for _s, role, _t in shown] == ["participant", "agent"] * 2
+    assert reconnects(browser) >= 2
+    assert not requested_with(browser, token_of(browser))
+    screenshot(browser, "participant")
+
+    # Readable at 360 px: nothing wider than the window (no sideways scrolling).
+    assert fits_360(browser)
+    screenshot(browser, "participant-360", width=360)
+
+    # Erase: two steps, then the conversation leaves the list and the API answers 404.
+    browser.set_window_size(1280, 900)
+    by_testid(browser, "erase-button").click()
+    by_testid(browser, "erase-confirm").click()
+    wait_for(lambda: not all_by_testid(browser, "transcript")[0].is_displayed(),
+             "the conversation closed after erasure")
+    wait_for(lambda: conversation not in by_testid(browser, "conversation-list").text,
+             "the erased conversation gone from the list")
+    gone = httpx.get(f"{stack.url}/me/conversations/{conversation}", timeout=30,
+                     headers={"Authorization": f"Bearer {token_of(browser)}"})
+    assert gone.status_code == 404
+
+
+def test_follow_an_issue_see_its_update_live_and_contribute(stack: WebStack, browser: Any) -> None:
+    staff = mint_token(stack.settings, "staff-web", "staff", "default", ttl_s=900)
+    opened = httpx.post(f"{stack.url}/staff/issues", json={"title": "Potholes on Mill Lane"},
+                        headers={"Authorization": f"Bearer {staff}"}, timeout=30)
+    assert opened.status_code == 201, opened.text
+    issue = opened.json()["issue"]
+
+    sign_in(browser, stack.url, "/", "bea-web", "participant")
+    browser.find_element(By.ID, "follow-issue").send_keys(issue, Keys.ENTER)
+    wait_for(lambda: "Potholes on Mill Lane" in browser.find_element(By.ID, "followed").text,
+             "the issue in the followed list")
+    # The inbox stream is already open: the development arrives without a reload.
+    developed = httpx.post(f"{stack.url}/staff/issues/{issue}/developments",
+                           json={"title": "Repairs scheduled", "body": "Crews start Monday."},
+                           headers={"Authorization": f"Bearer {staff}"}, timeout=30)
+    assert developed.status_code == 202, developed.text
+    wait_for(lambda: "Repairs scheduled" in by_testid(browser, "inbox").text,
+             "the update in the inbox")
+    assert len(all_by_testid(browser, "notification")) == 1
+
+    browser.find_element(By.ID, "contribute-issue").send_keys(issue)
+    browser.find_element(By.ID, "contribute-text").send_keys("The hole by number 12 is deep.")
+    browser.find_element(By.CSS_SELECTOR, "#contribute-form button[type=submit]").click()
+    wait_for(lambda: "is in review" in browser.find_element(By.ID, "contribute-status").text,
+             "the contribution accepted")
+
+
+def test_a_refused_token_is_explained_in_words(stack: WebStack, browser: Any) -> None:
+    """A token the edge refuses (here: signed with another secret) arrives in the fragment: the
+    page says so in words and offers to sign in again; the token was in no URL requested."""
+    forged = jwt.encode({"sub": "mallory", "role": "participant"}, "not-the-secret" * 4,
+                        algorithm="HS256")
+    browser.get(f"{stack.url}/#token={forged}")
+    error = wait_for(lambda: browser.find_element(By.ID, "list-error").text,
+                     "the refusal shown")
+    assert "not signed in, or your sign-in has expired" in error
+    assert browser.find_element(By.XPATH, "//button[text()='Sign in again']").is_displayed()
+    assert "#token" not in browser.current_url
+    assert not requested_with(browser, forged)
+    # The browser logs each 401 answer itself ("Failed to load resource"): those are expected.
+    others = [e for e in browser.get_log("browser") if e["level"] == "SEVERE"
+              and "status of 401" not in e["message"]]
+    assert not others
+    browser.find_element(By.XPATH, "//button[text()='Sign in again']").click()
+    wait_for(lambda: all_by_testid(browser, "dev-signin"), "the sign-in form again")

@@ -1,0 +1,94 @@
+"""The staff page in a real browser: a flagged contribution in the review queue, its flagged
+spans highlighted; a first reviewer approves it; the queue then shows it waiting for a second
+review, and to the first reviewer the second-reviewer rule is shown with the decisions
+disabled; a second reviewer approves and the contribution is published."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import httpx
+import pytest
+from selenium.webdriver.common.by import By
+
+from streams.tokens import mint_token
+from tests.web.conftest import (
+    WAIT_S,
+    WebStack,
+    all_by_testid,
+    by_testid,
+    fits_360,
+    screenshot,
+    sign_in,
+    wait_for,
+)
+
+pytestmark = [pytest.mark.integration, pytest.mark.web]
+
+FLAGGED = "I met Jane Porter at jane@example.org; the lights on Elm Road are broken."
+
+
+def call(stack: WebStack, sub: str, role: str, method: str, path: str, **kw: Any) -> Any:
+    token = mint_token(stack.settings, sub, role, "default", ttl_s=900)
+    r = httpx.request(method, f"{stack.url}{path}", timeout=30,
+                      headers={"Authorization": f"Bearer {token}"}, **kw)
+    assert r.is_success, f"{method} {path}: {r.status_code} {r.text}"
+    return r.json() if r.content else None
+
+
+def queue_item(driver: Any, contribution: str, waiting_for: str) -> Any:
+    """The queue's entry for ``contribution`` once it waits for ``waiting_for``."""
+    def found() -> Any:
+        for li in by_testid(driver, "review-queue").find_elements(By.CSS_SELECTOR, "li"):
+            if (li.get_attribute("data-contribution") == contribution
+                    and li.get_attribute("data-waiting-for") == waiting_for):
+                return li
+        return None
+    return wait_for(found, f"{contribution} in the queue waiting for {waiting_for}")
+
+
+def open_in_queue(driver: Any, contribution: str, waiting_for: str) -> Any:
+    wait_for(lambda: queue_item(driver, contribution, waiting_for).find_element(
+        By.TAG_NAME, "button").click() or True, f"{contribution} opened")
+    return wait_for(lambda: by_testid(driver, "review").get_attribute("data-contribution")
+                    == contribution and by_testid(driver, "review"), "the review panel")
+
+
+def test_two_reviewers_publish_a_flagged_contribution(stack: WebStack, browser: Any) -> None:
+    issue = call(stack, "staff-web", "staff", "POST", "/staff/issues",
+                 json={"title": "Streetlights on Elm Road"})["issue"]
+    contribution = call(stack, "ann-web", "participant", "POST",
+                        f"/me/issues/{issue}/contributions", json={"text": FLAGGED}
+                        )["contribution"]
+
+    sign_in(browser, stack.url, "/staff", "rev1-web", "reviewer")
+    open_in_queue(browser, contribution, "review")
+    flags = [m.text for m in all_by_testid(browser, "flag")]
+    assert flags and all(span in FLAGGED for span in flags)
+    assert any("jane@example.org" in span for span in flags), flags
+    by_testid(browser, "approve").click()
+    assert "review (approve)" in wait_for(lambda: by_testid(browser, "review-done").text,
+                                          "the first review recorded")
+
+    # The first reviewer sees it wait for a second review, and cannot give it.
+    open_in_queue(browser, contribution, "second_review")
+    assert by_testid(browser, "second-reviewer-rule").is_displayed()
+    assert not by_testid(browser, "approve").is_enabled()
+    screenshot(browser, "staff-review")
+    assert fits_360(browser)
+
+    sign_in(browser, stack.url, "/staff", "rev2-web", "reviewer")
+    open_in_queue(browser, contribution, "second_review")
+    assert not all_by_testid(browser, "second-reviewer-rule")
+    by_testid(browser, "approve").click()
+    assert "second review (approve)" in wait_for(
+        lambda: by_testid(browser, "review-done").text, "the second review recorded")
+
+    def published() -> Any:
+        return [c for c in call(stack, "ann-web", "participant", "GET",
+                                f"/issues/{issue}/contributions")
+                if c["contribution"] == contribution]
+    (out,) = wait_for(published, "the contribution published", timeout=WAIT_S)
+    assert "Elm Road" in out["text"]
+    wait_for(lambda: contribution not in by_testid(browser, "review-queue").text,
+             "the contribution gone from the queue")
