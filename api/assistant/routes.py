@@ -29,6 +29,7 @@ from api.assistant.views import (
 )
 from api.frame.auth import Principal
 from api.frame.commands import CommandsDep, conversation_refused
+from api.frame.deadline import remaining
 from api.frame.deps import (
     VIEW_WAIT_S,
     ConverseDep,
@@ -105,7 +106,7 @@ async def _attach(views: AssistantViews, sealer: Sealer, owner: Principal, body:
             continue
         # Uploaded through another edge a moment ago? Wait for it, briefly unless required.
         ds = await find_owned(views.datasets, dataset_id, owner,
-                              VIEW_WAIT_S if required else 0.2)
+                              VIEW_WAIT_S if required else 0.2, what="dataset")
         meta = None
         if ds is not None:
             try:
@@ -225,7 +226,7 @@ async def known_turn(conversations: AssistantConversations, conversation: str, t
     """The turn of ``conversation`` (waiting briefly for this edge to see it); 404 if none."""
     check_turn(turn, conversation)
     await conversations.wait(conversation, lambda v: v is not None and turn in v.turns,
-                             VIEW_WAIT_S)
+                             remaining(VIEW_WAIT_S))
     view = conversations.get(conversation)
     tv = view.turns.get(turn) if view is not None else None
     if tv is None:
