@@ -244,7 +244,7 @@ class AssistantWorld:
         a.crash = CrashPoints.parse("")
         a.agents = SimpleNamespace(sink=lambda *args, **kw: RecordingSink(),
                                    client_for=lambda *args: model.scripted)
-        a.box = a.datasets = None  # type: ignore[assignment]
+        a.box = a.datasets = a.images = None  # type: ignore[assignment]
         self.assistant = a
         self.starts: list[dict[str, Any]] = []
         self.cid = 0
