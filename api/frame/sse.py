@@ -149,11 +149,15 @@ async def sse_stream(feed: Feed[E], cursor: int, bound_s: float
             if feed.render_live is not None and loop.time() < end_at:
                 # After the kept events: a transient event the log has since completed was
                 # dropped from the view when the completing event was applied.
+                live_head = view.live_head  # before any yield, as ``head`` above
                 for n, item in view.live_after(live_sent):
                     live_sent = n
                     if (sse := feed.render_live(item)) is not None:
                         yield sse
                         last_sent = loop.time()
+                # Numbers the view dropped (their turn completed) are passed too: else the
+                # wait below would see them as news for ever and spin, starving the loop.
+                live_sent = max(live_sent, live_head)
             now = loop.time()
             if now >= end_at:
                 break

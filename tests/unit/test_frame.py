@@ -170,3 +170,44 @@ async def test_an_event_that_arrives_while_one_is_being_sent_is_not_skipped() ->
     rest = await collect(stream)
     assert [s.id for s in rest if s.id] == ["3"]
     assert rest[-1].comment == "end; reconnect with after=3"
+
+
+async def test_transient_events_dropped_before_a_stream_sends_them_do_not_make_it_spin() -> None:
+    # Regression: a turn's reply deltas dropped once its reply was recorded left the view's
+    # ``live_head`` above anything the stream could send; the stream's wait then returned at
+    # once, for ever, and the busy loop starved the edge's event loop (every other request
+    # waited for the next keep-alive).
+    streams = Streams()
+    streams.add("k", 1)
+    view = streams.get("k")
+    view.add_live("delta a")
+    view.add_live("delta b")
+    view.drop_live(lambda item: True)  # the turn completed: both dropped
+    waits = 0
+
+    async def wait(until: object, timeout: float) -> bool:
+        nonlocal waits
+        waits += 1
+        return await streams.wait("k", lambda _v: until(), timeout)  # type: ignore[operator]
+
+    sent: list[object] = []
+    feed = Feed(view=lambda: streams.get("k"), render=lambda e: ServerSentEvent(id=str(e)),
+                render_live=lambda item: sent.append(item) or ServerSentEvent(data=item),
+                wait=wait)
+    other = 0
+
+    async def elsewhere() -> None:  # another request on the same event loop
+        nonlocal other
+        while True:
+            other += 1
+            await asyncio.sleep(0.01)
+
+    task = asyncio.create_task(elsewhere())
+    out = await collect(sse_stream(feed, 0, bound_s=0.9))
+    task.cancel()
+    assert sent == [] and [s.id for s in out if s.id] == ["1"]
+    assert waits < 10, waits  # it waited, rather than looping
+    assert other > 20, other  # and the loop stayed free for others
+    view.add_live("delta c")  # a new one is still sent
+    assert [s.data for s in await collect(sse_stream(feed, 1, bound_s=0.6))
+            if s.data] == ["delta c"]
