@@ -187,6 +187,10 @@ def test_follow_an_issue_see_its_update_live_and_contribute(stack: WebStack, bro
     browser.find_element(By.ID, "follow-issue").send_keys(issue, Keys.ENTER)
     wait_for(lambda: "Potholes on Mill Lane" in browser.find_element(By.ID, "followed").text,
              "the issue in the followed list")
+    # The list is the edge's (GET /me/issues), not this visit's: a reload still shows it.
+    browser.refresh()
+    wait_for(lambda: "Potholes on Mill Lane" in browser.find_element(By.ID, "followed").text,
+             "the followed issue listed after a reload")
     # The inbox stream is already open: the development arrives without a reload.
     developed = httpx.post(f"{stack.url}/staff/issues/{issue}/developments",
                            json={"title": "Repairs scheduled", "body": "Crews start Monday."},
@@ -201,6 +205,10 @@ def test_follow_an_issue_see_its_update_live_and_contribute(stack: WebStack, bro
     browser.find_element(By.CSS_SELECTOR, "#contribute-form button[type=submit]").click()
     wait_for(lambda: "is in review" in browser.find_element(By.ID, "contribute-status").text,
              "the contribution accepted")
+
+    browser.find_element(By.CSS_SELECTOR, f'#followed li[data-issue="{issue}"] button').click()
+    wait_for(lambda: "You follow no issue yet" in browser.find_element(By.ID, "followed").text,
+             "the issue no longer followed")
 
 
 def test_a_refused_token_is_explained_in_words(stack: WebStack, browser: Any) -> None:
