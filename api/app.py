@@ -30,10 +30,9 @@ from api.frame.projection import CursorTooOld
 from api.frame.tail import EdgeTail
 from api.staff import StaffViews
 from api.web import install_web
-from schemas.conversation import ConversationErased
 from streams.assistant_settings import assistant_settings
 from streams.envelope import Envelope
-from streams.sealing import Sealer, sealer_for
+from streams.sealing import sealer_for
 from streams.settings import VoiceSettings, load_settings
 from streams.topics import DELTAS, missing_topics
 
@@ -45,16 +44,10 @@ class Health(BaseModel):
     status: str
 
 
-def on_record(views: ConversationViews, sealer: Sealer) -> Callable[[Envelope], None]:
-    """What the edge does with each conversation record: update its views and, when a
-    conversation was erased (by any edge), forget its cached data key."""
-
-    def handle(env: Envelope) -> None:
-        views.apply(env)
-        if isinstance(env.record, ConversationErased):
-            sealer.purge(env.key)
-
-    return handle
+def on_record(views: ConversationViews) -> Callable[[Envelope], None]:
+    """What the edge does with each conversation record: update its views. (Its data key is
+    dropped by the key service when the tombstone arrives, not here: docs/keys.md.)"""
+    return views.apply
 
 
 def create_app(settings: VoiceSettings | None = None, bind_host: str | None = None) -> FastAPI:
@@ -67,16 +60,17 @@ def create_app(settings: VoiceSettings | None = None, bind_host: str | None = No
     @asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
         views = ConversationViews(kept=settings.edge_events_kept)
-        sealer = sealer_for(settings)
+        sealer = await asyncio.to_thread(sealer_for, settings)
         app.state.settings = settings
         app.state.views = views
         app.state.sealer = sealer
         app.state.producer = edge_producer(settings)
         app.state.staff = StaffViews(kept=settings.edge_events_kept)
         app.state.assistant = AssistantViews(chat_settings)
-        app.state.tail = EdgeTail(settings, on_conversation=on_record(views, sealer),
+        app.state.tail = EdgeTail(settings, on_conversation=on_record(views),
                                   more=app.state.staff.handlers(),
-                                  located=app.state.assistant.tail_handlers(),
+                                  located={**app.state.assistant.tail_handlers(),
+                                           **app.state.staff.located_handlers()},
                                   live={DELTAS: views.apply_delta})
         app.state.tail.start()
         try:
@@ -84,6 +78,7 @@ def create_app(settings: VoiceSettings | None = None, bind_host: str | None = No
         finally:
             app.state.tail.stop()
             app.state.producer.close()
+            await asyncio.to_thread(sealer.close)
 
     app = FastAPI(title="Voice edge", version="0.1.0", lifespan=lifespan)
     for router in (conversations.router, staff.router, assistant.router):
@@ -122,11 +117,14 @@ def create_app(settings: VoiceSettings | None = None, bind_host: str | None = No
         tail: EdgeTail = app.state.tail
         checks["consumers"] = "assigned" if tail.assigned.is_set() else "not assigned"
         checks["caught_up"] = tail.caught_up.is_set()
+        keys = getattr(app.state.sealer.store, "ready", None)
+        checks["keys"] = "ready" if keys is None or keys.is_set() else "reading"
         # Records the tail skipped (undecodable, or a view raised on them): not a reason to
         # be unready — the writer side dead-letters them — but worth seeing.
         checks["skipped"] = tail.skipped_counts()
         ready = (checks["broker"] == "ok" and checks["topics"] == "ok"
-                 and tail.assigned.is_set() and tail.caught_up.is_set())
+                 and tail.assigned.is_set() and tail.caught_up.is_set()
+                 and checks["keys"] == "ready")
         return JSONResponse({"ready": ready, "checks": checks}, status_code=200 if ready else 503)
 
     return app

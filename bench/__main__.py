@@ -30,6 +30,7 @@ import confluent_kafka
 import bench.engine  # noqa: F401  (registers the engine figures)
 import bench.ingest  # noqa: F401  (registers the telemetry and replay figures)
 import bench.kafka_baseline as kafka_baseline  # registers the benchmarks
+import bench.keys  # noqa: F401  (registers the key service figures)
 import bench.streaming  # noqa: F401  (registers the reply streaming figure)
 import bench.turns  # noqa: F401  (registers the turn figures; they run first, see FIRST)
 import bench.workflows  # noqa: F401  (registers the workflow engine figure)

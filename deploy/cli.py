@@ -24,6 +24,8 @@ replay_app = typer.Typer(help="Replay a conversation or workflow from the log.",
                          no_args_is_help=True)
 app.add_typer(kafka_app, name="kafka")
 app.add_typer(replay_app, name="replay")
+keys_app = typer.Typer(help="The data keys on the cluster (docs/keys.md).", no_args_is_help=True)
+app.add_typer(keys_app, name="keys")
 
 
 def _settings(need_broker: bool = True) -> VoiceSettings:
@@ -243,6 +245,30 @@ def schemas_export(folder: Path = typer.Argument(..., help="Folder to write into
 
     for path in export_json_schemas(folder):
         typer.echo(str(path))
+
+
+@keys_app.command("rotate")
+def keys_rotate() -> None:
+    """Re-wrap every live data key under a new KEK version and retire the older versions."""
+    from streams.keyservice import key_store_for
+    from streams.sealing import SealingError
+
+    settings = _settings()
+    try:
+        store = key_store_for(settings)
+    except SealingError as exc:
+        typer.echo(str(exc), err=True)
+        raise typer.Exit(2) from None
+    try:
+        done = store.rotate()
+    except SealingError as exc:
+        typer.echo(f"rotation failed: {exc}", err=True)
+        raise typer.Exit(1) from None
+    finally:
+        store.close()
+    typer.echo(f"KEK version {done.kek_version} current; retired {done.retired}; "
+               f"{done.rewrapped} key(s) re-wrapped, {done.tombstones} erased id(s) "
+               "tombstoned again")
 
 
 RerunOpt = typer.Option(False, "--rerun", help="Re-run the turn(s) from the recorded model "

@@ -36,10 +36,14 @@ def export_history(settings: VoiceSettings, workflow: str, path: Path) -> Path:
     # The turn's input refers to the conversation's records: they come along.
     msgs = read_topic(settings, topic_name(settings, CONVERSATIONS), key=conversation.encode())
     records[CONVERSATIONS.name] = [_raw(m) for m in msgs]
-    store = sealer_for(settings)._store  # the same local store the stack seals with
-    version = store.current_version(conversation)
-    keys = {str(v): base64.b64encode(store.get(conversation, v)).decode()
-            for v in range(1, version + 1)}
+    sealer = sealer_for(settings)  # the key service the stack seals with
+    try:
+        store = sealer.store
+        version = store.current_version(conversation)
+        keys = {str(v): base64.b64encode(store.get(conversation, v)).decode()
+                for v in range(1, version + 1)}
+    finally:
+        sealer.close()
     doc = {"workflow": workflow, "conversation": conversation, "keys": keys, "records": records}
     path.write_text(json.dumps(doc, indent=1) + "\n")
     return path

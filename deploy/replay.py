@@ -6,13 +6,14 @@ from __future__ import annotations
 
 import json
 from collections.abc import Iterator
+from contextlib import contextmanager
 from typing import Any
 
 from api.conversations.render import sse_event
 from streams.envelope import DecodeError, Envelope, decode
 from streams.ids import turn_conversation
 from streams.reading import read_topic
-from streams.sealing import KeyErased, Sealer, sealer_for
+from streams.sealing import KeyErased, KeyNotFound, Sealer, sealer_for
 from streams.settings import VoiceSettings
 from streams.topics import AGENT, CONVERSATIONS, WORKFLOWS, topic_name
 
@@ -32,6 +33,19 @@ def records(settings: VoiceSettings, spec: Any, key: str) -> list[Envelope]:
     return out
 
 
+@contextmanager
+def _sealing(settings: VoiceSettings, sealer: Sealer | None) -> Iterator[Sealer]:
+    """``sealer``, or one of this call's own on the key service, closed at the end."""
+    if sealer is not None:
+        yield sealer
+        return
+    own = sealer_for(settings)
+    try:
+        yield own
+    finally:
+        own.close()
+
+
 def sse_wire(event: Any) -> str:
     """One SSE event as it is framed on the wire."""
     data = event.data.model_dump(mode="json") if hasattr(event.data, "model_dump") else event.data
@@ -41,42 +55,42 @@ def sse_wire(event: Any) -> str:
 def replay_conversation(settings: VoiceSettings, conversation: str,
                         sealer: Sealer | None = None) -> Iterator[str]:
     """The conversation's SSE events in seq order (each once), then its erasure if erased."""
-    sealer = sealer or sealer_for(settings)
-    last = 0
-    for env in sorted((e for e in records(settings, CONVERSATIONS, conversation)
-                       if e.seq is not None), key=lambda e: e.seq or 0):
-        if env.seq is None or env.seq <= last:
-            continue  # a redelivered record: clients saw it once
-        last = env.seq
-        if env.type == "voice.conversation.erased.v1":
-            yield f": seq {env.seq}: conversation erased\n"
-            continue
-        try:
-            event = sse_event(sealer, env)
-        except KeyErased:
-            yield f"id: {env.seq}\nevent: erased\ndata: {json.dumps({'type': env.type})}\n"
-            continue
-        if event is not None:
-            yield sse_wire(event)
+    with _sealing(settings, sealer) as opener:
+        last = 0
+        for env in sorted((e for e in records(settings, CONVERSATIONS, conversation)
+                           if e.seq is not None), key=lambda e: e.seq or 0):
+            if env.seq is None or env.seq <= last:
+                continue  # a redelivered record: clients saw it once
+            last = env.seq
+            if env.type == "voice.conversation.erased.v1":
+                yield f": seq {env.seq}: conversation erased\n"
+                continue
+            try:
+                event = sse_event(opener, env)
+            except (KeyErased, KeyNotFound):  # not found: erased, and its tombstone compacted
+                yield f"id: {env.seq}\nevent: erased\ndata: {json.dumps({'type': env.type})}\n"
+                continue
+            if event is not None:
+                yield sse_wire(event)
 
 
 def replay_workflow(settings: VoiceSettings, workflow: str,
                     sealer: Sealer | None = None) -> Iterator[str]:
     """The workflow's lifecycle and its agent's records (display events opened if possible)."""
-    sealer = sealer or sealer_for(settings)
     envs = records(settings, WORKFLOWS, workflow) + records(settings, AGENT, workflow)
     envs.sort(key=lambda e: e.time)
-    for env in envs:
-        payload = env.record.model_dump(mode="json")
-        conversation = payload.get("conversation_id") or (
-            turn_conversation(workflow))
-        for field in ("data", "response", "arguments", "result"):
-            sealed = payload.get(field)
-            if conversation and isinstance(sealed, dict) and "ciphertext" in sealed:
-                payload[field] = _open(sealer, conversation, env, field, sealed)
-        seq = "-" if env.seq is None else env.seq
-        yield f"{env.time.isoformat(timespec='milliseconds')} seq={seq} {env.type} " \
-              f"{json.dumps(payload, separators=(',', ':'))}"
+    with _sealing(settings, sealer) as opener:
+        for env in envs:
+            payload = env.record.model_dump(mode="json")
+            conversation = payload.get("conversation_id") or (
+                turn_conversation(workflow))
+            for field in ("data", "response", "arguments", "result"):
+                sealed = payload.get(field)
+                if conversation and isinstance(sealed, dict) and "ciphertext" in sealed:
+                    payload[field] = _open(opener, conversation, env, field, sealed)
+            seq = "-" if env.seq is None else env.seq
+            yield f"{env.time.isoformat(timespec='milliseconds')} seq={seq} {env.type} " \
+                  f"{json.dumps(payload, separators=(',', ':'))}"
 
 
 def _open(sealer: Sealer, conversation: str, env: Envelope, field: str, sealed: dict) -> Any:
@@ -85,7 +99,7 @@ def _open(sealer: Sealer, conversation: str, env: Envelope, field: str, sealed: 
     content_id = f"{env.id}/{field}"
     try:
         return sealer.open_json(conversation, content_id, Sealed.model_validate(sealed))
-    except KeyErased:
+    except (KeyErased, KeyNotFound):
         return "<erased>"
     except Exception:
         return f"<sealed v{sealed.get('key_version')}>"
@@ -99,9 +113,10 @@ async def rerun_workflow(settings: VoiceSettings, workflow: str,
     """Run a recorded turn again in a fresh engine with the model responses and tool results
     served from the log; returns the divergences (empty when the re-run matches)."""
     conversation = turn_conversation(workflow) or workflow
-    return await rerun_turn(settings, workflow, records(settings, WORKFLOWS, workflow),
-                            records(settings, AGENT, workflow), sealer or sealer_for(settings),
-                            records(settings, CONVERSATIONS, conversation))
+    with _sealing(settings, sealer) as opener:
+        return await rerun_turn(settings, workflow, records(settings, WORKFLOWS, workflow),
+                                records(settings, AGENT, workflow), opener,
+                                records(settings, CONVERSATIONS, conversation))
 
 
 def turn_history(sealer: Sealer, inp: dict[str, Any], conversation_log: list[Envelope]

@@ -272,7 +272,10 @@ def _related(searches: list[dict], first_kw: list[str]) -> str | None:
 def concern_extraction(conv: Conversation) -> list[dict]:
     reason = uninterpretable(conv.text)
     if reason:
-        return [_text(f"COULD_NOT_INTERPRET: {reason}.")]
+        # Quoting the message, as real models do: the reason then carries the participant's
+        # words, which Voice must seal like the message itself (issue 12 §5).
+        quote = " ".join(conv.text.split())[:80]
+        return [_text(f"COULD_NOT_INTERPRET: {reason}: \"{quote}\".")]
     concerns = extract_concerns(conv.text)
     first_kw = keywords(concerns[0]["statement"])
     asks = bool(_ASK.search(conv.text))

@@ -9,6 +9,7 @@ from schemas import (  # noqa: F401  (registers types)
     agent,
     assistant,
     conversation,
+    keys,
     staff,
     system,
     workflow,

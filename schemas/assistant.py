@@ -173,6 +173,13 @@ class AssistantTurnEnded(Record):
     state: TurnOutcome
     end_reason: str | None = None
     reason: str | None = None
+    """Plain text; only records written before reasons were sealed carry it."""
+    reason_code: str | None = None
+    """Why, as a plain code: the turn's error kinds (``model_error; tool_error``), or
+    ``step_failed``."""
+    sealed_reason: Sealed | None = None
+    """The reason in words, sealed with the conversation's key (content id
+    ``{turn}:reason``)."""
 
 
 @record_type("voice.assistant.pattern_recorded.v1")
@@ -187,6 +194,16 @@ class AssistantPatternRecorded(Record):
     text: Sealed
 
 
+@record_type("voice.assistant.expire_turn.v1")
+class ExpireAssistantTurn(Record):
+    """The janitor of the worker owning the conversation found ``turn`` running past its
+    deadline: the sequencer ends it ``Failed`` (``DEADLINE_EXCEEDED``) if it still runs, else
+    ignores this. Command id ``{turn}:deadline``."""
+
+    conversation: str
+    turn: str
+
+
 ASSISTANT_COMMANDS = (AssistantChat, AppendDisplay, AssistantReplyRecorded, AssistantTurnEnded,
-                      AssistantPatternRecorded)
+                      AssistantPatternRecorded, ExpireAssistantTurn)
 """Record types the assistant sequencer takes off ``voice.commands``."""

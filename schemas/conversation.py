@@ -71,6 +71,16 @@ class EraseConversation(Record):
     conversation: str
 
 
+@record_type("voice.conversation.expire_turn.v1")
+class ExpireTurn(Record):
+    """The janitor of the worker owning the conversation found ``turn`` open past its
+    deadline: the sequencer ends it (``DEADLINE_EXCEEDED``) if it is still open, else ignores
+    this. Command id ``{turn}:deadline``."""
+
+    conversation: str
+    turn: str
+
+
 # --- the conversation log (topic voice.conversations, key = conversation id) -----------------
 
 
@@ -135,6 +145,13 @@ class TurnStateChanged(Record):
     turn: str
     state: TurnState
     reason: str | None = None
+    """Plain text; only records written before reasons were sealed carry it (read, never
+    written: it may quote the model or the participant)."""
+    reason_code: str | None = None
+    """Why, as a plain code: ``could_not_interpret``, ``cancelled``, ``step_failed``."""
+    sealed_reason: Sealed | None = None
+    """The reason in words, sealed with the conversation's key (content id
+    ``{turn}:reason``): the model's own words may quote the participant."""
 
 
 @record_type("voice.conversation.history_summarised.v1")

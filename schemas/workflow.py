@@ -10,7 +10,7 @@ from typing import Any, Literal
 
 from pydantic import Field
 
-from schemas.base import Record, record_type
+from schemas.base import Record, Sealed, record_type
 
 
 @record_type("voice.workflow.started.v1")
@@ -44,9 +44,17 @@ class StepFailed(Record):
     workflow: str
     step: str
     attempt: int = Field(ge=1)
-    error: str
+    error: str | None = None
+    """Plain text: Voice's own wording (``WorkerLost``), or a record written before errors
+    were sealed. An exception's message is in ``sealed_error``."""
     error_type: str
+    """The plain code: the exception's type name."""
     retryable: bool = True
+    sealed_error: Sealed | None = None
+    """The failure in words, sealed with the data key of ``sealed_by`` (content id
+    ``{workflow}/error/{step_index}/{attempt}``): it may quote a model or a participant."""
+    sealed_by: str | None = None
+    """The aggregate whose key sealed ``sealed_error`` (e.g. the turn's conversation)."""
 
 
 @record_type("voice.workflow.paused.v1")
@@ -82,8 +90,14 @@ class WorkflowCompleted(Record):
 class WorkflowFailed(Record):
     workflow: str
     step: str
-    error: str
+    error: str | None = None
+    """Plain text: the last failure's code (and Voice's own wording, if any)."""
     attempts: int = Field(ge=1)
+    error_type: str | None = None
+    """The last failure's plain code."""
+    sealed_error: Sealed | None = None
+    """The last failure in words, as its ``StepFailed`` sealed it."""
+    sealed_by: str | None = None
 
 
 @record_type("voice.workflow.step_outcome.v1")
@@ -100,9 +114,12 @@ class StepOutcome(Record):
     status: Literal["succeeded", "failed", "paused"]
     output: dict[str, Any] = {}
     error: str | None = None
+    """Plain text only (Voice's own wording); an exception's message goes sealed."""
     error_type: str | None = None
     retryable: bool = True
     waiting_for: str | None = None
+    sealed_error: Sealed | None = None
+    sealed_by: str | None = None
 
 
 @record_type("voice.workflow.lease_check.v1")

@@ -23,6 +23,7 @@ from cloudevents.core.v1.event import CloudEvent
 from pydantic import ValidationError
 
 from schemas.base import Record, model_for
+from streams.free_text import fields_of
 
 SPECVERSION = "1.0"
 CONTENT_TYPE = "application/json"
@@ -34,6 +35,9 @@ Headers = list[tuple[str, bytes]]
 
 class DecodeError(Exception):
     """A Kafka record that is not a valid Voice record; ``reason`` says why."""
+
+    plain_message = True
+    """Its reason names fields, types and header names, never a payload's values."""
 
     def __init__(self, reason: str) -> None:
         super().__init__(reason)
@@ -129,7 +133,8 @@ def decode(
         else:
             raise DecodeError(f"{ce_type!r} record has no JSON payload")
     except ValidationError as exc:
-        raise DecodeError(f"payload does not match {ce_type!r}: {exc.errors()[:3]}") from None
+        # The fields and error types only: a value could be someone's words (streams.free_text).
+        raise DecodeError(f"payload does not match {ce_type!r}: {fields_of(exc)}") from None
     try:
         seq_raw = hmap.get("voice_seq")
         seq = int(seq_raw) if seq_raw is not None else None

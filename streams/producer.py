@@ -36,7 +36,10 @@ PRODUCER_CONFIG: dict[str, object] = {
 
 class ProduceError(Exception):
     """The broker did not take a record; ``retryable`` says whether trying again may help,
-    ``code`` is the client's error code when it gave one."""
+    ``code`` is the client's error code when it gave one. Its message is the client's or
+    Voice's (topics, sizes, codes), never a record's content."""
+
+    plain_message = True
 
     def __init__(self, message: str, retryable: bool, code: int | None = None) -> None:
         super().__init__(message)

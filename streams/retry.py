@@ -28,9 +28,10 @@ Sleep = Callable[[float], Awaitable[None]]
 
 class Unprocessable(Exception):
     """A record its consumer can never process (impossible content, no handler for its
-    type): dead-lettered at once, never retried."""
+    type): dead-lettered at once, never retried. Its message is Voice's own words."""
 
     retryable = False
+    plain_message = True
 
 
 @dataclass(frozen=True)

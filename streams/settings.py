@@ -153,6 +153,32 @@ class VoiceSettings(BaseSettings):
     step_attempts: int = Field(default=3, ge=1)
     """Immediate attempts of a failing workflow step before the workflow fails."""
 
+    step_deadline_s: float = Field(default=300.0, gt=0)
+    """How long one attempt of a workflow step may run: past it the step is stopped and fails
+    with ``DEADLINE_EXCEEDED`` (not retried), so its workflow fails and ends its turn."""
+
+    turn_deadline_s: float = Field(default=900.0, gt=0)
+    """How long a participant's turn may stay open after its message: past it the worker
+    owning the conversation ends it ``CouldNotInterpret`` with reason ``DEADLINE_EXCEEDED``,
+    whatever became of its workflow (the backstop of every other path to a terminal state)."""
+
+    assistant_turn_deadline_s: float = Field(default=900.0, gt=0)
+    """The same for an assistant turn: past it the turn ends ``Failed`` (``DEADLINE_EXCEEDED``)
+    and the conversation takes the next message."""
+
+    janitor_interval_s: float = Field(default=5.0, gt=0)
+    """How often a worker looks for turns past their deadline on the partitions it owns."""
+
+    worker_max_poll_interval_s: float = Field(default=1000.0, gt=0)
+    """The worker's consumer ``max.poll.interval.ms`` (in seconds). Steps run as tasks, so a
+    model call never holds the poll loop; the faults suite sets it low to prove it."""
+
+    test_crash_at: str = ""
+    """Tests only: ``point[@match],…``; the worker SIGKILLs itself at the first named point it
+    reaches (``before_step``, ``model_call``, ``after_reply``, ``before_turn_over``) in a
+    workflow whose id contains ``match`` (``streams.crashpoints``). Unset in every
+    deployment."""
+
     consumer_retry_attempts: int = Field(default=3, ge=1, le=20)
     """Attempts a consumer (a worker's agent, the telemetry sink) makes at one record before
     it dead-letters it (``streams.retry``); a failure that says it is not retryable gets one."""

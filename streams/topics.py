@@ -30,6 +30,8 @@ class TopicSpec:
     """``None`` takes ``VOICE_TOPIC_PARTITIONS``."""
     read_by_workers: bool = False
     """True when a worker consumes it, so undecodable records must reach its DLQ."""
+    extra: tuple[tuple[str, str], ...] = ()
+    """Further topic configs (``name``, ``value``), e.g. the key topic's compaction bounds."""
 
     @property
     def dlq(self) -> TopicSpec:
@@ -44,6 +46,7 @@ class TopicSpec:
             "cleanup.policy": "compact" if self.compacted else "delete",
             "retention.ms": str(self.retention_ms),
         }
+        cfg.update(self.extra)
         return cfg
 
 
@@ -117,10 +120,35 @@ DELTAS = TopicSpec(
 
 TOPICS: tuple[TopicSpec, ...] = (COMMANDS, CONVERSATIONS, ACKS, WORKFLOWS, AGENT, TELEMETRY,
                                  ISSUES, CONTRIBUTIONS, INBOX, ASSISTANT, DATASETS, DELTAS)
+"""The record topics: every one is read by the telemetry sink and has a dead-letter topic."""
+
+HOUR_MS = 3600 * 1000
+KEYS = TopicSpec(
+    "voice.keys",
+    "Wrapped data keys (one per conversation, assistant chat, contribution, dataset) and the "
+    "KEK versions in force; a tombstone erases an id; key = the id. Read by every process into "
+    "memory, by nothing else (never by the telemetry sink).",
+    compacted=True,
+    # The bound on how long an erased id's wrapped key stays in the log (docs/keys.md): the
+    # segment holding it rolls within segment.ms of its last write (on the next append), is
+    # cleanable at once (dirty ratio 0.01) and at the latest after max.compaction.lag.ms; the
+    # tombstone itself goes delete.retention.ms after that cleaning.
+    extra=(("segment.ms", str(HOUR_MS)),
+           ("min.cleanable.dirty.ratio", "0.01"),
+           ("max.compaction.lag.ms", str(HOUR_MS)),
+           ("delete.retention.ms", str(HOUR_MS))),
+)
+"""Not in ``TOPICS``: it carries no CloudEvents payload a sink or a worker decodes, and its
+undecodable records are skipped by the key readers (logged), not dead-lettered."""
 
 
 def all_specs() -> list[TopicSpec]:
-    """Every topic, each followed by its dead-letter topic."""
+    """Every topic: each record topic followed by its dead-letter topic, then the key topic."""
+    return [*record_specs(), KEYS]
+
+
+def record_specs() -> list[TopicSpec]:
+    """The record topics, each followed by its dead-letter topic (what the sink reads)."""
     out: list[TopicSpec] = []
     for spec in TOPICS:
         out.extend((spec, spec.dlq))

@@ -34,6 +34,7 @@ from schemas.workflow import (
     WorkflowStarted,
 )
 from streams.envelope import DecodeError, Envelope, decode
+from streams.free_text import describe
 from telemetry.schema import DATABASE, column_names
 
 BLOB_THRESHOLD = 32 * 1024
@@ -132,12 +133,12 @@ def map_record(raw: RawRecord, kinds: KindCache | None = None) -> Rows:
     except DecodeError as exc:
         env, reason = None, exc.reason
     except Exception as exc:  # decode promises DecodeError only; a bug must not stop the sink
-        env, reason = None, f"decoder failed: {type(exc).__name__}: {exc}"
+        env, reason = None, f"decoder failed: {describe(exc)}"
     if env is not None:
         try:
             return _decoded_rows(raw, env, kinds)
         except Exception as exc:
-            reason = f"mapping failed: {type(exc).__name__}: {exc}"
+            reason = f"mapping failed: {describe(exc)}"
     return _undecodable_rows(raw, reason or "unknown")
 
 
@@ -238,6 +239,8 @@ def _workflow_row(rec: Record) -> dict[str, Any] | None:
     if isinstance(rec, StepSucceeded):
         return {"workflow": rec.workflow, "scope": "step", "step": rec.step,
                 "attempt": rec.attempt, "status": "succeeded"}
+    # ``error`` is plain (a code, Voice's own words); a message that may quote someone is
+    # sealed in the payload and never copied into a column.
     if isinstance(rec, StepFailed):
         return {"workflow": rec.workflow, "scope": "step", "step": rec.step,
                 "attempt": rec.attempt, "status": "failed", "error": rec.error,

@@ -45,13 +45,14 @@ from streams.dead_letters import send_dead_letter
 from streams.producer import RecordProducer
 from streams.retry import RetryPolicy
 from streams.settings import VoiceSettings
-from streams.topics import TOPICS, all_specs, topic_name
+from streams.topics import TOPICS, record_specs, topic_name
 from telemetry.rows import KindCache, RawRecord, Rows, fallback_rows, map_record
 from telemetry.schema import DATABASE, column_names, ensure_schema
 from telemetry.store import (
     TelemetrySettings,
     TelemetryStore,
     open_store,
+    store_error,
     telemetry_settings,
     unavailable,
 )
@@ -207,7 +208,7 @@ class Sink:
         self._lost = False  # partitions were revoked while a flush was retrying
         self._paused = False
         self._stopping = False
-        self.topics = [topic_name(self.settings, s) for s in all_specs()]
+        self.topics = [topic_name(self.settings, s) for s in record_specs()]
         self.consumer = consumer if consumer is not None else Consumer(
             consumer_config(self.settings)
         )
@@ -276,11 +277,12 @@ class Sink:
                     break
                 except Exception as exc:
                     if max_attempts is not None and attempt >= max_attempts:
-                        raise InsertFailed(f"insert failed {attempt}x: {exc}") from exc
+                        raise InsertFailed(f"insert failed {attempt}x: {store_error(exc)}"
+                                           ) from exc
                     delay = min(self.settings.telemetry_retry_max_s,
                                 self._retry_initial_s * 2 ** (attempt - 1))
                     log.warning("telemetry flush failed (attempt %d), retrying in %.1fs: %s",
-                                attempt, delay, exc)
+                                attempt, delay, store_error(exc))
                     self._pause()
                     self._wait(delay)
                     if self._lost or self._stopping:
@@ -314,9 +316,9 @@ class Sink:
             batch.refusals += 1
             if batch.refusals < self._policy.attempts:
                 raise
-            log.warning("the store refused a batch of %d records %d times (%s: %s); finding "
+            log.warning("the store refused a batch of %d records %d times (%s); finding "
                         "the records it refuses", batch.records, batch.refusals,
-                        type(exc).__name__, exc)
+                        store_error(exc))
             self._isolate(batch, exc)
         batch.inserted = True
 
@@ -352,7 +354,7 @@ class Sink:
             refused.append((batch.items[0][0], refusal))
         dead, skipped = [], 0
         for raw, exc in refused:
-            reason = f"telemetry: the store refused its rows: {type(exc).__name__}: {exc}"
+            reason = f"telemetry: the store refused its rows: {store_error(exc)}"
             log.error("%s[%s]@%s: %s", raw.topic, raw.partition, raw.offset, reason)
             try:  # what the analyst sees of it: the record's place, headers and the reason
                 self._insert(fallback_rows(raw, reason), _token(_ranges([raw])) + "-refused")
@@ -360,7 +362,7 @@ class Sink:
                 if unavailable(fallback):
                     raise
                 log.error("the store refused the fallback row of %s[%s]@%s too: %s",
-                          raw.topic, raw.partition, raw.offset, fallback)
+                          raw.topic, raw.partition, raw.offset, store_error(fallback))
             if raw.topic.endswith(".dlq"):
                 skipped += 1  # already a dead letter: the log line is its trace
             else:

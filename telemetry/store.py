@@ -13,6 +13,7 @@ Both are the same clickhouse-connect client class family, so the SQL is the same
 
 from __future__ import annotations
 
+import re
 import threading
 from collections.abc import Sequence
 from dataclasses import dataclass, field
@@ -58,10 +59,45 @@ class StoreUnavailable(Exception):
     """The store cannot be opened or did not take a call; retrying later may help."""
 
 
+def store_error(exc: BaseException) -> str:
+    """A store's failure for a dead letter or a log line: its type, and ClickHouse's error code
+    or the connection's message — never a refusal's text, which may quote the rows' values."""
+    code = _code(exc)
+    if code is None and unavailable(exc):  # a connection's failure: no rows in its message
+        return f"{type(exc).__name__}: {exc}"
+    return type(exc).__name__ + (f" (ClickHouse code {code})" if code is not None else "")
+
+
+STORE_AT_FAULT = frozenset({
+    159,  # TIMEOUT_EXCEEDED
+    164,  # READONLY (a server in read-only mode)
+    202,  # TOO_MANY_SIMULTANEOUS_QUERIES
+    209,  # SOCKET_TIMEOUT
+    210,  # NETWORK_ERROR
+    236,  # ABORTED
+    241,  # MEMORY_LIMIT_EXCEEDED
+    242,  # TABLE_IS_READ_ONLY
+    243,  # NOT_ENOUGH_SPACE (a full disk)
+    252,  # TOO_MANY_PARTS (inserts faster than merges)
+    394,  # QUERY_WAS_CANCELLED
+    999,  # KEEPER_EXCEPTION
+})
+"""ClickHouse error codes that say the store is failing as a whole, not that it refuses these
+rows: the same rows go in once it recovers, so they are waited for, never dead-lettered."""
+
+
+def _code(exc: BaseException) -> int | None:
+    found = re.search(r"\bCode: (\d+)", str(exc))
+    return int(found.group(1)) if found else None
+
+
 def unavailable(exc: BaseException) -> bool:
-    """Whether ``exc`` says the store could not be reached (wait for it), rather than that it
-    answered and refused what it was given (a record it will refuse again)."""
-    return isinstance(exc, (StoreUnavailable, OperationalError, ConnectionError, TimeoutError))
+    """Whether ``exc`` says the store could not be reached or is failing as a whole (wait for
+    it), rather than that it answered and refused what it was given (a record it will refuse
+    again). A full disk is the first: before, its refusals dead-lettered every record."""
+    if isinstance(exc, (StoreUnavailable, OperationalError, ConnectionError, TimeoutError)):
+        return True
+    return _code(exc) in STORE_AT_FAULT
 
 
 @dataclass

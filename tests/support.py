@@ -16,6 +16,7 @@ from pathlib import Path
 from typing import Any
 
 import httpx
+from confluent_kafka import Consumer, KafkaException, TopicPartition
 
 from deploy.processes import (  # noqa: F401  (re-exported for the tests)
     spawn_voice,
@@ -25,8 +26,10 @@ from deploy.processes import (  # noqa: F401  (re-exported for the tests)
     wait_http_ready,
     worker_group,
 )
+from streams.envelope import Envelope, decode
 from streams.reading import read_topic
 from streams.settings import VoiceSettings
+from streams.topics import TopicSpec, record_specs, topic_name
 
 REPO = Path(__file__).resolve().parent.parent
 
@@ -112,6 +115,40 @@ def wait_for(predicate, timeout: float = 20, interval: float = 0.1, what: str = 
             return value
         time.sleep(interval)
     raise TimeoutError(f"{what} not reached in {timeout}s")
+
+
+# --- the faults suite: logs read back, a client that retries as the edge asks ------------
+
+
+def log_of(settings: VoiceSettings, spec: TopicSpec, key: str) -> list[Envelope]:
+    """``key``'s records on ``spec`` (every delivery, duplicates included), in seq order."""
+    out = [decode(m.key(), m.value(), m.headers())
+           for m in read_all(settings, topic_name(settings, spec)) if m.key() == key.encode()]
+    return sorted(out, key=lambda e: e.seq or 0)
+
+
+def accepted(post: Callable[[], httpx.Response], also: tuple[int, ...] = ()
+             ) -> httpx.Response:
+    """``post`` until it is answered ``202`` (or one of ``also``): a worker that just joined
+    may not own the partition yet, and the edge answers ``503``; the client retries with the
+    same ``Idempotency-Key``, as the edge asks."""
+    deadline = time.monotonic() + 90
+    while (r := post()).status_code == 503:
+        assert time.monotonic() < deadline, r.text
+        time.sleep(1)
+    assert r.status_code in (202, 201, *also), r.text
+    return r
+
+
+def no_duplicate_seqs(log: list[Envelope]) -> list[Envelope]:
+    """The log without redelivered duplicates (same seq, same id), checked dense."""
+    by_seq: dict[int, Envelope] = {}
+    for env in log:
+        assert env.seq is not None
+        first = by_seq.setdefault(env.seq, env)
+        assert first.id == env.id, f"seq {env.seq} given twice: {first.id} and {env.id}"
+    assert sorted(by_seq) == list(range(1, len(by_seq) + 1))
+    return [by_seq[s] for s in sorted(by_seq)]
 
 
 # --- SSE ------------------------------------------------------------------------------------
@@ -235,3 +272,24 @@ async def _aframes(lines: AsyncIterator[str]) -> AsyncIterator[SseFrame]:
             buffered = []
     for frame in sse_frames(buffered):
         yield frame
+
+
+def sink_caught_up(settings: VoiceSettings) -> bool:
+    """Whether the telemetry sink's group has committed every record of every topic it reads
+    (so every record is in the store: the sink commits only after the insert)."""
+    c = Consumer({"bootstrap.servers": settings.bootstrap,
+                  "group.id": f"{settings.group_prefix}-telemetry", "enable.auto.commit": False})
+    try:
+        # The topics the sink reads: never voice.keys.
+        names = [topic_name(settings, s) for s in record_specs()]
+        parts = [TopicPartition(t, p) for t in names for p in range(settings.topic_partitions)]
+        done = {(r.topic, r.partition): r.offset for r in c.committed(parts, timeout=10)}
+        for tp in parts:
+            _low, high = c.get_watermark_offsets(tp, timeout=10)
+            if high > 0 and done.get((tp.topic, tp.partition), -1) < high:
+                return False
+        return True
+    except KafkaException:  # the group's coordinator moving: ask again
+        return False
+    finally:
+        c.close()

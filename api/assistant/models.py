@@ -92,6 +92,9 @@ class AssistantTurnOut(BaseModel):
     """Cards shown with the reply (``map_display``, …): ``{card_type, card_data, display_id}``."""
     end_reason: str | None = None
     reason: str | None = None
+    """Why it ended so, in words (errors; opened for the conversation's owner)."""
+    reason_code: str | None = None
+    """Why, as a stable code: the error kinds, or ``step_failed``."""
     cost_usd: float | None = None
 
 

@@ -147,7 +147,7 @@ async def chat(
     else:
         admission.charge("conversations")
         conversation, create = str(uuid.uuid4()), True
-        await asyncio.to_thread(sealer.create, conversation)
+        await asyncio.to_thread(sealer.create, conversation, principal.tenant)
     attached = await _attach(views, sealer, principal, body)
     message_id = new_id()
     request_doc = {"message": body.message, "file_context": body.file_context,
@@ -221,9 +221,18 @@ async def get_turn(turn: str, view: OwnedDep, views: AssistantDep, sealer: Seale
         except KeyErased:
             raise not_found("conversation", conversation) from None
         cost = tv.reply.cost_usd
+    reason, code = None, None
+    if tv.ended is not None:
+        code, reason = tv.ended.reason_code, tv.ended.reason  # a record from before sealing
+        if tv.ended.sealed_reason is not None:
+            try:
+                reason = sealer.open_text(conversation, f"{tv.ended.turn}:reason",
+                                         tv.ended.sealed_reason)
+            except KeyErased:
+                raise not_found("conversation", conversation) from None
     return AssistantTurnOut(turn=turn, conversation_id=conversation, state=tv.state,  # type: ignore[arg-type]
                             text=text, cards=cards or [], end_reason=tv.end_reason,
-                            reason=tv.reason, cost_usd=cost)
+                            reason=reason, reason_code=code, cost_usd=cost)
 
 
 @router.post("/conversations/{conversation}/turns/{turn}/cancel", status_code=202,

@@ -111,7 +111,7 @@ async def upload_file(request: Request, commands: CommandsDep, views: AssistantD
         raise HTTPException(422, f"not a usable CSV: {exc}") from None
     name = _dataset_name(filename, fields.get("name"))
     dataset_id = uuid.uuid4().hex
-    await asyncio.to_thread(sealer.create, dataset_id)
+    await asyncio.to_thread(sealer.create, dataset_id, principal.tenant)
     record = DatasetRecorded(
         dataset_id=dataset_id, owner=principal.sub, rows=checked.rows,
         columns=len(checked.columns), size_bytes=len(data),

@@ -55,7 +55,8 @@ class AssistantTurnView:
     state: str = "Thinking"
     reply: AssistantReplyRecorded | None = None
     end_reason: str | None = None
-    reason: str | None = None
+    ended: AssistantTurnEnded | None = None
+    """The turn's end record: its reason's code plain, its words sealed."""
 
 
 @dataclass(kw_only=True)
@@ -126,7 +127,7 @@ class AssistantConversations(StreamProjection[AssistantConversationView]):
             view.turns.setdefault(rec.turn, AssistantTurnView(rec.turn)).reply = rec
         elif isinstance(rec, AssistantTurnEnded):
             tv = view.turns.setdefault(rec.turn, AssistantTurnView(rec.turn))
-            tv.state, tv.end_reason, tv.reason = rec.state, rec.end_reason, rec.reason
+            tv.state, tv.end_reason, tv.ended = rec.state, rec.end_reason, rec
             if view.running == rec.turn:
                 view.running = None
         self.notify(env.key)

@@ -55,6 +55,9 @@ class TurnOut(BaseModel):
     reply: ReplyOut | None = None
     proposal: dict[str, JsonValue] | None = None
     reason: str | None = None
+    """Why the turn ended so, in words (opened for the conversation's owner)."""
+    reason_code: str | None = None
+    """Why, as a stable code: ``could_not_interpret``, ``cancelled``, ``step_failed``."""
 
 
 class TranscriptMessage(BaseModel):
@@ -77,6 +80,9 @@ class TurnSummary(BaseModel):
     turn: str
     state: TurnState
     reason: str | None = None
+    """Why the turn ended so, in words (opened for the conversation's owner)."""
+    reason_code: str | None = None
+    """Why, as a stable code: ``could_not_interpret``, ``cancelled``, ``step_failed``."""
 
 
 class ConversationOut(BaseModel):
@@ -135,3 +141,6 @@ class TurnEvent(BaseModel):
     turn: str
     state: TurnState
     reason: str | None = None
+    """Why the turn ended so, in words (opened for the conversation's owner)."""
+    reason_code: str | None = None
+    """Why, as a stable code: ``could_not_interpret``, ``cancelled``, ``step_failed``."""

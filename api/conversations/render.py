@@ -52,6 +52,17 @@ def proposal_json(sealer: Sealer, env: Envelope) -> dict[str, JsonValue]:
     return sealer.open_json(rec.conversation, rec.proposal_id, rec.proposal)
 
 
+def turn_reason(sealer: Sealer, rec: TurnStateChanged | None) -> dict[str, str | None]:
+    """``reason`` (opened; a record from before reasons were sealed has it plain) and
+    ``reason_code`` of a turn's state record."""
+    if rec is None:
+        return {"reason": None, "reason_code": None}
+    reason = rec.reason
+    if rec.sealed_reason is not None:
+        reason = sealer.open_text(rec.conversation, f"{rec.turn}:reason", rec.sealed_reason)
+    return {"reason": reason, "reason_code": rec.reason_code}
+
+
 def turn_out(sealer: Sealer, tv: TurnView) -> TurnOut:
     assert tv.state is not None
     reply = None
@@ -59,7 +70,8 @@ def turn_out(sealer: Sealer, tv: TurnView) -> TurnOut:
         assert tv.reply.seq is not None
         reply = ReplyOut(seq=tv.reply.seq, text=reply_text(sealer, tv.reply))
     proposal = proposal_json(sealer, tv.proposal) if tv.proposal is not None else None
-    return TurnOut(turn=tv.turn, state=tv.state, reply=reply, proposal=proposal, reason=tv.reason)
+    return TurnOut(turn=tv.turn, state=tv.state, reply=reply, proposal=proposal,
+                   **turn_reason(sealer, tv.ended))
 
 
 def conversation_out(sealer: Sealer, view: ConversationView) -> ConversationOut:
@@ -76,7 +88,7 @@ def conversation_out(sealer: Sealer, view: ConversationView) -> ConversationOut:
         elif isinstance(rec, ProposalRecorded):
             proposals.append(ProposalOut(seq=seq, turn=rec.turn,
                                          proposal=proposal_json(sealer, env)))
-    turns = [TurnSummary(turn=tv.turn, state=tv.state, reason=tv.reason)
+    turns = [TurnSummary(turn=tv.turn, state=tv.state, **turn_reason(sealer, tv.ended))
              for tv in sorted(view.turns.values(), key=lambda t: t.message_seq)
              if tv.state is not None]
     return ConversationOut(conversation=view.conversation, messages=messages,
@@ -102,7 +114,7 @@ def sse_event(sealer: Sealer, env: Envelope) -> ServerSentEvent | None:
         data = ProposalEvent(seq=seq, turn=rec.turn, proposal=proposal_json(sealer, env))
     elif isinstance(rec, TurnStateChanged):
         event = "turn"
-        data = TurnEvent(seq=seq, turn=rec.turn, state=rec.state, reason=rec.reason)
+        data = TurnEvent(seq=seq, turn=rec.turn, state=rec.state, **turn_reason(sealer, rec))
     else:
         return None
     return ServerSentEvent(event=event, id=str(seq), data=data)

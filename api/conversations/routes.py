@@ -86,7 +86,7 @@ async def create_conversation(
     """Open a conversation owned by the caller."""
     conversation = f"cnv-{secrets.token_hex(8)}"
     # The data key exists before the conversation does, so its first message can be sealed.
-    await asyncio.to_thread(sealer.create, conversation)
+    await asyncio.to_thread(sealer.create, conversation, principal.tenant)
     ack = await commands.submit(
         conversation, StartConversation(conversation=conversation, owner=principal.sub))
     # "duplicate" is this very command answered again (its writer crashed after applying it,
@@ -125,7 +125,8 @@ async def send_message(
     conversation = view.conversation
     message_id = new_id()
     with opening(views, conversation):
-        sealed = sealer.seal(conversation, message_id, body.text)
+        # In a thread: a key this edge has not read yet makes the store read the key topic.
+        sealed = await asyncio.to_thread(sealer.seal, conversation, message_id, body.text)
     ack = await commands.submit(conversation, SendMessage(
         conversation=conversation, message_id=message_id, text=sealed,
         idempotency_key=idempotency_key))

@@ -33,7 +33,8 @@ class TurnView:
     turn: str
     message_seq: int
     state: TurnState | None = None
-    reason: str | None = None
+    ended: TurnStateChanged | None = None
+    """The turn's latest state record: its reason's code plain, its words sealed."""
     reply: Envelope | None = None
     """The turn's ``ReplyRecorded`` (sealed), once recorded."""
     proposal: Envelope | None = None
@@ -117,7 +118,7 @@ class ConversationViews(StreamProjection[ConversationView]):
             view.turn(rec.turn).message_seq = rec.message_seq
         elif isinstance(rec, TurnStateChanged):
             tv = view.turn(rec.turn)
-            tv.state, tv.reason = rec.state, rec.reason
+            tv.state, tv.ended = rec.state, rec
             if rec.state != "Thinking":
                 view.drop_live(lambda d, turn=rec.turn: d.record.turn == turn)
         elif isinstance(rec, ReplyRecorded):

@@ -28,6 +28,7 @@ from starlette.datastructures import Headers, MutableHeaders
 from starlette.responses import JSONResponse
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
+from streams.free_text import describe, trace_of
 from streams.producer import ProduceError
 from streams.sealing import KeyErased, OpenFailed, SealingError
 
@@ -75,8 +76,9 @@ class EdgeErrors:
         try:
             await self.app(scope, receive, send_with_id)
         except Exception as exc:
-            log.error("request %s: %s %s failed: %s", rid, scope.get("method"),
-                      scope.get("path"), type(exc).__name__, exc_info=exc)
+            # Described with where it was raised, not its message: it may echo the body.
+            log.error("request %s: %s %s failed: %s\n%s", rid, scope.get("method"),
+                      scope.get("path"), describe(exc), trace_of(exc))
             if started:  # mid-response (a stream): the server can only cut the connection
                 raise
             body = {"detail": "internal error", "request_id": rid}

@@ -27,6 +27,7 @@ from confluent_kafka import OFFSET_BEGINNING, OFFSET_END, Consumer, TopicPartiti
 
 from schemas.system import CommandAcknowledged
 from streams.envelope import DecodeError, Envelope, decode
+from streams.free_text import describe, trace_of
 from streams.settings import VoiceSettings
 from streams.topics import ACKS, CONVERSATIONS, TopicSpec, topic_name
 
@@ -188,11 +189,12 @@ class EdgeTail:
         """Run one view's handler on the loop; a record it raises on is logged and counted."""
         try:
             handler(*args)
-        except Exception:
+        except Exception as exc:
             topic, partition, offset = where
             self.skipped[(topic, "not applied")] += 1
-            log.exception("edge view could not apply %s[%s]@%s; skipped", topic, partition,
-                          offset)
+            # Described with where it was raised, not quoted: it may echo the record's values.
+            log.error("edge view could not apply %s[%s]@%s; skipped: %s\n%s", topic,
+                      partition, offset, describe(exc), trace_of(exc))
 
     def skipped_counts(self) -> dict[str, dict[str, int]]:
         """``skipped`` by topic, for ``/readyz``."""

@@ -1,8 +1,9 @@
 """Research runs and investigations (``/staff``): start a run over an issue, read it, open
 an investigation it suggested.
 
-A run is a workflow: the route produces its first record (202 with the run's id) and the
-engine runs it; the read comes from this edge's view of ``voice.workflows``.
+A run is a workflow: the route produces its first record (202 with the run's id, whose state
+``GET /staff/research/{run}`` reads) and the engine runs it; the read comes from this edge's
+view of ``voice.workflows``. Its input names the issue's evidence by a span of the issue's log.
 """
 
 from __future__ import annotations
@@ -21,10 +22,6 @@ from schemas.staff import OpenInvestigation
 from schemas.workflow import WorkflowStarted
 
 router = APIRouter(prefix="/staff", tags=["staff"])
-
-MAX_EVIDENCE_IN_RUN = 200
-"""Evidence a research run's input carries (the most recent); the input is one record."""
-
 
 class RunAccepted(BaseModel):
     """``202``: read the run at ``GET /staff/research/{run}``."""
@@ -87,12 +84,13 @@ async def start_research(issue: str, principal: IssuesManageDep, commands: Comma
     """Start a research run over the issue and its evidence as this edge sees them now."""
     v = await known_or_404(views.issues, issue, "issue", principal.tenant)
     run = f"run-{secrets.token_hex(8)}"
-    evidence = [{"evidence": e.evidence, "title": e.title, "body": e.body, "url": e.url,
-                 "added_by": e.added_by, "at": e.at}
-                for e in list(v.evidence.values())[-MAX_EVIDENCE_IN_RUN:]]
+    # The evidence by reference — the issue's log up to the seq this edge has read — never a
+    # copy: the input is one record (and a changelog value, and every edge's), however much
+    # evidence the issue has. The step reads the span back.
     started = WorkflowStarted(workflow=run, kind="research", input={
         "run": run, "issue": {"issue": v.issue, "title": v.title, "summary": v.summary},
-        "evidence": evidence, "requested_by": principal.sub, "tenant": principal.tenant})
+        "evidence": {"partition": v.partition, "opened": v.opened or 0, "through": v.last_seq},
+        "requested_by": principal.sub, "tenant": principal.tenant})
     await commands.start_workflow(started)
     return RunAccepted(run=run)
 
@@ -106,7 +104,9 @@ async def get_research(run: str, principal: IssuesReadDep, views: StaffViewsDep)
         raise HTTPException(404, f"no research run {run!r}")
     state = run_state(w)
     out = ResearchOut(run=run, issue=(w.input.get("issue") or {}).get("issue", ""), state=state,
-                      reason=w.last_error if state == "Failed" else None)
+                      # The failure's code (its message, which may quote a model, is not kept
+                      # plain: docs/security.md, "Free text outside the seal").
+                      reason=f"the run failed: {w.last_error}" if state == "Failed" else None)
     found = (w.outputs.get("research") or {}).get("suggestions")
     if state == "Done" and found:
         def items(section: str) -> list[SuggestionOut]:

@@ -3,13 +3,14 @@ contribution as its reviewers see it, and a review, which answers the paused wor
 
 from __future__ import annotations
 
-import secrets
+import hashlib
+import json
 from typing import Annotated, Literal
 
-from fastapi import APIRouter, Header, HTTPException
+from fastapi import APIRouter, Header
 from pydantic import BaseModel, Field, model_validator
 
-from api.frame.commands import CommandsDep
+from api.frame.commands import CommandsDep, refused
 from api.frame.deps import VIEW_WAIT_S, SealerDep, known_or_404
 from api.frame.models import MAX_STRING_CHARS, HeaderText, RequestModel
 from api.staff.deps import ReviewDecideDep, ReviewReadDep, StaffViewsDep
@@ -48,7 +49,8 @@ class ReviewIn(RequestModel):
 
 
 class ReviewAccepted(BaseModel):
-    """``202``: the review is on the workflow's log; publication happens in the workflow."""
+    """``202``: the workflow took the review (as its first or second); publication happens
+    in the workflow."""
 
     contribution: str
     command: Literal["review", "second_review"]
@@ -139,50 +141,43 @@ async def get_contribution(contribution: str, principal: ReviewReadDep, views: S
 
 @router.post("/contributions/{contribution}/review", status_code=202,
              responses={**NO_CONTRIBUTION,
-                        409: {"description": "Not waiting for a review, or the second review "
-                                             "came from the first reviewer."}})
+                        409: {"description": "The workflow refused the review, and says why: "
+                                             "the contribution is not waiting for a review "
+                                             "(any more), or the second review came from the "
+                                             "first reviewer."}})
 async def review_contribution(
     contribution: str, body: ReviewIn, principal: ReviewDecideDep, commands: CommandsDep,
     views: StaffViewsDep,
     idempotency_key: Annotated[HeaderText | None, Header(
         alias="Idempotency-Key", min_length=1, max_length=200,
-        description="Repeating a review with the same key applies it once.")] = None,
+        description="Repeating a review with the same key applies it once. Without one, "
+                    "the same reviewer sending the same review again is the same command "
+                    "(a double click answers the first answer again).")] = None,
 ) -> ReviewAccepted:
-    """Answer a paused disclosure review; the workflow publishes or rejects."""
+    """Review a contribution: the workflow decides (a review while it is between two states
+    waits for the next one) and the answer is its decision — ``202`` when it took the review,
+    ``409`` with its reason when it refused it."""
+    # Even for a contribution already published the workflow answers: a repeated review
+    # gets its first answer again, any other is refused with the reason.
     await known_or_404(views.contributions, contribution, "contribution", principal.tenant)
-    w = views.workflows.get(contribution)
-    key = idempotency_key or secrets.token_hex(8)
+    payload = {"decision": body.decision,
+               "redactions": [r.model_dump(exclude_none=True) for r in body.redactions]}
+    key = idempotency_key or _digest(payload)
     command_id = f"{contribution}:review:{principal.sub}:{key}"
-
-    def earlier() -> WorkflowCommandReceived | None:
-        w = views.workflows.get(contribution)
-        return next((c for c in w.commands if c.command_id == command_id), None) if w else None
-
-    def waits() -> bool:
-        return (w is not None and w.status == "paused"
-                and w.waiting_for in ("review", "second_review"))
-
-    if idempotency_key and not waits():
-        # Perhaps a repeat whose first request this edge has not read back yet.
-        await views.workflows.wait(contribution, lambda _w: earlier() is not None, VIEW_WAIT_S)
-    if (first_time := earlier()) is not None:  # a repeated request: the first answer again
-        return ReviewAccepted(contribution=contribution, command=first_time.command,  # type: ignore[arg-type]
-                              command_id=command_id)
-    if w is None or not waits():
-        state, _ = review_state(views, contribution)
-        raise HTTPException(409, f"contribution {contribution!r} is not waiting for a review "
-                                 f"(it is {state})")
-    waiting_for = w.waiting_for
-    first = (w.outputs.get("review") or {}).get("by")
-    if waiting_for == "second_review" and first == principal.sub:
-        raise HTTPException(409, f"reviewer {principal.sub!r} gave the first review of "
-                                 f"{contribution!r}; the second review must come from a "
-                                 "different reviewer")
-    await commands.submit(contribution, WorkflowCommandReceived(
-        workflow=contribution, command=waiting_for, command_id=command_id, by=principal.sub,
-        payload={"decision": body.decision,
-                 "redactions": [r.model_dump(exclude_none=True) for r in body.redactions]}))
-    # Read-your-writes: the worker forwarded the command before acknowledging it.
-    await views.workflows.wait(contribution, lambda _w: earlier() is not None, VIEW_WAIT_S)
-    return ReviewAccepted(contribution=contribution, command=waiting_for,  # type: ignore[arg-type]
+    ack = await commands.submit(contribution, WorkflowCommandReceived(
+        workflow=contribution, command="review", command_id=command_id, by=principal.sub,
+        payload=payload))
+    if ack.outcome == "rejected":
+        raise refused(ack, f"contribution {contribution!r}")
+    # Read-your-writes: the workflow resumed (seq ``ack.seq``) before it answered.
+    await views.workflows.wait(contribution, lambda w: w is not None and ack.seq is not None
+                               and (w.last_seq or 0) >= ack.seq, VIEW_WAIT_S)
+    return ReviewAccepted(contribution=contribution, command=ack.detail["command"],  # type: ignore[arg-type]
                           command_id=command_id)
+
+
+def _digest(payload: dict[str, object]) -> str:
+    """The default idempotency key: the review itself, so the same review sent twice by one
+    reviewer is one command, and a different one is another (which the workflow decides)."""
+    blob = json.dumps(payload, sort_keys=True, separators=(",", ":")).encode()
+    return "body-" + hashlib.sha256(blob).hexdigest()[:16]

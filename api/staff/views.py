@@ -27,7 +27,7 @@ from api.frame.projection import (
     Projection,
     StreamProjection,
 )
-from api.frame.tail import RecordHandler
+from api.frame.tail import LocatedHandler, RecordHandler
 from schemas.staff import (
     ContributionRecorded,
     DeliveryEnded,
@@ -83,6 +83,10 @@ class IssueView(AggregateView):
     developments: dict[str, DevelopmentRecorded] = field(default_factory=dict)
     ended: dict[str, DeliveryEnded] = field(default_factory=dict)
     investigations: dict[str, InvestigationView] = field(default_factory=dict)
+    partition: int | None = None
+    """Where the issue's log is: its partition of ``voice.issues``, and the offset of its
+    first record there (a research run's input names this span instead of copying it)."""
+    opened: int | None = None
 
 
 @dataclass(kw_only=True)
@@ -136,12 +140,18 @@ class Issues(Projection[IssueView]):
         super().__init__()
         self.investigations: Projection[InvestigationView] = Projection()
 
-    def apply(self, env: Envelope) -> None:
+    def apply_at(self, env: Envelope, partition: int, offset: int) -> None:
+        """``apply``, knowing where the record is (the tail's ``located`` handler)."""
+        self.apply(env, partition, offset)
+
+    def apply(self, env: Envelope, partition: int | None = None,
+              offset: int | None = None) -> None:
         rec = env.record
         if isinstance(rec, IssueOpened) and env.key not in self.by_key:
             self.by_key[env.key] = IssueView(issue=rec.issue, title=rec.title,
                                              summary=rec.summary, by=rec.by, at=rec.at,
-                                             tenant=env.tenant)
+                                             tenant=env.tenant, partition=partition,
+                                             opened=offset)
         view = self.by_key.get(env.key)
         if view is None or not view.accept(env):
             return
@@ -197,7 +207,9 @@ class Workflows(Projection[WorkflowView]):
         elif isinstance(rec, StepSucceeded):
             view.outputs[rec.step] = dict(rec.output)
         elif isinstance(rec, StepFailed):
-            view.last_error = f"{rec.error_type}: {rec.error}"
+            # Plain only: the code, and Voice's own words. A message that may quote someone is
+            # sealed in the record, and staff and operators do not read participants' words.
+            view.last_error = f"{rec.error_type}: {rec.error}" if rec.error else rec.error_type
         elif isinstance(rec, WorkflowPaused):
             view.status, view.step, view.waiting_for = "paused", rec.step, rec.waiting_for
         elif isinstance(rec, WorkflowCommandReceived):
@@ -208,7 +220,7 @@ class Workflows(Projection[WorkflowView]):
         elif isinstance(rec, WorkflowCompleted):
             view.status, view.waiting_for = "completed", None
         elif isinstance(rec, WorkflowFailed):
-            view.status, view.last_error = "failed", rec.error
+            view.status, view.last_error = "failed", rec.error or rec.error_type
 
 
 class Contributions(Projection[ContributionRecorded]):
@@ -269,8 +281,12 @@ class StaffViews:
 
     def handlers(self) -> dict[TopicSpec, RecordHandler]:
         """What the edge's tail feeds into these views, by topic."""
-        return {ISSUES: self.issues.apply, WORKFLOWS: self.workflows.apply,
-                CONTRIBUTIONS: self.contributions.apply, INBOX: self.inboxes.apply}
+        return {WORKFLOWS: self.workflows.apply, CONTRIBUTIONS: self.contributions.apply,
+                INBOX: self.inboxes.apply}
+
+    def located_handlers(self) -> dict[TopicSpec, LocatedHandler]:
+        """Those that also need each record's partition and offset (``EdgeTail(located=…)``)."""
+        return {ISSUES: self.issues.apply_at}
 
     def runs_of(self, issue: IssueView) -> list[WorkflowView]:
         """The research runs of an issue, in the order this edge saw them start."""

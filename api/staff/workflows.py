@@ -6,10 +6,10 @@ from __future__ import annotations
 
 from typing import Annotated, Literal
 
-from fastapi import APIRouter, HTTPException, Query
+from fastapi import APIRouter, Query
 from pydantic import BaseModel, JsonValue
 
-from api.frame.commands import CommandsDep
+from api.frame.commands import CommandsDep, refused
 from api.frame.deps import known_or_404
 from api.staff.deps import StaffViewsDep, WorkflowReadDep, WorkflowRetryDep
 from schemas.workflow import WorkflowCommandReceived
@@ -89,16 +89,18 @@ async def get_workflow(workflow: str, principal: WorkflowReadDep, views: StaffVi
 
 @router.post("/workflows/{workflow}/retry", status_code=202,
              responses={404: {"description": "No such workflow."},
-                        409: {"description": "The workflow has not failed."}})
+                        409: {"description": "The workflow refused the retry, and says why "
+                                             "(it has not failed)."}})
 async def retry_workflow(workflow: str, principal: WorkflowRetryDep, commands: CommandsDep,
                          views: StaffViewsDep) -> RetryAccepted:
-    """Restart a failed workflow from its failed step (operators only)."""
+    """Restart a failed workflow from its failed step (operators only); the answer is the
+    workflow's decision: ``202`` when it restarted, ``409`` and why when it refused."""
     w = await known_or_404(views.workflows, workflow, "workflow", principal.tenant)
-    if w.status != "failed":
-        raise HTTPException(409, f"workflow {workflow!r} is {w.status}, not failed; only a "
-                                 "failed workflow can be retried")
     command_id = f"{workflow}:retry:{w.last_seq}"
-    # One retry per failure: the id names the failure, so a repeated click resumes once.
-    await commands.submit(workflow, WorkflowCommandReceived(
+    # One retry per failure as this edge saw it: a repeated click is the same command,
+    # answered again; a retry of a workflow no longer failed is refused by the workflow.
+    ack = await commands.submit(workflow, WorkflowCommandReceived(
         workflow=workflow, command="retry", command_id=command_id, by=principal.sub))
+    if ack.outcome == "rejected":
+        raise refused(ack, f"workflow {workflow!r}")
     return RetryAccepted(workflow=workflow, command_id=command_id)

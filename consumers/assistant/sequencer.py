@@ -9,11 +9,19 @@ replayed after a crash yields the same records with the same seqs, which readers
 
 Only the edge's ``AssistantChat`` is acknowledged (the edge waits for it); the turn's own
 commands (display events, reply, end, patterns) are not: nobody waits on them.
+
+One turn runs at a time, with a deadline (``VOICE_ASSISTANT_TURN_DEADLINE_S`` after its
+chat); ``overdue`` names a running turn past it, for the worker's janitor to submit as
+``ExpireAssistantTurn``, which ends it ``Failed`` (``DEADLINE_EXCEEDED``). A turn ends once and
+records one reply: display events, replies and ends of a turn that is not the running one
+(a late step, a re-run after the end) are ignored, and so is a second reply of the running
+turn (an attempt re-run after its worker died, whose reply has another effect key).
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from datetime import datetime, timedelta
 from typing import Any
 
 from consumers.frame import Ack, Aggregate, AggregateState, Decision, append, remember
@@ -27,6 +35,7 @@ from schemas.assistant import (
     AssistantReplyRecorded,
     AssistantTurnEnded,
     AssistantTurnRequested,
+    ExpireAssistantTurn,
 )
 from schemas.base import Record
 from streams.envelope import Envelope
@@ -34,6 +43,7 @@ from streams.ids import turn_id
 from streams.topics import ASSISTANT
 
 SOURCE = "/voice/assistant-sequencer"
+DEADLINE_EXCEEDED = "DEADLINE_EXCEEDED"
 
 
 @dataclass(kw_only=True)
@@ -44,6 +54,10 @@ class AssistantState(AggregateState):
     display_seq: int = 0
     running: str | None = None
     """The turn in progress; another chat is refused until it ends."""
+    deadline: str | None = None
+    """When the running turn is past its deadline (ISO-8601)."""
+    replied: bool = False
+    """Whether the running turn's reply is recorded (a second one is ignored)."""
     commands: dict[str, dict[str, Any]] = field(default_factory=dict)
 
 
@@ -57,28 +71,64 @@ class AssistantSequencer(Aggregate[AssistantState]):
     source = SOURCE
     commands = ASSISTANT_COMMANDS
 
+    def __init__(self, turn_deadline_s: float = 900.0) -> None:
+        """``turn_deadline_s`` is ``VOICE_ASSISTANT_TURN_DEADLINE_S``."""
+        self.turn_deadline_s = turn_deadline_s
+
     def acknowledges(self, cmd: Envelope) -> bool:
         return isinstance(cmd.record, AssistantChat)
+
+    def overdue(self, key: str, stored: dict[str, Any], now: datetime) -> list[Record]:
+        """``ExpireAssistantTurn`` for the running turn if past its deadline at ``now`` (or
+        without one), read from the stored state as it is (the janitor asks each pass)."""
+        running, deadline = stored.get("running"), stored.get("deadline")
+        if running is None or (deadline is not None and datetime.fromisoformat(deadline) > now):
+            return []
+        return [ExpireAssistantTurn(conversation=key, turn=running)]
 
     def decide(self, state: AssistantState | None, cmd: Envelope) -> Decision[AssistantState]:
         """Apply one command; times come from the command, so a replay is identical."""
         rec = cmd.record
         if isinstance(rec, AssistantChat):
-            return _chat(state, cmd, rec)
+            decision = _chat(state, cmd, rec)
+            if decision.ack is not None and decision.ack.outcome == "accepted" \
+                    and decision.state is not None:
+                decision.state.deadline = (cmd.time + timedelta(seconds=self.turn_deadline_s)
+                                           ).isoformat()
+                decision.state.replied = False
+            return decision
         if state is None:  # a turn's output for a conversation this sequencer never opened
             return Decision(None)
         records: tuple[Record, ...]
+        if isinstance(rec, (AppendDisplay, AssistantReplyRecorded, AssistantTurnEnded,
+                            ExpireAssistantTurn)) and rec.turn != state.running:
+            return Decision(state)  # that turn has ended: it ends once
         if isinstance(rec, AppendDisplay):
             state.display_seq += 1
             records = append(state, AssistantDisplayRecorded(
                 conversation=rec.conversation, turn=rec.turn, display_seq=state.display_seq,
                 event=rec.event))
-        elif isinstance(rec, (AssistantReplyRecorded, AssistantPatternRecorded)):
+        elif isinstance(rec, AssistantReplyRecorded):
+            if state.replied:
+                return Decision(state)  # another attempt's reply: the turn has one
+            state.replied = True
+            records = append(state, rec)
+        elif isinstance(rec, AssistantPatternRecorded):
             records = append(state, rec)
         elif isinstance(rec, AssistantTurnEnded):
             records = append(state, rec)
-            if state.running == rec.turn:
-                state.running = None
+            state.running, state.deadline = None, None
+        elif isinstance(rec, ExpireAssistantTurn):
+            if state.deadline is None:  # running since before turns had deadlines
+                state.deadline = (cmd.time + timedelta(seconds=self.turn_deadline_s)
+                                  ).isoformat()
+                return Decision(state)  # its clock starts now
+            if cmd.time < datetime.fromisoformat(state.deadline):
+                return Decision(state)  # not due
+            records = append(state, AssistantTurnEnded(
+                conversation=rec.conversation, turn=rec.turn, state="Failed",
+                end_reason="error", reason_code=DEADLINE_EXCEEDED))
+            state.running, state.deadline = None, None
         else:
             return Decision(state)
         return Decision(state, records)

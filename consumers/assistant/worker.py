@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+from contextlib import suppress
 from typing import Any
 
 from consumers.assistant.datasets import KafkaDatasets
@@ -35,18 +36,22 @@ from consumers.engine import TurnInput
 from consumers.frame.context import WorkerContext
 from consumers.frame.logrefs import LogUnavailable
 from consumers.workflows.engine import StepContext, StepDef, WorkflowDef, WorkflowState
-from consumers.workflows.runtime import StepError
+from consumers.workflows.runtime import StepError, failure_words
 from schemas.assistant import (
     AppendDisplay,
     AssistantPatternRecorded,
+    AssistantReplyRecorded,
     AssistantTurnEnded,
     DatasetRef,
     DisplayPayload,
+    TurnOutcome,
 )
 from schemas.base import Record
 from schemas.workflow import WorkflowStarted
 from streams.assistant_settings import assistant_settings
+from streams.crashpoints import CrashPoints
 from streams.envelope import Envelope
+from streams.free_text import seal_text
 from streams.sealing import KeyErased, Sealer
 from streams.topics import ASSISTANT, COMMANDS, WORKFLOWS
 
@@ -59,6 +64,11 @@ MAX_VETTING_ROUNDS = 5
 """Rankings tried while chosen patterns turn out erased; then no shared patterns at all."""
 
 
+def _conversation(inp: dict[str, Any]) -> str:
+    """The assistant conversation a workflow's failures are sealed under."""
+    return str(inp["conversation"])
+
+
 class Assistant:
     """Sequencer, transcript keeper and workflows of the assistant chat, on one worker."""
 
@@ -69,17 +79,19 @@ class Assistant:
         self.ctx = ctx
         self.settings = assistant_settings(ctx.settings)
         self.out = ctx.publisher
+        self.crash = CrashPoints.parse(ctx.settings.test_crash_at)
         self.agents = ctx.agents
-        ctx.aggregate(AssistantSequencer())
+        ctx.aggregate(AssistantSequencer(ctx.settings.assistant_turn_deadline_s))
         self.transcripts = ctx.table("assistant_index")
         self.reader = ctx.log_reader
         self.box = SqlBox(self.settings.assistant_sql_timeout_s)
         self.datasets = KafkaDatasets(self.settings, ctx.sealer,
                                       self.settings.assistant_dataset_cache_bytes)
         ctx.workflow(WorkflowDef(TURN_KIND, (StepDef("reply", self.reply_step),),
-                                 on_end=self.turn_over),
+                                 on_end=self.turn_over, sealed_by=_conversation),
                      WorkflowDef(EXTRACT_KIND, (StepDef("provisional", self.provisional_step),
-                                                StepDef("extract", self.extract_step))))
+                                                StepDef("extract", self.extract_step)),
+                                 sealed_by=_conversation))
         ctx.wire(ASSISTANT, self._on_log_record)
         self.library = PatternLibrary(ctx.sealer, self.settings.assistant_tenant_patterns_kept)
         self.learned = ctx.follow(ASSISTANT, self.library.apply, "patterns", types=TYPES)
@@ -94,6 +106,8 @@ class Assistant:
             await self.out.send(COMMANDS, Envelope(
                 record=record, key=conversation, source=SOURCE, subject=conversation,
                 tenant=tenant, correlation=correlation, id=command_id))
+            if isinstance(record, AssistantReplyRecorded):
+                self.crash.hit("after_reply", correlation)
         return submit
 
     # --- the log: transcripts, patterns, workflow starts --------------------------------------
@@ -138,11 +152,11 @@ class Assistant:
             attempt=ctx.attempt, request=request, options=inp.get("options") or {},
             refs=[DatasetRef.model_validate(r) for r in inp.get("datasets") or []],
             history=history, patterns=patterns, source=self.datasets, box=self.box,
-            client=self.agents.client_for(tenant), sink=sink, cancel=ctx.cancel)
+            client=self.agents.client_for(tenant, turn), sink=sink, cancel=ctx.cancel)
         outcome = OUTCOMES[result.end_reason]
         reason = "; ".join(f"{e.kind}: {e.message}" for e in result.errors) or None
-        await submit(AssistantTurnEnded(conversation=conversation, turn=turn, state=outcome,
-                                        end_reason=result.end_reason, reason=reason),
+        code = "; ".join(dict.fromkeys(e.kind for e in result.errors)) or None
+        await submit(self._ended(conversation, turn, outcome, result.end_reason, code, reason),
                      f"{turn}:end")
         return {"state": outcome, "end_reason": result.end_reason,
                 "suggested": [p.pattern_id for p in suggested]}
@@ -169,7 +183,8 @@ class Assistant:
         inp = state.input
         conversation, turn = inp["conversation"], inp["turn"]
         submit = self._submitter(conversation, turn, inp.get("tenant"))
-        reason = f"the turn failed after {state.attempt} attempts: {state.last_error}"
+        reason = (f"the turn failed after {state.attempt} attempts: "
+                  f"{failure_words(self.sealer, state)}")
         try:
             for n, (type_, channel, data) in enumerate(
                     (("error", "system", {"text": reason, "recoverable": False}),
@@ -183,8 +198,19 @@ class Assistant:
                              key)
         except KeyErased:
             pass
-        await submit(AssistantTurnEnded(conversation=conversation, turn=turn, state="Failed",
-                                        end_reason="error", reason=reason), f"{turn}:end")
+        await submit(self._ended(conversation, turn, "Failed", "error", "step_failed", reason),
+                     f"{turn}:end")
+
+    def _ended(self, conversation: str, turn: str, state: TurnOutcome, end_reason: str,
+               code: str | None, words: str | None) -> AssistantTurnEnded:
+        """The turn's end: its reason's code plain, its words (errors may quote the model or
+        the user) sealed with the conversation's key — none once it was erased."""
+        sealed = None
+        if words:
+            with suppress(KeyErased):
+                sealed = seal_text(self.sealer, conversation, f"{turn}:reason", words)
+        return AssistantTurnEnded(conversation=conversation, turn=turn, state=state,
+                                  end_reason=end_reason, reason_code=code, sealed_reason=sealed)
 
     # --- assistant-extraction --------------------------------------------------------------
 

@@ -22,6 +22,7 @@ from consumers.conversations.sequencer import ConversationSequencer
 from consumers.conversations.turns import ConcernAgent, Turns
 from consumers.engine import AgentSpec, CancelToken
 from consumers.frame.context import WorkerContext
+from streams.crashpoints import CrashPoints
 from streams.envelope import Envelope
 from streams.topics import CONVERSATIONS, ISSUES
 
@@ -47,10 +48,11 @@ class Conversations:
             index = IssueIndex()
             follower = ctx.follow(ISSUES, index.apply, "issues")
             self.issues = FollowedIssues(index, follower.fresh)
-        ctx.aggregate(ConversationSequencer())
+        ctx.aggregate(ConversationSequencer(ctx.settings.turn_deadline_s))
         self.turns = Turns(ctx.publisher, ctx.table("transcript_index"), ctx.sealer,
                            self._agent or self.concern_agent, ctx.log_reader,
-                           ctx.settings.history_read_bytes)
+                           ctx.settings.history_read_bytes,
+                           CrashPoints.parse(ctx.settings.test_crash_at))
         ctx.workflow(self.turns.definition)
         ctx.wire(CONVERSATIONS, self._on_record)
 
@@ -73,5 +75,6 @@ class Conversations:
         agents = self.ctx.agents
         sink = ReplyStream(agents.sink(turn, sealed=True, tenant=tenant), self.ctx.publisher,
                            self.ctx.sealer, conversation, turn, tenant)
-        return await run_concern_extraction(self.spec_for(tenant), agents.client_for(tenant), sink,
+        return await run_concern_extraction(self.spec_for(tenant),
+                                            agents.client_for(tenant, turn), sink,
                                             conversation, turn, attempt, history, cancel)

@@ -5,18 +5,27 @@ returns the records to append and the answer (``consumers.frame`` does the rest)
 calls a model and never opens sealed content. Deterministic, so a command replayed after a
 crash yields the same records with the same seqs, which readers dedupe by
 ``(conversation, seq)``.
+
+Every turn it opens has a deadline (``VOICE_TURN_DEADLINE_S`` after its message): it stays in
+``open_turns`` until a terminal ``TurnStateChanged`` ends it, and ``overdue`` names the open
+turns past their deadline, for the worker's janitor to submit as ``ExpireTurn``. A turn ends
+once: results of a turn that is no longer open (a late step, a re-run after the deadline)
+are refused, never appended.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from datetime import datetime, timedelta
 from typing import Any
 
 from consumers.frame import Ack, Aggregate, AggregateState, Decision, append, remember
+from schemas.base import Record
 from schemas.conversation import (
     ConversationErased,
     ConversationStarted,
     EraseConversation,
+    ExpireTurn,
     HistorySummarised,
     MessageRecorded,
     ProposalRecorded,
@@ -27,10 +36,12 @@ from schemas.conversation import (
     TurnStateChanged,
 )
 from streams.envelope import Envelope
-from streams.ids import turn_id
+from streams.ids import parse_turn, turn_id
 from streams.topics import CONVERSATIONS
 
 SOURCE = "/voice/sequencer"
+DEADLINE_EXCEEDED = "DEADLINE_EXCEEDED"
+TERMINAL = ("Replied", "CouldNotInterpret")
 
 
 @dataclass(kw_only=True)
@@ -41,6 +52,11 @@ class ConversationState(AggregateState):
     erased: bool = False
     commands: dict[str, dict[str, Any]] = field(default_factory=dict)
     """command id or ``idem:<key>`` → the acknowledgement it got."""
+    open_turns: dict[str, str] = field(default_factory=dict)
+    """Each turn not yet ended → its deadline (ISO-8601)."""
+    tracked_from: int = 0
+    """The first message seq whose turn is tracked in ``open_turns``: a state written before
+    turns had deadlines takes results of its older turns as it always did."""
 
 
 class ConversationSequencer(Aggregate[ConversationState]):
@@ -52,7 +68,26 @@ class ConversationSequencer(Aggregate[ConversationState]):
     log = CONVERSATIONS
     source = SOURCE
     commands = (StartConversation, SendMessage, EraseConversation, ReplyRecorded,
-                ProposalRecorded, TurnStateChanged, HistorySummarised)
+                ProposalRecorded, TurnStateChanged, HistorySummarised, ExpireTurn)
+
+    def __init__(self, turn_deadline_s: float = 900.0) -> None:
+        """``turn_deadline_s`` is ``VOICE_TURN_DEADLINE_S``."""
+        self.turn_deadline_s = turn_deadline_s
+
+    def load(self, raw: dict[str, Any] | None) -> ConversationState | None:
+        state: ConversationState | None = super().load(raw)
+        if state is not None and raw is not None and "open_turns" not in raw:
+            state.tracked_from = state.seq + 1  # written before turns had deadlines
+        return state
+
+    def overdue(self, key: str, stored: dict[str, Any], now: datetime) -> list[Record]:
+        """``ExpireTurn`` for each open turn past its deadline at ``now``, read from the
+        stored state as it is (the janitor asks for every conversation it owns, each pass)."""
+        if stored.get("erased"):
+            return []
+        return [ExpireTurn(conversation=key, turn=turn)
+                for turn, deadline in (stored.get("open_turns") or {}).items()
+                if datetime.fromisoformat(deadline) <= now]
 
     def decide(self, state: ConversationState | None, cmd: Envelope
                ) -> Decision[ConversationState]:
@@ -82,6 +117,8 @@ class ConversationSequencer(Aggregate[ConversationState]):
                                 text=rec.text, at=at),
                 TurnRequested(conversation=rec.conversation, turn=turn, message_seq=msg_seq),
                 TurnStateChanged(conversation=rec.conversation, turn=turn, state="Thinking"))
+            state.open_turns[turn] = (cmd.time + timedelta(seconds=self.turn_deadline_s)
+                                      ).isoformat()
             ack = Ack.accepted(msg_seq, turn=turn, at=at)
             if idem:
                 remember(state.commands, idem, ack.memo())
@@ -90,12 +127,36 @@ class ConversationSequencer(Aggregate[ConversationState]):
         if isinstance(rec, (ReplyRecorded, ProposalRecorded, TurnStateChanged,
                             HistorySummarised)):
             # Results of a turn, submitted by the turn worker through the commands topic.
+            if not _open(state, rec.turn):
+                return Decision(state, ack=Ack.rejected(f"turn {rec.turn!r} has ended"))
             records = append(state, rec)
+            if isinstance(rec, TurnStateChanged) and rec.state in TERMINAL:
+                state.open_turns.pop(rec.turn, None)
+            return Decision(state, records, Ack.accepted(state.seq))
+
+        if isinstance(rec, ExpireTurn):
+            deadline = state.open_turns.get(rec.turn)
+            if deadline is None or cmd.time < datetime.fromisoformat(deadline):
+                return Decision(state)  # ended meanwhile (or not due): nothing to do
+            del state.open_turns[rec.turn]
+            # A code, no words: decide never seals (and the deadline quotes nobody).
+            records = append(state, TurnStateChanged(
+                conversation=rec.conversation, turn=rec.turn, state="CouldNotInterpret",
+                reason_code=DEADLINE_EXCEEDED))
             return Decision(state, records, Ack.accepted(state.seq))
 
         if isinstance(rec, EraseConversation):
             records = append(state, ConversationErased(conversation=rec.conversation))
             state.erased = True
+            state.open_turns.clear()
             return Decision(state, records, Ack.accepted(state.seq))
 
         return Decision(state, ack=Ack.rejected(f"not a conversation command: {cmd.type}"))
+
+
+def _open(state: ConversationState, turn: str) -> bool:
+    """Whether ``turn`` may still record results: open, or older than the tracking."""
+    if turn in state.open_turns:
+        return True
+    parsed = parse_turn(turn)
+    return parsed is not None and parsed[1] < state.tracked_from

@@ -25,7 +25,7 @@ from consumers.conversations.concern import ConcernReply
 from consumers.engine.cancel import CancelToken
 from consumers.frame.logrefs import LogReader, LogUnavailable, Position, recent
 from consumers.workflows.engine import StepContext, StepDef, WorkflowDef, WorkflowState
-from consumers.workflows.runtime import StepError
+from consumers.workflows.runtime import StepError, failure_words
 from schemas.base import Record, Sealed
 from schemas.conversation import (
     ConversationErased,
@@ -37,7 +37,9 @@ from schemas.conversation import (
     TurnStateChanged,
 )
 from schemas.workflow import WorkflowStarted
+from streams.crashpoints import CrashPoints
 from streams.envelope import Envelope
+from streams.free_text import seal_text
 from streams.producer import Publisher
 from streams.sealing import KeyErased, Sealer
 from streams.topics import COMMANDS, CONVERSATIONS, WORKFLOWS
@@ -195,25 +197,26 @@ class Turns:
     """Keeps each conversation's transcript index, starts turn workflows, runs their step."""
 
     def __init__(self, publisher: Publisher, index: Any, sealer: Sealer, agent: ConcernAgent,
-                 reader: LogReader, read_bytes: int) -> None:
+                 reader: LogReader, read_bytes: int, crash: CrashPoints | None = None) -> None:
         """``index`` is the table of ``TranscriptIndex`` values; ``reader`` fetches the
-        records a turn refers to; ``read_bytes`` is ``VOICE_HISTORY_READ_BYTES``."""
+        records a turn refers to; ``read_bytes`` is ``VOICE_HISTORY_READ_BYTES``; ``crash``
+        the test-only crash points."""
         self.publisher = publisher
         self.index = index
         self.sealer = sealer
         self.agent = agent
         self.reader = reader
         self.read_bytes = read_bytes
+        self.crash = crash or CrashPoints()
         self.definition = WorkflowDef(KIND, (StepDef("reply", self.reply_step),),
-                                      on_end=self.on_end)
+                                      on_end=self.on_end, sealed_by=lambda i: i["conversation"])
 
     async def on_conversation_record(self, env: Envelope, partition: int, offset: int) -> None:
         """Index the record at ``partition``/``offset``; start the workflow of each
         requested turn (again on a redelivery: its start is idempotent)."""
         rec = env.record
         if isinstance(rec, ConversationErased):
-            self.index.pop(env.key, None)
-            self.sealer.purge(env.key)
+            self.index.pop(env.key, None)  # its key goes with its tombstone (docs/keys.md)
             return
         index = TranscriptIndex.from_dict(self.index.get(env.key))
         if isinstance(rec, TurnRequested):
@@ -260,19 +263,20 @@ class Turns:
                 through_seq=seqs[reply.summary.summary_through - 1],
                 text=self.sealer.seal(conversation, summary_id, reply.summary.text)))
         if reply.cancelled:
-            await self._submit(conversation, turn, tenant, "state", TurnStateChanged(
-                conversation=conversation, turn=turn, state="CouldNotInterpret",
-                reason=f"the turn was {reply.cancelled}"))
+            await self._submit(conversation, turn, tenant, "state", self._ended(
+                conversation, turn, "cancelled", f"the turn was {reply.cancelled}"))
             return {"state": "CouldNotInterpret", "cancelled": True}
         if reply.could_not_interpret:
-            await self._submit(conversation, turn, tenant, "state", TurnStateChanged(
-                conversation=conversation, turn=turn, state="CouldNotInterpret",
-                reason=f"the agent could not interpret the message: {reply.could_not_interpret}"))
+            # The model's words, which may quote the participant: sealed, never plain.
+            await self._submit(conversation, turn, tenant, "state", self._ended(
+                conversation, turn, "could_not_interpret",
+                f"the agent could not interpret the message: {reply.could_not_interpret}"))
             return {"state": "CouldNotInterpret"}
         reply_id = f"{turn}:reply"
         await self._submit(conversation, turn, tenant, "reply", ReplyRecorded(
             conversation=conversation, turn=turn, reply_id=reply_id,
             text=self.sealer.seal(conversation, reply_id, reply.text or "…")))
+        self.crash.hit("after_reply", turn)
         if reply.proposal is not None:
             proposal_id = f"{turn}:proposal"
             await self._submit(conversation, turn, tenant, "proposal", ProposalRecorded(
@@ -290,10 +294,19 @@ class Turns:
             return
         conversation, turn = state.input["conversation"], state.input["turn"]
         await self._submit(conversation, turn, state.input.get("tenant"), "state",
-                           TurnStateChanged(conversation=conversation, turn=turn,
-                                            state="CouldNotInterpret",
-                                            reason=f"the turn failed after {state.attempt} "
-                                                   f"attempts: {state.last_error}"))
+                           self._ended(conversation, turn, "step_failed",
+                                       f"the turn failed after {state.attempt} attempts: "
+                                       f"{failure_words(self.sealer, state)}"))
+
+    def _ended(self, conversation: str, turn: str, code: str, words: str) -> TurnStateChanged:
+        """A ``CouldNotInterpret`` end: ``code`` plain, ``words`` sealed with the
+        conversation's key (an erased conversation keeps the code alone)."""
+        try:
+            sealed = seal_text(self.sealer, conversation, f"{turn}:reason", words)
+        except KeyErased:
+            sealed = None
+        return TurnStateChanged(conversation=conversation, turn=turn, state="CouldNotInterpret",
+                                reason_code=code, sealed_reason=sealed)
 
     async def _submit(self, conversation: str, turn: str, tenant: str | None, part: str,
                       record: Record) -> None:

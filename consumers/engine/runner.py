@@ -12,6 +12,7 @@ over the budget (``TOKEN_QUOTA_EXCEEDED``).
 
 from __future__ import annotations
 
+import asyncio
 from collections.abc import Callable
 from typing import Any
 
@@ -20,9 +21,16 @@ from consumers.engine.cancel import CancelToken
 from consumers.engine.client import ModelSettings, model_client
 from consumers.engine.effects import SOURCE, EffectSink, KafkaEffectSink, RecordSender
 from consumers.engine.loop import run_turn
-from consumers.engine.model import ModelPort, as_model_port
+from consumers.engine.model import (
+    ModelPort,
+    ModelRequest,
+    ModelResponse,
+    StreamCallbacks,
+    as_model_port,
+)
 from consumers.engine.tools import ToolRegistry
 from consumers.engine.types import AgentSpec, TurnInput, TurnResult
+from streams.crashpoints import CrashPoints
 from streams.sealing import Sealer
 from streams.settings import VoiceSettings
 
@@ -42,6 +50,7 @@ class AgentRunner:
         self._port: ModelPort | None = None
         self.budget = TokenBudget(settings.quota_tenant_tokens_per_day,
                                   max_tenants=settings.quota_tracked_keys)
+        self.crash = CrashPoints.parse(settings.test_crash_at)
 
     @property
     def client(self) -> Any:
@@ -50,12 +59,16 @@ class AgentRunner:
             self._client = model_client(self.settings, self._model or ModelSettings())
         return self._client
 
-    def client_for(self, tenant: str | None) -> ModelPort:
+    def client_for(self, tenant: str | None, workflow: str = "") -> ModelPort:
         """The model port of one turn of ``tenant`` (the default tenant when unknown): counts
-        its tokens against the tenant's budget, and refuses the turn if it is spent."""
+        its tokens against the tenant's budget, and refuses the turn if it is spent.
+        ``workflow`` names the turn's workflow (for the test-only crash points)."""
         if self._port is None:
             self._port = as_model_port(self.client)
-        return self.budget.port(self._port, tenant or self.settings.default_tenant)
+        port = self.budget.port(self._port, tenant or self.settings.default_tenant)
+        if self.crash.armed("model_call", workflow):
+            return CrashDuringCall(port, self.crash, workflow)
+        return port
 
     @property
     def producer(self) -> RecordSender:
@@ -82,3 +95,19 @@ class AgentRunner:
                   cancel: CancelToken | None = None, tenant: str | None = None) -> TurnResult:
         """One agent turn of ``tenant`` on the turn loop; returns once every effect is durable."""
         return await run_turn(spec, turn_input, self.client_for(tenant), sink, cancel)
+
+
+class CrashDuringCall:
+    """Tests only (``VOICE_TEST_CRASH_AT=model_call@…``): the worker dies while a model call
+    of the workflow is in flight, before the step has seen its answer."""
+
+    IN_FLIGHT_S = 0.5
+
+    def __init__(self, inner: ModelPort, crash: CrashPoints, workflow: str) -> None:
+        self.inner, self.crash, self.workflow = inner, crash, workflow
+
+    async def stream(self, request: ModelRequest, callbacks: StreamCallbacks) -> ModelResponse:
+        call = asyncio.ensure_future(self.inner.stream(request, callbacks))
+        await asyncio.wait([call], timeout=self.IN_FLIGHT_S)
+        self.crash.hit("model_call", self.workflow)
+        return await call

@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Awaitable, Callable
+from datetime import UTC, datetime
 from typing import Any, Protocol
 
 import faust
@@ -28,6 +29,7 @@ from consumers.frame.aggregate import Ack, Aggregate
 from consumers.frame.bounded import BoundedTable
 from consumers.frame.failures import Halt, RawDispatch, RecordGuard, consume
 from consumers.frame.follow import Apply, Follower
+from consumers.frame.janitor import Janitor
 from consumers.frame.logrefs import KafkaLogReader
 from consumers.frame.writer import Raw, Writer, acknowledgement
 from consumers.intake import decode_or_dead_letter, decode_or_none
@@ -75,6 +77,7 @@ def faust_app(settings: VoiceSettings) -> faust.App:
         # poll loop (steps run as tasks), so these can stay short.
         broker_session_timeout=10,
         broker_heartbeat_interval=2,
+        broker_max_poll_interval=settings.worker_max_poll_interval_s,
         # A running workflow step holds its record unacknowledged (its lease) until the step's
         # outcome record is consumed. Faust's default waits for every unacknowledged record
         # before a rebalance, while consuming nothing — so a rebalance during a step (a worker
@@ -99,8 +102,11 @@ class WorkerContext:
         self.log_reader = KafkaLogReader(settings)
         """Reads an aggregate's records back by position (what a step's input refers to)."""
         self.on_shutdown(self.log_reader.close)
-        self.runtime = WorkflowRuntime(settings, self.table("workflows"), self.publisher)
+        self.runtime = WorkflowRuntime(settings, self.table("workflows"), self.publisher,
+                                       self.sealer)
         self.writer = Writer(self.publisher, topic_name(settings, COMMANDS))
+        self.janitor = Janitor(settings.topic_partitions)
+        """Ends the turns of this worker's aggregates that are past their deadline."""
         self.products: list[Product] = []
         self.retry_policy = RetryPolicy.from_settings(settings)
         self.guards: dict[str, RecordGuard] = {}
@@ -136,6 +142,7 @@ class WorkerContext:
         """Make the writer run ``agg`` for its command types; returns its table."""
         table = self.table(agg.name)
         self.writer.register(agg, table)
+        self.janitor.watch(agg, table)
         return table
 
     def workflow(self, *definitions: WorkflowDef) -> None:
@@ -233,13 +240,15 @@ class WorkerContext:
     async def _forward_workflow_command(self, env: Envelope) -> None:
         rec = env.record
         assert isinstance(rec, WorkflowCommandReceived)
-        # Forward to the workflow's own log, where its single owner applies it; the runtime
-        # dedupes by command id, so "accepted" means "on the workflow's log".
+        # Forward to the workflow's own log, where its single owner decides it and answers
+        # (``consumers.workflows.commands``): the edge learns accepted or refused and why.
+        # A cancel is a signal, not a decision — answered here, once it is on that log.
         await self.publisher.send(WORKFLOWS, Envelope(
             record=rec, key=rec.workflow, source=SOURCE, subject=rec.workflow,
             tenant=env.tenant, correlation=env.correlation, causation=env.id, id=env.id))
-        await self.publisher.send(ACKS, acknowledgement(
-            env, Ack.accepted(None, workflow=rec.workflow, command=rec.command), SOURCE))
+        if rec.command == "cancel":
+            await self.publisher.send(ACKS, acknowledgement(
+                env, Ack.accepted(None, workflow=rec.workflow, command=rec.command), SOURCE))
 
     async def _on_workflow_record(self, env: Envelope, event: Any) -> None:
         await self.runtime.handle(env, event.ack, event.message.tp, event.message.offset)
@@ -257,6 +266,18 @@ class WorkerContext:
                     record=LeaseCheck(workflow=workflow), key=workflow, source=SOURCE,
                     subject=workflow, correlation=workflow))
 
+        @self.app.timer(self.settings.janitor_interval_s)
+        async def _janitor() -> None:
+            # Turns past their deadline, of the aggregates whose writer runs here.
+            topic = topic_name(self.settings, COMMANDS)
+            active = {tp.partition for tp in self.app.assignor.assigned_actives()
+                      if tp.topic == topic}
+            try:
+                for env in self.janitor.due(active, datetime.now(UTC)):
+                    await self.publisher.send(COMMANDS, env)
+            except Exception:  # the next pass tries again; the timer must not die
+                log.exception("the janitor's pass failed")
+
         @self.app.on_partitions_assigned.connect
         async def _assigned(app: Any, assigned: set[Any], **kw: Any) -> None:  # noqa: ARG001
             self.runtime.keep_only(set(assigned))
@@ -268,3 +289,4 @@ class WorkerContext:
             self.runtime.keep_only(set())
             if self._producer is not None:
                 self._producer.close()
+            self.sealer.close()

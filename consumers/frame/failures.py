@@ -30,6 +30,7 @@ from typing import Any
 
 from consumers.frame.writer import Raw
 from streams.dead_letters import send_dead_letter
+from streams.free_text import describe, trace_of
 from streams.producer import RecordProducer
 from streams.retry import RetryPolicy, Sleep, attempt
 
@@ -62,16 +63,17 @@ class RecordGuard:
         failure, tries = await attempt(handle, self.policy, self._sleep)
         if failure is None:
             return True
+        # Described, not quoted: a failure's message may echo the record's values.
         reason = (f"{self.consumer} failed after {tries} attempt{'s' if tries > 1 else ''}: "
-                  f"{type(failure).__name__}: {failure}")
-        log.error("dead-lettering %s[%s]@%s: %s", raw.topic, raw.partition, raw.offset, reason,
-                  exc_info=failure)
+                  f"{describe(failure)}")
+        log.error("dead-lettering %s[%s]@%s: %s\n%s", raw.topic, raw.partition, raw.offset,
+                  reason, trace_of(failure))
         send = functools.partial(send_dead_letter, self._producer(), raw.topic, raw.partition,
                                  raw.offset, raw.key, raw.value, raw.headers, reason)
         lost, _ = await attempt(send, self.policy, self._sleep)
         if lost is not None:
             raise Halt(f"{raw.topic}[{raw.partition}]@{raw.offset} could be neither processed "
-                       f"({reason}) nor dead-lettered ({type(lost).__name__}: {lost})"
+                       f"({reason}) nor dead-lettered ({describe(lost)})"
                        ) from lost
         self.dead_lettered += 1
         return False

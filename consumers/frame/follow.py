@@ -24,6 +24,7 @@ from typing import Any
 from confluent_kafka import OFFSET_BEGINNING, Consumer, TopicPartition
 
 from streams.envelope import DecodeError, Envelope, decode
+from streams.free_text import describe, trace_of
 from streams.settings import VoiceSettings
 from streams.topics import TopicSpec, topic_name
 
@@ -131,9 +132,11 @@ class Follower:
             return
         try:
             self.apply(env)
-        except Exception:
+        except Exception as exc:
             self.skipped += 1
-            log.exception("follower %s could not apply %s; skipped", self.name, where)
+            # Described with where it was raised, not quoted: it may echo the record's values.
+            log.error("follower %s could not apply %s; skipped: %s\n%s", self.name, where,
+                      describe(exc), trace_of(exc))
 
     def _answer(self, consumer: Consumer, parts: list[int]) -> None:
         """Give new ``fresh`` callers their targets; wake those whose targets are reached."""

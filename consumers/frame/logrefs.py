@@ -18,7 +18,7 @@ import asyncio
 import threading
 import time
 import uuid
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any, Protocol
 
@@ -52,7 +52,9 @@ class Position:
 
 class LogUnavailable(Exception):
     """The records cannot be read: not on the log as indexed (``retryable=False``), or the
-    broker did not answer in time (``retryable=True``)."""
+    broker did not answer in time (``retryable=True``). Its message names positions."""
+
+    plain_message = True
 
     def __init__(self, message: str, retryable: bool) -> None:
         super().__init__(message)
@@ -66,6 +68,22 @@ class LogReader(Protocol):
                    positions: Sequence[Position]) -> list[Envelope]:
         """The records at ``positions``, in that order; ``LogUnavailable`` if one is not
         there or is not the indexed seq of ``key``."""
+
+    async def scan(self, spec: TopicSpec, partition: int, key: str, start: int,
+                   through: int) -> list[Envelope]:
+        """``key``'s records from offset ``start`` on, each seq once, in seq order, up to
+        and including seq ``through``; ``LogUnavailable`` if the log ends before it."""
+
+
+def scan_span(found: dict[int, Envelope], env: Envelope, key: str, through: int) -> bool:
+    """Keep ``env`` in ``found`` (by seq) if it is ``key``'s and within ``through``; whether
+    the scan is done (seq ``through`` seen). A record written twice (a writer that crashed
+    before its table write) is kept once."""
+    if env.key != key or env.seq is None:
+        return False
+    if env.seq <= through:
+        found.setdefault(env.seq, env)
+    return env.seq >= through
 
 
 def recent(entries: list[dict[str, Any]], budget: int, keep: int = 1,
@@ -135,6 +153,47 @@ def fetch_records(c: Consumer, topic: str, partition: int, key: str,
     return [found[p.offset] for p in positions]
 
 
+def scan_records(c: Consumer, topic: str, partition: int, key: str, start: int,
+                 through: int, timeout: float = 30.0) -> list[Envelope]:
+    """``LogReader.scan`` on the broker (blocking) with consumer ``c``: assigned at
+    ``start`` (or the log's first offset, if later), reading on until ``key``'s seq
+    ``through``; unassigned after. What it keeps is the caller's to bound (it asked for that
+    span); no record of another key is kept."""
+    where = f"{topic}[{partition}]"
+    found: dict[int, Envelope] = {}
+    if through < 1:
+        return []
+    deadline = time.monotonic() + timeout
+    try:
+        low, high = c.get_watermark_offsets(TopicPartition(topic, partition), timeout=timeout)
+        start = max(start, low)
+        c.assign([TopicPartition(topic, partition, start)])
+        offset = start - 1
+        while True:
+            if offset >= high - 1:
+                raise LogUnavailable(f"{where} ends at {high} before seq {through} of {key!r} "
+                                     f"(read from {start})", retryable=False)
+            if time.monotonic() > deadline:
+                raise LogUnavailable(f"could not read {where} from {start} to seq {through} of "
+                                     f"{key!r} in {timeout:.0f} s", retryable=True)
+            for msg in _next_batch(c):
+                err = msg.error()
+                if err is not None:
+                    if err.fatal() or err.code() == KafkaError._AUTO_OFFSET_RESET:
+                        raise LogUnavailable(f"cannot read {where}@{start}: {err.str()}",
+                                             retryable=False)
+                    continue
+                offset = msg.offset()
+                try:
+                    env = decode(msg.key(), msg.value(), msg.headers())
+                except DecodeError:
+                    continue  # not a record (dead-lettered by its consumer); not ``key``'s
+                if scan_span(found, env, key, through):
+                    return [found[s] for s in sorted(found)]
+    finally:
+        c.unassign()
+
+
 def _next_batch(c: Consumer) -> list[Any]:
     """What has arrived, or else the first record to arrive within 0.2 s. Not
     ``consume(n, timeout)`` alone: it waits out its whole timeout unless ``n`` records come,
@@ -188,11 +247,11 @@ class KafkaLogReader:
                 return
         c.close()
 
-    def _read(self, topic: str, partition: int, key: str,
-              positions: list[Position]) -> list[Envelope]:
+    def _using(self, fn: Callable[..., list[Envelope]], *args: Any) -> list[Envelope]:
+        """``fn(consumer, *args)`` with a kept consumer (a new one if none is idle)."""
         c = self._take()
         try:
-            out = fetch_records(c, topic, partition, key, positions, self.timeout)
+            out = fn(c, *args)
         except BaseException:
             c.close()
             raise
@@ -201,8 +260,9 @@ class KafkaLogReader:
 
     async def read(self, spec: TopicSpec, partition: int, key: str,
                    positions: Sequence[Position]) -> list[Envelope]:
-        return await asyncio.to_thread(self._read, topic_name(self.settings, spec), partition,
-                                       key, list(positions))
+        return await asyncio.to_thread(self._using, fetch_records,
+                                       topic_name(self.settings, spec), partition, key,
+                                       list(positions), self.timeout)
 
     def close(self) -> None:
         """Close the idle consumers (the worker is stopping)."""
@@ -210,6 +270,12 @@ class KafkaLogReader:
             idle, self._idle = self._idle, []
         for c in idle:
             c.close()
+
+    async def scan(self, spec: TopicSpec, partition: int, key: str, start: int,
+                   through: int) -> list[Envelope]:
+        return await asyncio.to_thread(self._using, scan_records,
+                                       topic_name(self.settings, spec), partition, key, start,
+                                       through, 3 * self.timeout)
 
 
 class MemoryLogReader:
@@ -241,3 +307,14 @@ class MemoryLogReader:
                                      retryable=False)
             out.append(env)
         return out
+
+    async def scan(self, spec: TopicSpec, partition: int, key: str, start: int,
+                   through: int) -> list[Envelope]:
+        found: dict[int, Envelope] = {}
+        if through < 1:
+            return []
+        for env in self.logs.get((spec.name, partition), [])[start:]:
+            if scan_span(found, env, key, through):
+                return [found[s] for s in sorted(found)]
+        raise LogUnavailable(f"{spec.name}[{partition}] ends before seq {through} of {key!r}",
+                             retryable=False)

@@ -51,6 +51,7 @@ from consumers.intake import dead_letter, decode_or_dead_letter
 from schemas.base import Record
 from schemas.system import CommandAcknowledged
 from streams.envelope import Envelope
+from streams.free_text import describe, trace_of
 from streams.producer import ProduceError, RecordProducer, deliver_all
 from streams.retry import Unprocessable
 from streams.topics import ACKS, TopicSpec
@@ -59,6 +60,12 @@ log = logging.getLogger(__name__)
 
 Output = tuple[TopicSpec, Envelope]
 Handler = Callable[[Envelope], Awaitable[None]]
+
+
+class SeqMismatch(ValueError):
+    """A ``decide`` returned records it did not ``append`` (a bug in that aggregate)."""
+
+    plain_message = True  # names the aggregate and seqs, never the command's values
 
 
 class Publishing(Protocol):
@@ -84,10 +91,18 @@ class Raw:
 
 def acknowledgement(cmd: Envelope, ack: Ack, source: str) -> Envelope:
     """The ``CommandAcknowledged`` of ``cmd`` (key = command id) the edge waits on."""
-    rec = CommandAcknowledged(command_id=cmd.id, aggregate=cmd.key, outcome=ack.outcome,
+    return answer_to(cmd.id, cmd.key, cmd.tenant, cmd.correlation, ack, source)
+
+
+def answer_to(command_id: str, aggregate: str, tenant: str | None, correlation: str | None,
+              ack: Ack, source: str) -> Envelope:
+    """``acknowledgement`` of a command known by its fields (one decided after its record was
+    handled: a workflow's queued command)."""
+    rec = CommandAcknowledged(command_id=command_id, aggregate=aggregate, outcome=ack.outcome,
                               seq=ack.seq, detail=ack.detail)
-    return Envelope(record=rec, key=cmd.id, source=source, subject=cmd.key, tenant=cmd.tenant,
-                    correlation=cmd.correlation, causation=cmd.id, id=f"{cmd.id}-ack")
+    return Envelope(record=rec, key=command_id, source=source, subject=aggregate,
+                    tenant=tenant, correlation=correlation, causation=command_id,
+                    id=f"{command_id}-ack")
 
 
 def appended(agg: Aggregate[Any], cmd: Envelope, decision: Decision[Any]) -> list[Output]:
@@ -127,7 +142,7 @@ def apply(agg: Aggregate[Any], state: Any, cmd: Envelope
         before = 0 if state is None else state.seq
         after = -1 if decision.state is None else decision.state.seq
         if after != before + len(decision.records):  # a decide that did not ``append`` them
-            raise ValueError(f"{agg.name}: {len(decision.records)} records took seq "
+            raise SeqMismatch(f"{agg.name}: {len(decision.records)} records took seq "
                              f"{before!r} to {after!r}")
     if decision.state is not None and decision.state.tenant is None:
         decision.state.tenant = cmd.tenant  # made now (or before tenants were recorded)
@@ -203,8 +218,9 @@ class Writer:
         try:
             new, records, ack = apply(agg, state, cmd)
         except Exception as exc:  # a command that cannot be decided never stops the writer
-            reason = f"{agg.name} could not decide {cmd.type!r}: {type(exc).__name__}: {exc}"
-            log.exception("dead-lettering command %s (%s)", cmd.id, reason)
+            # Described, not quoted: an exception may echo the command's values.
+            reason = f"{agg.name} could not decide {cmd.type!r}: {describe(exc)}"
+            log.error("dead-lettering command %s (%s)\n%s", cmd.id, reason, trace_of(exc))
             await self._dead_letter(cmd, reason, raw)
             return
         try:
@@ -228,7 +244,7 @@ class Writer:
         dead-letter topic with the reason and is answered rejected, retryable: a retry is
         decided afresh, under new seqs.
         """
-        reason = f"{agg.name} could not record {cmd.type!r}: {exc}"
+        reason = f"{agg.name} could not record {cmd.type!r}: {describe(exc)}"
         log.error("command %s not recorded: %s", cmd.id, reason)
         if state is not None and new is not None:
             state.seq = new.seq  # ``apply`` decided on a copy: this is still the stored state

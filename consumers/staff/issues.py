@@ -12,7 +12,15 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
-from consumers.frame import MAX_REMEMBERED, Ack, Aggregate, AggregateState, Decision, append
+from consumers.frame import (
+    MAX_REMEMBERED,
+    Ack,
+    Aggregate,
+    AggregateState,
+    Decision,
+    append,
+    remember,
+)
 from schemas.base import Record
 from schemas.staff import (
     ISSUE_COMMANDS,
@@ -37,19 +45,32 @@ from streams.envelope import Envelope
 from streams.topics import ISSUES
 
 SOURCE = "/voice/issue-writer"
+MAX_FOLLOWS = 1024
+"""Follow states the writer remembers per issue (see ``IssueState.follows``)."""
 
 
 @dataclass(kw_only=True)
 class IssueState(AggregateState):
     """What the writer keeps per issue (a Faust table value, as a dict)."""
 
-    followers: list[str] = field(default_factory=list)
+    follows: dict[str, bool] = field(default_factory=dict)
+    """Whether each of the most recent ``MAX_FOLLOWS`` participants to follow or unfollow
+    follows now: a repeat among them records nothing. Not every follower — that would make
+    this value (a changelog record) grow with them; readers fold the log's follow records,
+    so a repeat older than the memory recording again changes nothing."""
     developments: int = 0
     investigations: dict[str, str] = field(default_factory=dict)
     """investigation id → ``suggested`` | ``open``"""
     ended: list[str] = field(default_factory=list)
     """Developments whose delivery ended (each is recorded once)."""
     commands: dict[str, dict[str, Any]] = field(default_factory=dict)
+
+    @classmethod
+    def from_dict(cls, d: dict[str, Any] | None) -> Any:
+        if d is not None and "followers" in d:  # a value kept before ``follows``
+            d = dict(d)
+            d["follows"] = {p: True for p in d.pop("followers")[-MAX_FOLLOWS:]}
+        return super().from_dict(d)
 
 
 def _done(state: IssueState, records: list[Record], /, **detail: Any) -> Decision[IssueState]:
@@ -91,18 +112,14 @@ def _apply(state: IssueState, rec: Record, at: str) -> Decision[IssueState]:
         return _done(state, [EvidenceAdded(
             issue=rec.issue, evidence=rec.evidence, title=rec.title, body=rec.body, url=rec.url,
             added_by=rec.added_by, at=at)], evidence=rec.evidence)
-    if isinstance(rec, FollowIssue):
-        if rec.participant in state.followers:
-            return _done(state, [], following=1)
-        state.followers.append(rec.participant)
-        return _done(state, [FollowerAdded(issue=rec.issue, participant=rec.participant)],
-                     following=1)
-    if isinstance(rec, UnfollowIssue):
-        if rec.participant not in state.followers:
-            return _done(state, [], following=0)
-        state.followers.remove(rec.participant)
-        return _done(state, [FollowerRemoved(issue=rec.issue, participant=rec.participant)],
-                     following=0)
+    if isinstance(rec, FollowIssue | UnfollowIssue):
+        follow = isinstance(rec, FollowIssue)
+        if state.follows.get(rec.participant) is follow:
+            return _done(state, [], following=int(follow))
+        remember(state.follows, rec.participant, follow, MAX_FOLLOWS)
+        changed = FollowerAdded if follow else FollowerRemoved
+        return _done(state, [changed(issue=rec.issue, participant=rec.participant)],
+                     following=int(follow))
     if isinstance(rec, RecordDevelopment):
         state.developments += 1
         development = f"{rec.issue}:dev-{state.developments}"

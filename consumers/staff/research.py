@@ -1,8 +1,11 @@
 """The research workflow (id = run id): one step, the research-assistant agent with read-only
 tools over the issue, its evidence and the reasoning service.
 
-The workflow's input is the issue and its evidence as the edge saw them when staff asked, so
-the tools read only that input: a re-run (after a crash, or replayed) reads the same records.
+The workflow's input is the issue and a reference to its evidence as the edge saw it when
+staff asked — the span of the issue's log up to the seq the edge had read — and the step reads
+that span back (``consumers.frame.logrefs``), keeping the most recent ``MAX_EVIDENCE_READ``
+pieces; the tools read only those: a re-run (after a crash, or replayed) reads the same
+records. (A copy in the input made one record grow with the evidence, past the record bound.)
 Each suggestion keeps the agent's reason and the ids of the records it read — only ids that
 appeared in a tool result of this run, so an id the agent made up is not reported as read.
 A suggested investigation is submitted to the issue's writer as an investigation in state
@@ -17,14 +20,15 @@ from typing import Any
 from pydantic import BaseModel, Field
 
 from consumers.engine import Hint, Ok, Tool, ToolContext, ToolRegistry
+from consumers.frame.logrefs import LogReader
 from consumers.staff.reasoning import Reading, read_issue
 from consumers.staff.steps import Agents, StepDelays, fenced_json
 from consumers.workflows.engine import StepContext, StepDef, WorkflowDef
 from consumers.workflows.runtime import StepError
-from schemas.staff import SuggestInvestigation
+from schemas.staff import EvidenceAdded, SuggestInvestigation
 from streams.envelope import Envelope
 from streams.producer import Publisher
-from streams.topics import COMMANDS
+from streams.topics import COMMANDS, ISSUES
 
 KIND = "research"
 AGENT = "research-assistant"
@@ -123,18 +127,39 @@ def parse_suggestions(answer: str, seen: set[str]) -> dict[str, list[dict[str, A
     return out
 
 
+MAX_EVIDENCE_READ = 200
+"""Evidence a run reads (the most recent pieces as of the request)."""
+
+
 class Research:
     """The research workflow's definition and its one step."""
 
-    def __init__(self, out: Publisher, agents: Agents, delays: StepDelays) -> None:
+    def __init__(self, out: Publisher, agents: Agents, delays: StepDelays,
+                 log: LogReader) -> None:
         self.out = out
         self.agents = agents
         self.delays = delays
+        self.log = log
         self.definition = WorkflowDef(KIND, (StepDef("research", self.research_step),))
+
+    async def evidence(self, data: dict[str, Any]) -> list[dict[str, Any]]:
+        """The evidence the input names, read back from the issue's log (the latest
+        ``MAX_EVIDENCE_READ``); an input of before references carries it."""
+        ref = data.get("evidence") or []
+        if isinstance(ref, list):
+            return ref
+        if ref.get("partition") is None:
+            raise StepError("the run's input names no partition of the issue's log",
+                            retryable=False)
+        records = await self.log.scan(ISSUES, int(ref["partition"]), data["issue"]["issue"],
+                                      int(ref.get("opened") or 0), int(ref["through"]))
+        found = [r.record for r in records if isinstance(r.record, EvidenceAdded)]
+        return [{"evidence": e.evidence, "title": e.title, "body": e.body, "url": e.url,
+                 "added_by": e.added_by, "at": e.at} for e in found[-MAX_EVIDENCE_READ:]]
 
     async def research_step(self, ctx: StepContext) -> dict[str, Any]:
         """Run the agent over the input's issue; record suggestions and investigations."""
-        data = ctx.input
+        data = {**ctx.input, "evidence": await self.evidence(ctx.input)}
         issue = data["issue"]
         reading = read_issue(issue, data.get("evidence") or [])
         tools = _tools(data, reading)

@@ -10,6 +10,9 @@ everywhere else, flags included (an agent's reason may quote the text). Every st
 contribution's whole current state to the compacted ``voice.contributions``, rebuilt from the
 workflow's input and earlier outputs, so a re-run writes the same record again.
 
+A review is decided by the workflow, which answers it (``consumers.workflows.commands``):
+``answers`` says which review it would be, ``refuse`` holds the four-eyes rule.
+
 Outcome: rejected if any reviewer rejects; else the union of the redactions asked for (a
 ``redact`` without spans redacts every flagged span); ``approve`` asks for none.
 """
@@ -21,9 +24,10 @@ from typing import Any
 
 from consumers.staff.detectors import Flag, detect, merge_flags, redact
 from consumers.staff.steps import Agents, StepDelays, fenced_json
-from consumers.workflows.engine import Pause, StepContext, StepDef, WorkflowDef
+from consumers.workflows.engine import Pause, StepContext, StepDef, WorkflowDef, WorkflowState
 from schemas.base import Sealed
 from schemas.staff import ContributionRecorded, ReviewSummary
+from schemas.workflow import WorkflowCommandReceived
 from streams.envelope import Envelope
 from streams.producer import Publisher
 from streams.sealing import Sealer
@@ -77,6 +81,26 @@ def outcome(flags: list[dict[str, Any]], reviews: list[dict[str, Any]]
     return "published", spans
 
 
+REVIEWS = ("review", "second_review")
+
+
+def answers(state: WorkflowState, cmd: WorkflowCommandReceived) -> str:
+    """A review answers whichever review the workflow waits for: the reviewer asks to review
+    the contribution, the workflow knows whether theirs would be the first or the second."""
+    if cmd.command in REVIEWS and state.waiting_for in REVIEWS:
+        return state.waiting_for
+    return cmd.command
+
+
+def refuse(state: WorkflowState, cmd: WorkflowCommandReceived) -> str | None:
+    """Four eyes: the first reviewer cannot give the second review too."""
+    first = str((state.outputs.get("review") or {}).get("by"))
+    if state.waiting_for == "second_review" and str(cmd.by) == first:
+        return (f"reviewer {cmd.by!r} gave the first review of {state.workflow!r}; the second "
+                "review must come from a different reviewer")
+    return None
+
+
 def _review(cmd: dict[str, Any]) -> dict[str, Any]:
     return {"by": str(cmd["by"]), "decision": cmd.get("decision", "approve"),
             "redactions": list(cmd.get("redactions") or [])}
@@ -94,7 +118,9 @@ class Review:
         self.definition = WorkflowDef(KIND, (
             StepDef("flag", self.flag_step), StepDef("review", self.review_step),
             StepDef("second_review", self.second_review_step),
-            StepDef("publish", self.publish_step)))
+            StepDef("publish", self.publish_step)), answers=answers, refuse=refuse,
+            # A failure may quote the contribution: sealed under its key, erased with it.
+            sealed_by=lambda i: i["contribution"])
 
     def _text(self, ctx: StepContext) -> str:
         c = ctx.input["contribution"]
@@ -151,6 +177,7 @@ class Review:
         if cmd is None:
             return Pause("review")
         first = _review(cmd)
+        await self.delays.midpoint("review")
         await self._record(ctx, [first])
         return first
 

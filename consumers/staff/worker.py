@@ -38,9 +38,9 @@ class Staff:
         self.deliveries = ctx.table("staff_deliveries")
         delays = StepDelays.parse(ctx.settings.staff_step_delay_ms)
         agents = Agents(ctx.agents)
-        self.research = Research(self.out, agents, delays)
+        self.research = Research(self.out, agents, delays, ctx.log_reader)
         self.review = Review(self.out, ctx.sealer, agents, delays)
-        self.delivery = Delivery(self.out, delays)
+        self.delivery = Delivery(self.out, delays, ctx.log_reader)
         ctx.workflow(self.research.definition, self.review.definition, self.delivery.definition)
         ctx.wire(ISSUES, self._on_issue_record)
         # A second agent on ``voice.workflows`` (Faust hands each record to every agent of a
@@ -48,10 +48,10 @@ class Staff:
         ctx.wire(WORKFLOWS, self._on_workflow_record, agent_name="staff_workflow_watch",
                  dead_letter=False)
 
-    async def _on_issue_record(self, env: Envelope, event: Any) -> None:  # noqa: ARG002
+    async def _on_issue_record(self, env: Envelope, event: Any) -> None:
         """The developments consumer: start each issue's deliveries one at a time."""
         queue, start = apply_development(DeliveryQueue.from_dict(self.deliveries.get(env.key)),
-                                         env)
+                                         env, event.message.partition, event.message.offset)
         if start is not None:
             await self.out.send(WORKFLOWS, start)
         self.deliveries[env.key] = queue.to_dict()

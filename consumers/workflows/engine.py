@@ -5,8 +5,9 @@ and the lifecycle records to produce, with dense per-workflow seqs and ids deriv
 (``{workflow}:{seq}``), so a replayed transition produces identical records.
 
 Retries are immediate and bounded (``attempts``); a step that waits for someone outside Voice
-returns ``Pause`` and a command resumes it; a worker that died mid-step shows up as a running
-step no task holds, recorded as a failed attempt (``WorkerLost``) and retried elsewhere.
+returns ``Pause`` and a command resumes it (``consumers.workflows.commands`` decides each
+command and answers it); a worker that died mid-step shows up as a running step no task
+holds, recorded as a failed attempt (``WorkerLost``) and retried elsewhere.
 """
 
 from __future__ import annotations
@@ -17,7 +18,8 @@ from dataclasses import asdict, dataclass, field
 from typing import Any, Literal
 
 from consumers.engine.cancel import CancelToken
-from schemas.base import Record
+from consumers.frame.aggregate import Ack
+from schemas.base import Record, Sealed
 from schemas.workflow import (
     StepFailed,
     StepStarted,
@@ -72,6 +74,14 @@ class WorkflowDef:
     steps: tuple[StepDef, ...]
     on_end: Callable[[WorkflowState], Awaitable[None]] | None = None
     """Called once the workflow completed or failed (e.g. record the turn's outcome)."""
+    answers: Callable[[WorkflowState, WorkflowCommandReceived], str] | None = None
+    """Which pause a command answers, when not the one its name says (e.g. a ``review``
+    answers whichever of the two reviews the workflow waits for)."""
+    refuse: Callable[[WorkflowState, WorkflowCommandReceived], str | None] | None = None
+    """Why the workflow refuses a command that answers its pause (``None``: it takes it)."""
+    sealed_by: Callable[[dict[str, Any]], str | None] | None = None
+    """The aggregate (from the input) whose data key seals a failing step's message, which
+    may quote a model or a participant (``streams.free_text``); None keeps only its code."""
 
     def step(self, index: int) -> StepDef:
         return self.steps[index]
@@ -92,11 +102,24 @@ class WorkflowState:
     outputs: dict[str, dict[str, Any]] = field(default_factory=dict)
     commands: dict[str, dict[str, Any]] = field(default_factory=dict)
     seen_commands: list[str] = field(default_factory=list)
+    """Command ids applied before decisions were remembered (``decided``); kept for them."""
+    decided: dict[str, dict[str, Any]] = field(default_factory=dict)
+    """command id → its answer (outcome, seq, detail), the most recent ones."""
+    queued: list[dict[str, Any]] = field(default_factory=list)
+    """Commands received while running, decided when it next stops (``commands.settle``)."""
     waiting_for: str | None = None
     last_error: str | None = None
+    """Plain: the last failure's code (and Voice's own wording); its message is sealed."""
+    last_error_sealed: dict[str, Any] | None = None
+    """The last failure's message, ``Sealed`` as a dict, under ``sealed_by``'s key."""
+    sealed_by: str | None = None
     tenant: str | None = None
     """The tenant it runs for (its start's); its records carry it, other tenants' commands
     are ignored."""
+    settled: bool = True
+    """False from the moment it ended until its definition's ``on_end`` (the turn-over
+    bookkeeping) has run: the runtime runs it again for an ended, unsettled workflow, so a
+    worker dying in between never leaves a turn open."""
 
     def to_dict(self) -> dict[str, Any]:
         return copy.deepcopy(asdict(self))
@@ -104,6 +127,11 @@ class WorkflowState:
     @classmethod
     def from_dict(cls, d: dict[str, Any] | None) -> WorkflowState | None:
         return None if d is None else cls(**copy.deepcopy(d))
+
+
+def error_content_id(workflow: str, step_index: int, attempt: int) -> str:
+    """The content id a failed attempt's message is sealed for (``streams.free_text``)."""
+    return f"{workflow}/error/{step_index}/{attempt}"
 
 
 @dataclass(frozen=True)
@@ -124,6 +152,8 @@ class Transition:
     run_step: bool = False
     """True when the current step must be (re)started by a task."""
     ended: bool = False
+    answers: list[tuple[dict[str, Any], Ack]] = field(default_factory=list)
+    """Commands decided by this transition: where each answer goes, and the answer."""
 
 
 def _emit(t: Transition, record: Record) -> None:
@@ -162,23 +192,33 @@ def step_succeeded(wf: WorkflowDef, state: WorkflowState, output: dict[str, Any]
     return t
 
 
-def step_failed(wf: WorkflowDef, state: WorkflowState, error: str, error_type: str,
-                retryable: bool, max_attempts: int) -> Transition:
-    """Record the failure; retry at once while attempts remain, else fail the workflow."""
+def step_failed(wf: WorkflowDef, state: WorkflowState, error: str | None, error_type: str,
+                retryable: bool, max_attempts: int, sealed_error: Sealed | None = None,
+                sealed_by: str | None = None) -> Transition:
+    """Record the failure; retry at once while attempts remain, else fail the workflow.
+
+    ``error`` is plain text of Voice's own (or None); a message that may quote anyone's words
+    comes as ``sealed_error`` under ``sealed_by``'s key and stays sealed in every record and
+    in the state.
+    """
     t = Transition(copy.deepcopy(state))
     s = t.state
     name = wf.step(s.step_index).name
     s.failures += 1
-    s.last_error = f"{error_type}: {error}"
+    s.last_error = f"{error_type}: {error}" if error else error_type
+    s.last_error_sealed = sealed_error.model_dump() if sealed_error is not None else None
+    s.sealed_by = sealed_by if sealed_error is not None else None
     _emit(t, StepFailed(workflow=s.workflow, step=name, attempt=s.attempt, error=error,
-                        error_type=error_type, retryable=retryable))
+                        error_type=error_type, retryable=retryable, sealed_error=sealed_error,
+                        sealed_by=s.sealed_by))
     if retryable and s.failures < max_attempts:
         s.attempt += 1
         _start_step(t, wf)
     else:
         s.status = "failed"
         _emit(t, WorkflowFailed(workflow=s.workflow, step=name, error=s.last_error,
-                                attempts=s.attempt))
+                                attempts=s.attempt, error_type=error_type,
+                                sealed_error=sealed_error, sealed_by=s.sealed_by))
         t.ended = True
     return t
 
@@ -198,25 +238,10 @@ def worker_lost(wf: WorkflowDef, state: WorkflowState, max_attempts: int) -> Tra
                        True, max_attempts)
 
 
-def command(wf: WorkflowDef, state: WorkflowState, cmd: WorkflowCommandReceived) -> Transition:
-    """Apply a command: resume a paused workflow, or ``retry`` a failed one from its step.
-
-    A command id seen before changes nothing, so a duplicate command resumes once. A
-    ``cancel`` changes no state here: the runtime signals the running step, which ends.
-    """
-    t = Transition(copy.deepcopy(state))
+def resume(wf: WorkflowDef, t: Transition) -> None:
+    """Run the current step again: a pause answered, or a failed workflow retried."""
     s = t.state
-    if cmd.command_id in s.seen_commands:
-        return t
-    s.seen_commands.append(cmd.command_id)
-    if s.status == "paused" and cmd.command == s.waiting_for:
-        s.commands[cmd.command] = {"by": cmd.by, **cmd.payload}
-        s.status, s.waiting_for = "running", None
-        s.attempt, s.failures = 1, 0
-        _emit(t, WorkflowResumed(workflow=s.workflow, step=wf.step(s.step_index).name))
-        _start_step(t, wf)
-    elif s.status == "failed" and cmd.command == "retry":
-        s.status, s.attempt, s.failures, s.last_error = "running", 1, 0, None
-        _emit(t, WorkflowResumed(workflow=s.workflow, step=wf.step(s.step_index).name))
-        _start_step(t, wf)
-    return t
+    s.status, s.waiting_for = "running", None
+    s.attempt, s.failures = 1, 0
+    _emit(t, WorkflowResumed(workflow=s.workflow, step=wf.step(s.step_index).name))
+    _start_step(t, wf)

@@ -9,12 +9,22 @@ partition's next owner re-reads from the held record, finds the step running wit
 holding it, records the lost attempt and runs the step again. That is the lease.
 
 Order inside one transition, per workflow under a lock: produce the records (and wait for the
-broker's acks) → write the table → start the step task → acknowledge the input record.
+broker's acks) → write the table → answer the commands it decided (``CommandAcknowledged``,
+delivery not awaited, as the writer's: what it announces is durable) → start the step task, or
+(the workflow ended) run its ``on_end`` and mark it settled in the table → acknowledge the
+input record. A command is decided by ``consumers.workflows.commands``: at once, or — while the
+workflow is between two states — as soon as it reaches the next one. A worker that dies before
+the settled mark leaves an ended, unsettled workflow, whose owner runs ``on_end`` again (its
+effects carry ids derived from the workflow, so they land once).
+
+Every step attempt has a deadline (``VOICE_STEP_DEADLINE_S``): past it the step is stopped and
+fails ``DEADLINE_EXCEEDED``, not retried, so its workflow fails and ``on_end`` ends its turn.
 """
 
 from __future__ import annotations
 
 import asyncio
+import copy
 import logging
 import time
 from collections.abc import Callable
@@ -23,27 +33,55 @@ from typing import Any
 from aiokafka.partitioner import murmur2
 
 from consumers.engine.cancel import CancelToken
-from consumers.workflows import engine
+from consumers.frame.aggregate import Ack
+from consumers.frame.writer import answer_to
+from consumers.workflows import commands, engine
 from consumers.workflows.engine import Pause, StepContext, Transition, WorkflowDef, WorkflowState
+from schemas.base import Sealed
 from schemas.workflow import StepOutcome, WorkflowCommandReceived, WorkflowStarted
+from streams.crashpoints import CrashPoints
 from streams.envelope import Envelope
+from streams.free_text import TextSealer, describe, open_text, seal_text
 from streams.producer import Publisher
 from streams.retry import Unprocessable
 from streams.settings import VoiceSettings
-from streams.topics import WORKFLOWS, topic_name
+from streams.topics import ACKS, WORKFLOWS, topic_name
 
 log = logging.getLogger(__name__)
 
 SOURCE = "/voice/workflow-engine"
 
+DEADLINE_EXCEEDED = "DEADLINE_EXCEEDED"
+"""The error type of a step stopped at its deadline (and the code of a turn ended at its)."""
+
+
+CHANGELOG_SENT_S = 2.0
+"""Tests only: how long the ``before_turn_over`` crash point waits for the table's changelog."""
 
 PROBE_EVERY_S = 5.0
 """A running workflow with no task is probed at most this often."""
 
 
+def address(env: Envelope) -> commands.Address:
+    """Where the answer to the command ``env`` carries goes (the edge waits on its id)."""
+    return {"workflow": env.key, "id": env.id, "tenant": env.tenant,
+            "correlation": env.correlation}
+
+
 def partition_of(key: str, partitions: int) -> int:
     """The partition a key's records land in (murmur2, as every producer here partitions)."""
     return (murmur2(key.encode()) & 0x7FFFFFFF) % partitions
+
+
+def failure_words(sealer: TextSealer, state: WorkflowState) -> str:
+    """A failed workflow's last failure in words, for a record that seals them again under
+    its own content id: the code, and the message while it still opens (not after erasure)."""
+    words = None
+    if state.last_error_sealed is not None and state.sealed_by is not None:
+        content_id = engine.error_content_id(state.workflow, state.step_index, state.attempt)
+        words = open_text(sealer, state.sealed_by, content_id,
+                          Sealed.model_validate(state.last_error_sealed))
+    return f"{state.last_error}: {words}" if words else str(state.last_error)
 
 
 class StepError(Exception):
@@ -57,8 +95,12 @@ class StepError(Exception):
 class WorkflowRuntime:
     """Runs the registered workflow kinds for the partitions this worker owns."""
 
-    def __init__(self, settings: VoiceSettings, table: Any, publisher: Publisher) -> None:
+    def __init__(self, settings: VoiceSettings, table: Any, publisher: Publisher,
+                 sealer: TextSealer | None = None) -> None:
+        """``sealer`` seals failing steps' messages (``WorkflowDef.sealed_by``); without
+        one only their codes are kept."""
         self.settings = settings
+        self.sealer = sealer
         self.table = table
         self.publisher = publisher
         self.defs: dict[str, WorkflowDef] = {}
@@ -71,6 +113,8 @@ class WorkflowRuntime:
         self.cancels: dict[str, CancelToken] = {}
         """The cancel token of each step running here."""
         self.topic = topic_name(settings, WORKFLOWS)
+        self.crash = CrashPoints.parse(settings.test_crash_at)
+        self._answers: set[asyncio.Future[Any]] = set()
 
     def register(self, wf: WorkflowDef) -> None:
         self.defs[wf.kind] = wf
@@ -93,19 +137,26 @@ class WorkflowRuntime:
                 if state is None:
                     t = engine.start(wf, rec)
                     t.state.tenant = env.tenant or rec.input.get("tenant")
-            elif isinstance(rec, WorkflowCommandReceived) and not self._same_tenant(state, env):
-                log.warning("ignoring command %s of another tenant for workflow %r", env.id,
-                            workflow)
             elif isinstance(rec, WorkflowCommandReceived) and rec.command == "cancel":
                 token = self.cancels.get(workflow)
-                if token is not None:  # running here (this worker owns the workflow)
+                if token is not None and self._same_tenant(state, env):  # running here
                     token.cancel(f"cancelled by {rec.by}")
-            elif isinstance(rec, WorkflowCommandReceived) and state is not None:
-                t = engine.command(self.defs[state.kind], state, rec)
+            elif isinstance(rec, WorkflowCommandReceived):
+                if state is None or not self._same_tenant(state, env):
+                    # Not this tenant's to command: as if there were no such workflow.
+                    self._answer(address(env), Ack.rejected(f"no such workflow {workflow!r}"))
+                else:
+                    t = engine.Transition(copy.deepcopy(state))
+                    commands.receive(self.defs[state.kind], t, rec, address(env))
             elif isinstance(rec, StepOutcome) and state is not None:
                 t = self._outcome(state, rec)
                 if t is not None:
                     self.tasks.pop(workflow, None)
+            if t is not None and not t.emits:
+                # A command refused, queued or answered again: its state and answers only; the
+                # record is then treated like any other that changes no step.
+                await self._apply(t, env.correlation or workflow)
+                state, t = t.state, None
             if t is None and workflow in self.tasks:
                 held = self._held.get(workflow)
                 if held is not None and offset is not None and (held[1], held[2]) == (tp, offset):
@@ -120,6 +171,11 @@ class WorkflowRuntime:
             if t is None and state is not None and state.status == "running":
                 # Running, yet no task here holds it: its worker died mid-step.
                 t = engine.worker_lost(self.defs[state.kind], state, self.settings.step_attempts)
+                commands.settle(self.defs[state.kind], t)
+            if t is None and state is not None and not state.settled \
+                    and state.status in ("completed", "failed"):
+                # Ended, but its worker died before the turn-over bookkeeping: run it now.
+                await self._settle(state)
             if t is None:
                 ack()
                 return
@@ -147,14 +203,21 @@ class WorkflowRuntime:
             return None  # superseded: a later attempt or another owner took over
         wf = self.defs[state.kind]
         if rec.status == "paused":
-            return engine.step_paused(wf, state, Pause(rec.waiting_for or "command"))
-        if rec.status == "failed":
-            return engine.step_failed(wf, state, rec.error or "", rec.error_type or "Error",
-                                      rec.retryable, self.settings.step_attempts)
-        return engine.step_succeeded(wf, state, rec.output)
+            t = engine.step_paused(wf, state, Pause(rec.waiting_for or "command"))
+        elif rec.status == "failed":
+            t = engine.step_failed(wf, state, rec.error, rec.error_type or "Error",
+                                   rec.retryable, self.settings.step_attempts,
+                                   rec.sealed_error, rec.sealed_by)
+        else:
+            t = engine.step_succeeded(wf, state, rec.output)
+        commands.settle(wf, t)  # the commands that waited for this state
+        return t
 
     async def _apply(self, t: Transition, correlation: str) -> None:
         s = t.state
+        # Ended: unsettled until ``_settle`` has run its on_end. Running again (a retried
+        # failure): its next end settles it.
+        s.settled = not (t.ended and self.defs[s.kind].on_end is not None)
         futs = []
         for e in t.emits:
             env = Envelope(record=e.record, key=s.workflow, source=SOURCE, subject=s.workflow,
@@ -164,10 +227,45 @@ class WorkflowRuntime:
         for f in futs:
             await f
         self.table[s.workflow] = s.to_dict()
-        if t.ended:
-            wf = self.defs[s.kind]
-            if wf.on_end is not None:
-                await wf.on_end(s)
+        for where, answer in t.answers:
+            self._answer(where, answer)
+        if not s.settled:
+            await self._settle(s)
+
+    async def _settle(self, state: WorkflowState) -> None:
+        """Run an ended workflow's ``on_end`` (e.g. end its turn), then mark it settled.
+
+        Called inside the stream (the table may be written): after the transition that ended
+        it, and again for an ended workflow still unsettled — its worker died in between —
+        when a record of it is consumed (a redelivery, or the owner's ``LeaseCheck``). The
+        effects of ``on_end`` carry ids derived from the workflow, so a second run lands once.
+        """
+        if self.crash.armed("before_turn_over", state.workflow):
+            # Tests only: the worst case, where the workflow's end has reached the table's
+            # changelog too (Faust sends it in the background), so the next owner finds the
+            # workflow ended — not running, which would re-derive the end from its record.
+            await asyncio.sleep(CHANGELOG_SENT_S)
+            self.crash.hit("before_turn_over", state.workflow)
+        wf = self.defs[state.kind]
+        if wf.on_end is not None:
+            await wf.on_end(state)
+        state.settled = True
+        self.table[state.workflow] = state.to_dict()
+
+    def _answer(self, where: commands.Address, answer: Ack) -> None:
+        """Produce a command's ``CommandAcknowledged`` (its delivery is not awaited: a lost
+        one costs its caller a 503 and a retry, answered again from ``decided``)."""
+        env = answer_to(where["id"], where["workflow"], where.get("tenant"),
+                        where.get("correlation"), answer, SOURCE)
+        delivery = asyncio.ensure_future(self.publisher.produce(ACKS, env))
+        self._answers.add(delivery)
+        delivery.add_done_callback(self._answered)
+
+    def _answered(self, delivery: asyncio.Future[Any]) -> None:
+        self._answers.discard(delivery)
+        if not delivery.cancelled() and delivery.exception() is not None:
+            log.warning("a workflow command's answer was not delivered: %s",
+                        delivery.exception())
 
     def _send(self, env: Envelope) -> Any:
         return self.publisher.produce(WORKFLOWS, env)
@@ -186,21 +284,26 @@ class WorkflowRuntime:
                           commands=state.commands, cancel=cancel)
         report = dict(workflow=state.workflow, step=step.name, step_index=state.step_index,
                       attempt=state.attempt)
+        deadline: asyncio.Timeout | None = None
         try:
             async with self._slots:
-                result = await step.run(ctx)
+                self.crash.hit("before_step", state.workflow)
+                # From when the step runs, not while it waits for a slot.
+                deadline = asyncio.timeout(self.settings.step_deadline_s)
+                async with deadline:
+                    result = await step.run(ctx)
             if isinstance(result, Pause):
                 outcome = StepOutcome(**report, status="paused", waiting_for=result.waiting_for)
             else:
                 outcome = StepOutcome(**report, status="succeeded", output=result)
         except asyncio.CancelledError:
             raise  # keep_only() let go of it; the partition's new owner resumes it
+        except TimeoutError as exc:
+            outcome = (self._overdue(report, state, step.name)
+                       if deadline is not None and deadline.expired()
+                       else self._failure(report, wf, state, step.name, exc))
         except Exception as exc:  # a step's failure is a record, never a crash
-            log.warning("step %s of %s failed (attempt %s): %r", step.name, state.workflow,
-                        state.attempt, exc)
-            outcome = StepOutcome(**report, status="failed", error=str(exc) or repr(exc),
-                                  error_type=type(exc).__name__,
-                                  retryable=getattr(exc, "retryable", True))
+            outcome = self._failure(report, wf, state, step.name, exc)
         if self.cancels.get(state.workflow) is cancel:
             del self.cancels[state.workflow]
         env = Envelope(record=outcome, key=state.workflow, source=SOURCE,
@@ -211,17 +314,61 @@ class WorkflowRuntime:
         except Exception:
             log.exception("reporting the outcome of %s failed", state.workflow)
 
+    def _overdue(self, report: dict[str, Any], state: WorkflowState, step: str
+                 ) -> StepOutcome:
+        """The outcome of a step stopped at its deadline (Voice's own words: plain)."""
+        log.warning("step %s of %s ran over its deadline (attempt %s)", step, state.workflow,
+                    state.attempt)
+        return StepOutcome(**report, status="failed", error_type=DEADLINE_EXCEEDED,
+                           error=f"step {step!r} ran over its deadline (VOICE_STEP_DEADLINE_S"
+                                 f" = {self.settings.step_deadline_s:g} s)",
+                           retryable=False)
+
+    def _failure(self, report: dict[str, Any], wf: WorkflowDef, state: WorkflowState,
+                 step: str, exc: Exception) -> StepOutcome:
+        """The outcome of a step that raised ``exc``."""
+        # Its message may quote a model or a participant: sealed in the record, only
+        # described (type, fields) in the log.
+        log.warning("step %s of %s failed (attempt %s): %s", step, state.workflow,
+                    state.attempt, describe(exc))
+        return StepOutcome(**report, status="failed", error_type=type(exc).__name__,
+                           retryable=getattr(exc, "retryable", True),
+                           **self._sealed_message(wf, state, exc))
+
+    def _sealed_message(self, wf: WorkflowDef, state: WorkflowState, exc: Exception
+                        ) -> dict[str, Any]:
+        """A failed step's message sealed under its workflow's aggregate; without one (or
+        when sealing fails, e.g. the aggregate was erased) the outcome keeps the code only."""
+        key = wf.sealed_by(state.input) if wf.sealed_by is not None else None
+        text = str(exc) or repr(exc)
+        if key is None or self.sealer is None:
+            return {}
+        content_id = engine.error_content_id(state.workflow, state.step_index, state.attempt)
+        try:
+            return {"sealed_error": seal_text(self.sealer, key, content_id, text),
+                    "sealed_by": key}
+        except Exception as sealing:
+            log.warning("the message of %s's failure was dropped, not sealed: %s",
+                        state.workflow, describe(sealing))
+            return {}
+
     def unheld(self, active_partitions: set[int], partitions: int) -> list[str]:
-        """Running workflows of this worker's partitions that no local task holds.
+        """Workflows of this worker's partitions that need their owner: running with no local
+        task holding them, or ended with their ``on_end`` not yet run (``settled`` false).
 
         Kafka cannot be trusted to redeliver a step's record after a crash (Faust may commit
         past an unacknowledged record), so the owner also looks at its table: each of these gets
-        a ``LeaseCheck`` record, and consuming it resumes the step (``worker_lost``).
+        a ``LeaseCheck`` record, and consuming it resumes the step (``worker_lost``) or runs
+        the bookkeeping (``_settle``).
         """
         now = time.monotonic()
         out = []
         for workflow, d in list(self.table.items()):
-            if not d or d.get("status") != "running" or workflow in self.tasks:
+            if not d or workflow in self.tasks:
+                continue
+            lost = d.get("status") == "running"
+            unsettled = d.get("settled") is False and d.get("status") in ("completed", "failed")
+            if not (lost or unsettled):
                 continue
             if partition_of(workflow, partitions) not in active_partitions:
                 continue  # a standby copy: another worker owns it

@@ -9,6 +9,7 @@ Shared by the authorization matrix (``test_authz_matrix.py``) and the OpenAPI fu
 from __future__ import annotations
 
 import asyncio
+import subprocess
 import time
 import uuid
 from collections.abc import Awaitable, Callable, Iterator
@@ -125,6 +126,76 @@ def running_stack(bootstrap: str, tmp: Path, simulator_url: str, **edge_env: str
     finally:
         stop(edge)
         stop(worker)
+
+
+@dataclass(frozen=True)
+class Hosts:
+    """Edges and workers as if each ran on its own host: one broker, nothing else shared."""
+
+    settings: VoiceSettings
+    urls: list[str]
+    """Each edge's base URL, in start order."""
+    edges: list[subprocess.Popen[bytes]]
+    workers: list[subprocess.Popen[bytes]]
+    state_dirs: list[Path]
+    """Each process's own ``VOICE_STATE_DIR`` (edges first, then workers)."""
+
+
+@contextmanager
+def running_hosts(bootstrap: str, tmp: Path, simulator_url: str, edges: int = 2,
+                  workers: int = 2) -> Iterator[Hosts]:
+    """Start ``edges`` edges and ``workers`` workers, each with its own state folder (and
+    working directory), on fresh topics of the session's broker; stop them all at the end."""
+    from deploy.kafka_local import free_port
+
+    settings = unique_settings(bootstrap, tmp)
+    create_topics(settings)
+    started: list[subprocess.Popen[bytes]] = []
+    dirs: list[Path] = []
+
+    def own_dir(name: str) -> VoiceSettings:
+        folder = tmp / name
+        folder.mkdir()
+        dirs.append(folder)
+        return settings.model_copy(update={"state_dir": folder})
+
+    try:
+        ports = [free_port() for _ in range(edges)]
+        edge_procs = [spawn_voice(own_dir(f"edge-{i}"), "edge", "--port", str(port),
+                                  log=tmp / f"edge-{i}.log") for i, port in enumerate(ports)]
+        started += edge_procs
+        worker_procs = [spawn_voice(own_dir(f"worker-{i}"), "worker", log=tmp / f"worker-{i}.log",
+                                    ANTHROPIC_API_KEY="simulator",
+                                    ANTHROPIC_BASE_URL=simulator_url) for i in range(workers)]
+        started += worker_procs
+        urls = [f"http://127.0.0.1:{port}" for port in ports]
+        for url, proc in zip(urls, edge_procs, strict=True):
+            wait_http_ready(f"{url}/readyz", proc=proc, timeout=120)
+        wait_group_members(settings, worker_group(settings), workers)
+        yield Hosts(settings, urls, edge_procs, worker_procs, dirs)
+    finally:
+        for proc in started:
+            stop(proc)
+
+
+def wait_group_members(settings: VoiceSettings, group: str, members: int,
+                       timeout: float = 120) -> None:
+    """Wait until ``group`` is stable with ``members`` members, each assigned partitions."""
+    from confluent_kafka.admin import AdminClient
+
+    admin = AdminClient({"bootstrap.servers": settings.bootstrap})
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        try:
+            desc = admin.describe_consumer_groups([group])[group].result(timeout=5)
+            if (str(desc.state).endswith("STABLE") and len(desc.members) == members
+                    and all(m.assignment.topic_partitions for m in desc.members)):
+                return
+        except Exception:  # the group does not exist yet
+            pass
+        time.sleep(0.5)
+    raise TimeoutError(f"consumer group {group!r} without {members} assigned members "
+                       f"in {timeout}s")
 
 
 # --- the world's resources --------------------------------------------------------------------

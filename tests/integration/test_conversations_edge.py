@@ -74,10 +74,14 @@ def record_turn(settings: VoiceSettings, cnv: str, turn: str, reply: str | None,
                                                      proposal=sealer.seal_json(cnv, pid, proposal)),
                              key=cnv, source="/voice/turn-worker", id=f"{turn}:proposal",
                              tenant="default"))
+    # As the turn worker writes a reason: a plain code, the words sealed (issue 12 §5).
+    sealed = None if reason is None else sealer.seal(cnv, f"{turn}:reason", reason)
     envs.append(Envelope(record=TurnStateChanged(conversation=cnv, turn=turn, state=state,
-                                                 reason=reason),
+                                                 reason_code=reason and "could_not_interpret",
+                                                 sealed_reason=sealed),
                          key=cnv, source="/voice/turn-worker", id=f"{turn}:state",
                          tenant="default"))
+    sealer.close()  # its key reader and clients: this helper runs many times per module
 
     async def produce() -> None:
         p = RecordProducer(settings)
@@ -215,13 +219,13 @@ def test_every_route_and_turn_state(settings: VoiceSettings, worker, start_edge 
     t = get(url, settings, f"/{cnv}/turns/{turn}")
     assert t.status_code == 200, t.text
     assert t.json() == {"turn": turn, "state": "Thinking", "reply": None, "proposal": None,
-                        "reason": None}
+                        "reason": None, "reason_code": None}
 
     proposal = {"concerns": [{"statement": "damp housing", "quote": secret}],
                 "relates_to_issue": None, "new_issue": {"title": "Damp", "summary": ""}}
     record_turn(settings, cnv, turn, f"I hear you: {reply_secret}", proposal)
     done = wait_for(lambda: turn_state(url, settings, turn, "Replied"), what="turn Replied")
-    assert done == {"turn": turn, "state": "Replied", "reason": None,
+    assert done == {"turn": turn, "state": "Replied", "reason": None, "reason_code": None,
                     "reply": {"seq": 5, "text": f"I hear you: {reply_secret}"},
                     "proposal": proposal}
 
@@ -230,7 +234,8 @@ def test_every_route_and_turn_state(settings: VoiceSettings, worker, start_edge 
     record_turn(settings, cnv, f"{cnv}:turn-8", None, None, state="CouldNotInterpret",
                 reason="no concern found")
     failed = wait_for(lambda: turn_state(url, settings, f"{cnv}:turn-8", "CouldNotInterpret"))
-    assert failed["reason"] == "no concern found" and failed["reply"] is None
+    assert failed["reason"] == "no concern found" and failed["reply"] is None  # opened
+    assert failed["reason_code"] == "could_not_interpret"
 
     whole = get(url, settings, f"/{cnv}").json()
     assert whole["conversation"] == cnv
@@ -244,8 +249,9 @@ def test_every_route_and_turn_state(settings: VoiceSettings, worker, start_edge 
     ]
     assert whole["proposals"] == [{"seq": 6, "turn": turn, "proposal": proposal}]
     assert whole["turns"] == [
-        {"turn": turn, "state": "Replied", "reason": None},
-        {"turn": f"{cnv}:turn-8", "state": "CouldNotInterpret", "reason": "no concern found"}]
+        {"turn": turn, "state": "Replied", "reason": None, "reason_code": None},
+        {"turn": f"{cnv}:turn-8", "state": "CouldNotInterpret", "reason": "no concern found",
+         "reason_code": "could_not_interpret"}]
     assert get(url, settings, "").json() == [{"conversation": cnv, "last_seq": 11}]
 
 
@@ -350,10 +356,12 @@ def test_stream_events_in_order_resume_at_random_cuts_and_the_turn_end_while_awa
     d = [f.data for f in live.events]
     assert d[0]["role"] == "participant" and d[0]["text"] == "first" and d[0]["message_id"]
     assert d[0]["seq"] == 2 and d[0]["at"]
-    assert d[1] == {"seq": 4, "turn": t2, "state": "Thinking", "reason": None}
+    assert d[1] == {"seq": 4, "turn": t2, "state": "Thinking", "reason": None,
+                    "reason_code": None}
     assert d[2] == {"seq": 5, "role": "agent", "turn": t2, "text": "a reply"}
     assert d[3] == {"seq": 6, "turn": t2, "proposal": proposal}
-    assert d[4] == {"seq": 7, "turn": t2, "state": "Replied", "reason": None}
+    assert d[4] == {"seq": 7, "turn": t2, "state": "Replied", "reason": None,
+                    "reason_code": None}
 
     # Away: the client read up to Thinking of the next turn, then left; the turn ended.
     assert send(url, settings, cnv, "second").status_code == 202
@@ -484,3 +492,4 @@ def test_erasure_forgets_the_conversation_on_every_edge_and_shreds_the_log(
     for content_id, blob in sealed:
         with pytest.raises(KeyErased):
             fresh.open_text(cnv, content_id, blob)
+    fresh.close()

@@ -61,6 +61,23 @@ async def test_records_are_read_by_position_across_other_keys_and_far_gaps(
     assert err.value.retryable is False, err.value
 
 
+async def test_a_span_of_one_key_is_scanned_across_other_keys_and_repeats_kept_once(
+        settings: VoiceSettings) -> None:
+    # What a staff step reads instead of a copy (an issue's evidence, its followers): one
+    # key's records from an offset up to a seq, another key's between, one written twice.
+    envs = [rec("cnv-b", 1), rec("cnv-a", 1), rec("cnv-b", 2), rec("cnv-a", 2), rec("cnv-a", 2),
+            *(rec("cnv-b", n) for n in range(3, 300)), rec("cnv-a", 3), rec("cnv-a", 4)]
+    positions = await produce(settings, envs)
+    start = positions[1].offset
+    reader = KafkaLogReader(settings, timeout=5)
+    got = await reader.scan(CONVERSATIONS, 0, "cnv-a", start, 3)
+    assert [(e.key, e.seq) for e in got] == [("cnv-a", 1), ("cnv-a", 2), ("cnv-a", 3)]
+    assert await reader.scan(CONVERSATIONS, 0, "cnv-a", start, 0) == []
+    with pytest.raises(LogUnavailable, match="before seq 9") as err:  # never written
+        await reader.scan(CONVERSATIONS, 0, "cnv-a", start, 9)
+    assert err.value.retryable is False
+
+
 async def test_one_reader_reuses_its_consumers_across_reads_backwards_and_at_once(
         settings: VoiceSettings) -> None:
     # A kept consumer must not hand a later read what it had fetched for an earlier one.

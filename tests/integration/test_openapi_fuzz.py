@@ -63,7 +63,7 @@ MAX_EXAMPLES = 25
 """Fuzzing examples per operation (the coverage phase's cases come on top)."""
 REQUEST_TIMEOUT_S = 20.0
 """Above the gateway bound (15 s), which every response, streams included, ends before."""
-STREAM_READ_S = 1.0
+STREAM_READ_S = 3.0
 """How long an event stream is read: enough for the events the edge replays at once."""
 CHECKS = ("not_a_server_error", "status_code_conformance", "response_schema_conformance",
           "content_type_conformance")

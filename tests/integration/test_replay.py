@@ -71,7 +71,9 @@ def test_replay_of_an_erased_conversation_shows_it_erased(settings: VoiceSetting
     cnv = "cnv-6e6e6e6e6e6e6e6e"
     start_and_send(settings, cnv, "Too many cars speed through our street at night.")
     wait_for(lambda: replied_log(settings, cnv), timeout=60, what="the reply")
-    sealer_for(settings).erase(cnv)
+    sealer = sealer_for(settings)
+    sealer.erase(cnv)
+    sealer.close()
     send_commands(settings, Envelope(record=EraseConversation(conversation=cnv), key=cnv,
                                      source="/test"))
     wait_for(lambda: any(e.type == "voice.conversation.erased.v1"

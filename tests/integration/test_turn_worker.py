@@ -43,14 +43,23 @@ def log_of(settings: VoiceSettings, topic_spec, key: str) -> list[Envelope]:  # 
     return sorted((e for e in out if e.seq is not None), key=lambda e: e.seq or 0)
 
 
+def opened_reason(settings: VoiceSettings, rec: TurnStateChanged) -> str:
+    """A turn's sealed reason, opened with its conversation's key (as the owner's edge does)."""
+    assert rec.sealed_reason is not None, rec
+    return sealer_for(settings).open_text(rec.conversation, f"{rec.turn}:reason",
+                                          rec.sealed_reason)
+
+
 def start_and_send(settings: VoiceSettings, cnv: str, text: str) -> None:
     sealer = sealer_for(settings)
+    sealed = sealer.seal(cnv, "m1", text)
+    sealer.close()
     send_commands(
         settings,
         Envelope(record=StartConversation(conversation=cnv, owner="alice"), key=cnv,
                  source="/test"),
-        Envelope(record=SendMessage(conversation=cnv, message_id="m1",
-                                    text=sealer.seal(cnv, "m1", text)), key=cnv, source="/test"),
+        Envelope(record=SendMessage(conversation=cnv, message_id="m1", text=sealed), key=cnv,
+                 source="/test"),
     )
 
 
@@ -154,7 +163,8 @@ def test_a_failing_model_ends_the_turn_as_could_not_interpret(settings: VoiceSet
     start_and_send(settings, cnv, "The bins are not emptied often enough, please fix it.")
     log = wait_for(lambda: replied_log(settings, cnv), timeout=60, what="the turn's end")
     last = [e.record for e in log if isinstance(e.record, TurnStateChanged)][-1]
-    assert last.state == "CouldNotInterpret" and "failed after 3 attempts" in last.reason
+    assert last.state == "CouldNotInterpret" and last.reason_code == "step_failed"
+    assert "failed after 3 attempts" in opened_reason(settings, last)
     wf = [type(e.record).__name__ for e in log_of(settings, WORKFLOWS, f"{cnv}:turn-2")]
     assert wf.count("StepFailed") == 3 and wf[-1] == "WorkflowFailed"
     assert wf.count("StepStarted") == 3
@@ -166,7 +176,9 @@ def test_the_agent_saying_it_cannot_interpret(settings: VoiceSettings, start_wor
     start_and_send(settings, cnv, "asdf")
     log = wait_for(lambda: replied_log(settings, cnv), timeout=60, what="the turn's end")
     last = [e.record for e in log if isinstance(e.record, TurnStateChanged)][-1]
-    assert last.state == "CouldNotInterpret" and "could not interpret" in last.reason
+    assert last.state == "CouldNotInterpret" and last.reason_code == "could_not_interpret"
+    assert last.reason is None and "asdf" not in last.model_dump_json()  # sealed, not plain
+    assert '"asdf"' in opened_reason(settings, last)  # the model quoted the participant
     assert not any(isinstance(e.record, ReplyRecorded) for e in log)
 
 

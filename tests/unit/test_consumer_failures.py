@@ -195,8 +195,8 @@ def test_a_record_whose_handler_keeps_failing_is_dead_lettered_as_it_came() -> N
     [(topic, key, value, headers)] = producer.sent
     assert topic == "t.voice.issues.dlq" and key == b"iss-1" and value == b"{}"
     assert headers["ce_id"] == b"r-1"  # the record's own headers travel with it
-    assert headers["voice_dlq_reason"] == (b"voice_issues_agent failed after 3 attempts: "
-                                           b"ValueError: impossible content")
+    # Described, not quoted: an exception's message may echo the record's values.
+    assert headers["voice_dlq_reason"] == b"voice_issues_agent failed after 3 attempts: ValueError"
     assert (headers["voice_dlq_topic"], headers["voice_dlq_partition"],
             headers["voice_dlq_offset"]) == (b"t.voice.issues", b"2", b"7")
 
@@ -239,7 +239,7 @@ def test_the_agent_acks_what_it_handled_or_dead_lettered_and_goes_on() -> None:
 
     asyncio.run(consume(events_of(*evs), "t.voice.conversations", guard, dispatch, False, halt))
     assert seen == [0, 2] and [e.acks for e in evs] == [[0], [1], [2]] and halts == []
-    assert producer.reasons() == ["a failed after 2 attempts: ValueError: cannot apply"]
+    assert producer.reasons() == ["a failed after 2 attempts: ValueError"]
 
 
 def test_a_holding_agent_acks_only_the_records_it_dead_lettered() -> None:

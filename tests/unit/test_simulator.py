@@ -289,6 +289,7 @@ def test_concern_extraction_could_not_interpret(client, text):
                                          {"type": "text", "text": text or " "}]}]
     m = ask(client, messages=msgs, agent="concern-extraction", tools=SEARCH_TOOL)
     assert m.stop_reason == "end_turn" and m.content[0].text.startswith("COULD_NOT_INTERPRET:")
+    assert f'"{" ".join(text.split())[:80]}"' in m.content[0].text  # it quotes the message
 
 
 # ------------------------------------------------------------------ assistant map flow

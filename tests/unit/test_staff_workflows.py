@@ -11,6 +11,7 @@ import pytest
 
 from consumers.engine import RecordingSink
 from consumers.engine.runner import AgentRunner
+from consumers.frame.logrefs import MemoryLogReader
 from consumers.staff.delivery import Delivery
 from consumers.staff.research import Research, parse_suggestions
 from consumers.staff.review import Review, agent_flags, outcome
@@ -18,12 +19,20 @@ from consumers.staff.steps import Agents, StepDelays, fenced_json
 from consumers.workflows.engine import Pause, StepContext
 from consumers.workflows.runtime import StepError
 from deploy.simulator import serve_simulator
-from schemas.base import Sealed
-from schemas.staff import DeliverNotification, SuggestInvestigation
+from schemas.base import Record, Sealed
+from schemas.staff import (
+    DeliverNotification,
+    DevelopmentRecorded,
+    EvidenceAdded,
+    FollowerAdded,
+    FollowerRemoved,
+    IssueOpened,
+    SuggestInvestigation,
+)
 from streams.envelope import Envelope
 from streams.sealing import MemoryKeyStore, Sealer
 from streams.settings import VoiceSettings
-from streams.topics import COMMANDS, CONTRIBUTIONS, TopicSpec
+from streams.topics import COMMANDS, CONTRIBUTIONS, ISSUES, TopicSpec
 
 ISS = "iss-00000000000000aa"
 
@@ -88,10 +97,46 @@ RESEARCH_INPUT = {
 }
 
 
+def issue_log(*records: Record, partition: int = 2, noise: bool = True
+              ) -> tuple[MemoryLogReader, int]:
+    """``records`` as the issue's log (seqs 1, 2, …) on a partition another issue shares;
+    returns the reader and the offset of the issue's first record."""
+    log = MemoryLogReader()
+    other = "iss-00000000000000bb"
+    if noise:
+        log.append(ISSUES, partition, Envelope(record=IssueOpened(
+            issue=other, title="Other", summary="", by="sam", at="t"), key=other,
+            source="/t", seq=1))
+    opened = None
+    for seq, record in enumerate(records, start=1):
+        offset = log.append(ISSUES, partition, Envelope(record=record, key=ISS, source="/t",
+                                                        seq=seq))
+        opened = offset if opened is None else opened
+        if noise:  # another issue's record between each two of this one's
+            log.append(ISSUES, partition, Envelope(record=FollowerAdded(
+                issue=other, participant=f"x{seq}"), key=other, source="/t", seq=seq + 1))
+    assert opened is not None
+    return log, opened
+
+
+def research_log() -> tuple[MemoryLogReader, dict[str, Any]]:
+    """The issue of ``RESEARCH_INPUT`` on a log, and the input naming it by reference."""
+    issue = RESEARCH_INPUT["issue"]
+    log, opened = issue_log(
+        IssueOpened(issue=ISS, title=issue["title"], summary=issue["summary"], by="sam",
+                    at="t"),
+        *(EvidenceAdded(issue=ISS, evidence=e["evidence"], title=e["title"], body=e["body"],
+                        added_by="sam", at="t") for e in RESEARCH_INPUT["evidence"]),
+        EvidenceAdded(issue=ISS, evidence="evd-late", title="Late", body="After the run.",
+                      added_by="sam", at="t"))
+    return log, {**RESEARCH_INPUT, "evidence": {"partition": 2, "opened": opened, "through": 3}}
+
+
 async def test_the_research_step_suggests_with_reasons_and_records_read(parts) -> None:  # noqa: ANN001
     out, _sealer, agents = parts
-    research = Research(out, agents, StepDelays())  # type: ignore[arg-type]
-    result = await research.research_step(ctx("run-1", "research", "research", RESEARCH_INPUT))
+    log, reference = research_log()
+    research = Research(out, agents, StepDelays(), log)  # type: ignore[arg-type]
+    result = await research.research_step(ctx("run-1", "research", "research", reference))
     s = result["suggestions"]
     assert set(s) == {"sources", "questions", "investigations"}
     assert s["sources"] and all(i["reason"] for section in s.values() for i in section)
@@ -201,16 +246,23 @@ def test_agent_flags_outside_the_text_are_dropped() -> None:
 
 async def test_notify_sends_one_notification_per_follower_with_fixed_ids() -> None:
     out = FakeOut()
-    delivery = Delivery(out, StepDelays())  # type: ignore[arg-type]
     dev = f"{ISS}:dev-1"
-    inp = {"issue": ISS, "development": dev, "title": "Fixed", "body": "All lights work.",
-           "at": "2026-03-05T10:00:00+00:00", "issue_title": "Lights", "followers": ["a", "b"],
-           "tenant": "t1"}
+    # The followers as of the delivery's start: its log up to seq 6, read back, not copied.
+    log, opened = issue_log(
+        IssueOpened(issue=ISS, title="Lights", summary="", by="sam", at="t"),
+        FollowerAdded(issue=ISS, participant="b"), FollowerAdded(issue=ISS, participant="c"),
+        DevelopmentRecorded(issue=ISS, development=dev, title="Fixed", body="All lights work.",
+                            by="sam", at="2026-03-05T10:00:00+00:00"),
+        FollowerAdded(issue=ISS, participant="a"), FollowerRemoved(issue=ISS, participant="c"),
+        FollowerAdded(issue=ISS, participant="late"))
+    delivery = Delivery(out, StepDelays(), log)  # type: ignore[arg-type]
+    inp = {"issue": ISS, "development": dev, "issue_title": "Lights", "partition": 2,
+           "opened": opened, "record": [4, opened + 6], "through": 6, "tenant": "t1"}
     rendered = await delivery.render_step(ctx(dev, "update-delivery", "render", inp))
     assert rendered["title"] == "Lights: Fixed"
     result = await delivery.notify_step(ctx(dev, "update-delivery", "notify", inp,
                                             {"render": rendered}))
-    assert result == {"notified": 2, "notifications": [f"{dev}:a", f"{dev}:b"]}
+    assert result == {"notified": 2}
     sent = [(e.key, e.id, e.record) for _s, e in out.sent]
     # Each follower's inbox in the issue's tenant (a principal's inbox is per tenant).
     assert [(k, i) for k, i, _ in sent] == [("t1/a", f"{dev}:a"), ("t1/b", f"{dev}:b")]

@@ -106,6 +106,25 @@ def test_follow_and_unfollow_are_idempotent() -> None:
                                                                 "FollowerRemoved"]
 
 
+def test_the_issue_writer_keeps_no_list_of_every_follower(monkeypatch) -> None:  # noqa: ANN001
+    import consumers.staff.issues as issues
+
+    monkeypatch.setattr(issues, "MAX_FOLLOWS", 50)  # 1,024 in earnest; the same rule
+    issue = Issue()
+    issue(OpenIssue(issue=ISS, title="Lights", by="sam"))
+    for n in range(200):
+        issue(FollowIssue(issue=ISS, participant=f"p{n}"))
+    assert issue.state is not None and list(issue.state.follows) == [f"p{n}"
+                                                                     for n in range(150, 200)]
+    assert sum(type(e.record).__name__ == "FollowerAdded" for e in issue.log) == 200
+    issue(FollowIssue(issue=ISS, participant="p199"))  # remembered: nothing recorded
+    assert sum(type(e.record).__name__ == "FollowerAdded" for e in issue.log) == 200
+    # One it no longer remembers follows again: recorded again, which readers fold into the
+    # same set of followers.
+    issue(FollowIssue(issue=ISS, participant="p0"))
+    assert sum(type(e.record).__name__ == "FollowerAdded" for e in issue.log) == 201
+
+
 def test_investigations_are_suggested_once_then_opened_once() -> None:
     issue = Issue()
     issue(OpenIssue(issue=ISS, title="Lights", by="sam"))
@@ -183,15 +202,29 @@ def test_developments_are_delivered_one_at_a_time_per_issue_in_order() -> None:
     q: DeliveryQueue | None = None
     starts: list[Envelope] = []
     for seq, r in enumerate(records, start=1):
-        q, start = apply_development(q, rec_env(r, seq))
+        offset = 100 + 10 * seq  # the issue's records, among others' on partition 3
+        q, start = apply_development(q, rec_env(r, seq), 3, offset)
         starts += [start] if start else []
         if seq == 4:
-            again, dup = apply_development(q, rec_env(r, seq))  # redelivered: nothing
+            again, dup = apply_development(q, rec_env(r, seq), 3, offset)  # redelivered
             assert dup is None and again == q
     assert [s.key for s in starts] == [f"{ISS}:dev-1", f"{ISS}:dev-2"]
     one, two = (s.record for s in starts)
     assert isinstance(one, WorkflowStarted) and one.kind == "update-delivery"
-    assert one.input["followers"] == ["ann", "bob"] and one.input["issue_title"] == "Lights"
-    assert two.input["followers"] == ["ann"]  # followers as of its start  # type: ignore[attr-defined]
+    # References, not copies: the development's record, and the log up to the start (the
+    # followers as of then are read back by the step).
+    assert one.input == {"issue": ISS, "development": f"{ISS}:dev-1", "issue_title": "Lights",
+                         "partition": 3, "opened": 110, "record": [4, 140], "through": 4,
+                         "tenant": None}
+    assert (two.input["record"], two.input["through"]) == ([5, 150], 8)  # type: ignore[attr-defined]
     assert all(s.seq == 1 and s.id == f"{s.key}:1" for s in starts)
     assert q is not None and q.active == f"{ISS}:dev-2" and q.waiting == []
+
+
+def test_a_delivery_queue_kept_before_references_still_loads() -> None:
+    old = {"last_seq": 3, "issue_title": "Lights", "followers": ["ann", "bob"], "waiting": [],
+           "active": None}
+    assert DeliveryQueue.from_dict(old).to_dict() == {
+        "last_seq": 3, "issue_title": "Lights", "partition": None, "opened": None,
+        "waiting": [], "active": None}
+    assert IssueState.from_dict({"seq": 3, "followers": ["ann"]}).follows == {"ann": True}

@@ -141,9 +141,10 @@ def test_subscribes_to_every_topic_and_its_dlq(parts):
     _, consumer, _, _ = parts
     assert "voice.agent" in consumer.topics and "voice.agent.dlq" in consumer.topics
     from streams.settings import VoiceSettings
-    from streams.topics import all_specs, topic_name
+    from streams.topics import KEYS, record_specs, topic_name
 
-    assert sorted(consumer.topics) == sorted(topic_name(VoiceSettings(), s) for s in all_specs())
+    assert sorted(consumer.topics) == sorted(topic_name(VoiceSettings(), s) for s in record_specs())
+    assert topic_name(VoiceSettings(), KEYS) not in consumer.topics  # wrapped keys stay out
 
 
 def test_flush_on_row_count_then_insert_then_commit(parts):

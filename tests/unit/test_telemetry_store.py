@@ -258,3 +258,20 @@ def test_server_adapter_unreachable_is_a_clear_error(tmp_path):
         run_sql(ts, "SELECT 1")
     assert "127.0.0.1" in str(err.value) and "s3cret" not in str(err.value)
     assert not embedded_path(ts).exists()  # the server URL wins: no embedded folder made
+
+
+def test_a_store_failing_as_a_whole_is_unavailable_a_refusal_of_rows_is_not() -> None:
+    """A full disk (as chDB and a server say it) is waited for: before, the sink took it for
+    a refusal of the rows and dead-lettered every record of the batch."""
+    from clickhouse_connect.driver.exceptions import DatabaseError
+
+    from telemetry.store import store_error, unavailable
+
+    full = DatabaseError("Code: 243. DB::Exception: Cannot reserve 1.00 MiB, not enough "
+                         "space. (NOT_ENOUGH_SPACE)")
+    assert unavailable(full) and store_error(full) == "DatabaseError (ClickHouse code 243)"
+    refused = DatabaseError("Code: 27. DB::Exception: Cannot parse input: expected ',' "
+                            "before: 'zqxsecret'. (CANNOT_PARSE_INPUT_ASSERTION_FAILED)")
+    assert not unavailable(refused)
+    assert store_error(refused) == "DatabaseError (ClickHouse code 27)"  # no quoted values
+    assert unavailable(ConnectionError("refused"))

@@ -271,3 +271,22 @@ def test_history_of_puts_the_summary_before_a_leading_reply() -> None:
     assert history == [{"role": "user", "content": "[CONVERSATION SUMMARY through seq 3]\nS"},
                        {"role": "assistant", "content": "R"}, {"role": "user", "content": "M"}]
     assert seqs == [3, 5, 7]
+
+
+async def test_a_memory_log_scans_one_keys_span_and_says_when_it_ends_before() -> None:
+    from consumers.frame.logrefs import LogUnavailable, MemoryLogReader
+    from schemas.conversation import ConversationErased
+    from streams.envelope import Envelope
+    from streams.topics import ISSUES
+
+    def rec(key: str, seq: int) -> Envelope:
+        return Envelope(record=ConversationErased(conversation=key), key=key, source="/t",
+                        seq=seq)
+
+    log = MemoryLogReader()
+    for key, seq in [("a", 1), ("b", 1), ("a", 2), ("a", 2), ("b", 2), ("a", 3)]:
+        log.append(ISSUES, 0, rec(key, seq))
+    got = await log.scan(ISSUES, 0, "a", 2, 3)
+    assert [(e.key, e.seq) for e in got] == [("a", 2), ("a", 3)]
+    with pytest.raises(LogUnavailable, match="ends before seq 4"):
+        await log.scan(ISSUES, 0, "a", 0, 4)

@@ -95,11 +95,11 @@ def test_turn_state_reply_and_proposal() -> None:
     assert (tv.state, tv.reply, tv.proposal) == ("Replied", reply, proposal)
     assert sorted(views[CNV].content) == [2, 5, 6]
     failed = env(TurnStateChanged(conversation=CNV, turn=turn_id(CNV, 8), state="CouldNotInterpret",
-                                  reason="no concern found"), 8)
+                                  reason_code="could_not_interpret"), 8)
     views.apply(failed)
     other = views[CNV].turns[turn_id(CNV, 8)]
-    assert (other.state, other.reason, other.message_seq) == ("CouldNotInterpret",
-                                                              "no concern found", 8)
+    assert (other.state, other.ended, other.message_seq) == ("CouldNotInterpret",
+                                                             failed.record, 8)
 
 
 def test_events_after_a_cursor_and_the_bounded_list() -> None:

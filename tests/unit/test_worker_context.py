@@ -43,3 +43,12 @@ def test_a_concern_agent_can_be_passed_through_the_factory() -> None:
     w = create_worker(SETTINGS, agent=agent)  # type: ignore[arg-type]
     conversations = w.products[0]
     assert conversations.turns.agent is agent  # type: ignore[attr-defined]
+
+
+def test_the_janitor_looks_after_the_turns_of_both_conversation_kinds() -> None:
+    w = create_worker(SETTINGS.model_copy(update={"turn_deadline_s": 7.0,
+                                                  "assistant_turn_deadline_s": 8.0}))
+    watched = {type(x.aggregate): x.aggregate for x in w.janitor.watched}
+    assert set(watched) == {ConversationSequencer, AssistantSequencer}
+    assert watched[ConversationSequencer].turn_deadline_s == 7.0  # type: ignore[attr-defined]
+    assert watched[AssistantSequencer].turn_deadline_s == 8.0  # type: ignore[attr-defined]

@@ -1,0 +1,215 @@
+"""Fault 1 of issue 12: the worker SIGKILLed at each point of a turn, for participant turns and
+the assistant → the reply recorded exactly once, the turn terminal, the assistant not left busy.
+
+Each point is hit exactly by a test-only crash point (``VOICE_TEST_CRASH_AT=point@conversation``,
+``streams.crashpoints``): the worker sends itself ``SIGKILL`` there. One conversation per point;
+the workers run one after another, each armed for the next conversation's point and resuming
+the previous one's turn; a last worker, armed for nothing, resumes the last. The points:
+
+- ``before_turn_over``: the step failed (its model never answers; ``VOICE_STEP_DEADLINE_S``
+  stops it, ``DEADLINE_EXCEEDED``), ``WorkflowFailed`` is recorded, and the worker dies before
+  the bookkeeping (the turn's end; the assistant's busy flag) — the next owner runs it;
+- ``before_step``: the step's attempt is recorded, its function never ran;
+- ``model_call``: a model call of the step is in flight;
+- ``after_reply``: the reply command is on ``voice.commands``, the turn's state is not.
+"""
+
+from __future__ import annotations
+
+import socket
+from collections.abc import Callable, Iterator
+from typing import Any
+
+import httpx
+import pytest
+
+from schemas.assistant import AssistantReplyRecorded, AssistantTurnEnded
+from schemas.conversation import MessageRecorded, ReplyRecorded, TurnStateChanged
+from schemas.workflow import StepFailed, WorkflowCompleted, WorkflowFailed
+from streams.envelope import Envelope
+from streams.settings import VoiceSettings
+from streams.tokens import mint_token
+from streams.topics import ASSISTANT, CONVERSATIONS, WORKFLOWS
+from tests.support import accepted, log_of, no_duplicate_seqs, stop, wait_for
+
+pytestmark = [pytest.mark.integration, pytest.mark.faults]
+
+POINTS = ("before_turn_over", "before_step", "model_call", "after_reply")
+"""In this order: the first needs a worker whose model never answers (its step must fail),
+and no later worker should inherit a turn it would fail too."""
+KILLED = -9
+ASSISTANT_BASE = "/api/v1/assistant"
+
+
+@pytest.fixture
+def held_model() -> Iterator[str]:
+    """A model endpoint that accepts connections and never answers."""
+    sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+    sock.bind(("127.0.0.1", 0))
+    sock.listen(64)
+    yield f"http://127.0.0.1:{sock.getsockname()[1]}"
+    sock.close()
+
+
+def crash_env(point: str, conversation: str, held_model: str) -> dict[str, str]:
+    env = {"VOICE_TEST_CRASH_AT": f"{point}@{conversation}"}
+    if point == "before_turn_over":
+        env |= {"ANTHROPIC_BASE_URL": held_model, "VOICE_STEP_DEADLINE_S": "3"}
+    return env
+
+
+def kill_at_each_point(start_worker: Callable[..., Any], held_model: str,
+                       conversations: dict[str, str], send: Callable[[str, str], None],
+                       ended: Callable[[str], object]) -> None:
+    """Run one worker per point, each killed at its point in its conversation's turn; then one
+    armed for nothing. Each resumes the previous point's turn, which ends before the next
+    turn is sent: so each turn loses exactly one worker, at its own point."""
+    previous = None
+    for point in POINTS:
+        cnv = conversations[point]
+        worker = start_worker(**crash_env(point, cnv, held_model))
+        if previous is not None:
+            wait_for(lambda c=previous: ended(c), timeout=120, what=f"{previous} to end")
+        send(point, cnv)
+        worker.wait(timeout=120)
+        assert worker.returncode == KILLED, f"the worker armed at {point} exited " \
+                                            f"{worker.returncode}"
+        previous = cnv
+    start_worker()
+
+
+def opened(start_worker: Callable[..., Any], open_one: Callable[[str], str]
+           ) -> dict[str, str]:
+    """One conversation per point, opened through a worker armed for nothing, which then
+    stops (gracefully: it leaves the group at once) so that no turn lands on it."""
+    plain = start_worker()
+    try:
+        return {point: open_one(point) for point in POINTS}
+    finally:
+        stop(plain)
+
+
+def workflow_failures(settings: VoiceSettings, workflow: str) -> list[str]:
+    """The error types of the workflow's failed attempts, its lifecycle checked dense and
+    without a seq given twice. A worker killed after recording an attempt leaves it lost
+    (``WorkerLost``); one killed before its table write reached the changelog leaves nothing
+    to find, and the next owner starts the step again under the same record ids."""
+    lifecycle = [e for e in log_of(settings, WORKFLOWS, workflow) if e.seq is not None]
+    return [e.record.error_type for e in no_duplicate_seqs(lifecycle)
+            if isinstance(e.record, StepFailed)]
+
+
+def test_a_participant_turn_killed_at_each_point_replies_once_and_ends(
+        settings: VoiceSettings, start_worker: Callable[..., Any],
+        start_edge: Callable[..., str], held_model: str) -> None:
+    url = start_edge()
+    auth = {"Authorization": f"Bearer {mint_token(settings, 'alice', 'participant')}"}
+    client = httpx.Client(base_url=url, headers=auth, timeout=30)
+
+    def open_one(point: str) -> str:
+        r = accepted(lambda: client.post("/me/conversations",
+                                         headers={"Idempotency-Key": f"open-{point}"}))
+        return str(r.json()["conversation"])
+
+    def send(point: str, cnv: str) -> None:
+        accepted(lambda: client.post(
+            f"/me/conversations/{cnv}/messages", headers={"Idempotency-Key": f"k-{point}"},
+            json={"text": f"At {point}: the streetlight on Elm Road is broken."}))
+
+    def ended(cnv: str) -> list[Envelope] | None:
+        log = log_of(settings, CONVERSATIONS, cnv)
+        done = [e for e in log if isinstance(e.record, TurnStateChanged)
+                and e.record.state != "Thinking"]
+        return log if done else None
+
+    try:
+        conversations = opened(start_worker, open_one)
+        kill_at_each_point(start_worker, held_model, conversations, send, ended)
+        for point, cnv in conversations.items():
+            log = no_duplicate_seqs(wait_for(lambda c=cnv: ended(c), timeout=120,
+                                             what=f"the turn killed at {point} to end"))
+            records = [e.record for e in log]
+            assert sum(isinstance(r, MessageRecorded) for r in records) == 1, point
+            states = [(r.state, r.reason_code) for r in records
+                      if isinstance(r, TurnStateChanged)]
+            replies = [r for r in records if isinstance(r, ReplyRecorded)]
+            failures = workflow_failures(settings, f"{cnv}:turn-2")
+            if point == "before_turn_over":
+                assert replies == [], point
+                assert [s for s, _ in states] == ["Thinking", "CouldNotInterpret"], states
+                assert states[-1][1] == "step_failed", states  # the failure: its deadline
+                assert failures == ["DEADLINE_EXCEEDED"], failures
+            else:
+                assert len(replies) == 1, f"{point}: {len(replies)} replies"
+                assert states == [("Thinking", None), ("Replied", None)], (point, states)
+                assert failures in ([], ["WorkerLost"]), (point, failures)
+            view = client.get(f"/me/conversations/{cnv}").json()
+            assert [t["state"] for t in view["turns"]] == [states[-1][0]], view["turns"]
+    finally:
+        client.close()
+
+
+def test_an_assistant_turn_killed_at_each_point_replies_once_and_is_not_left_busy(
+        settings: VoiceSettings, start_worker: Callable[..., Any],
+        start_edge: Callable[..., str], held_model: str) -> None:
+    url = start_edge()
+    auth = {"Authorization": f"Bearer {mint_token(settings, 'alice', 'participant')}"}
+    client = httpx.Client(base_url=f"{url}{ASSISTANT_BASE}", headers=auth, timeout=30)
+
+    def chat(text: str, conversation: str | None = None) -> httpx.Response:
+        body: dict[str, Any] = {"message": f"Good morning ({text}), can you help me?",
+                                "stream": False}
+        if conversation is not None:
+            body["conversation_id"] = conversation
+        return accepted(lambda: client.post("/chat", json=body,
+                                            headers={"Idempotency-Key": f"k-{text}"}),
+                        also=(409,))
+
+    def turns_ended(conversation: str, n: int) -> list[Envelope] | None:
+        log = log_of(settings, ASSISTANT, conversation)
+        ends = [e for e in log if isinstance(e.record, AssistantTurnEnded)]
+        return log if len({e.seq for e in ends}) >= n else None
+
+    def open_one(point: str) -> str:
+        # An assistant conversation is opened by its first chat (the edge names it): that
+        # turn ends on the unarmed worker; the armed turn is the conversation's second.
+        r = chat(f"{point}, opening")
+        assert r.status_code == 202, r.text
+        conversation, turn = str(r.json()["conversation_id"]), str(r.json()["turn"])
+        wait_for(lambda: turns_ended(conversation, 1), timeout=90, what="the opening turn")
+        # Its pattern extraction too: a workflow of this conversation left running would be
+        # resumed by the worker armed for it, and crash it at the wrong turn.
+        wait_for(lambda: any(isinstance(e.record, (WorkflowCompleted, WorkflowFailed))
+                             for e in log_of(settings, WORKFLOWS, f"{turn}:extract")),
+                 timeout=90, what="the opening turn's pattern extraction")
+        return conversation
+
+    def send(point: str, conversation: str) -> None:
+        r = chat(point, conversation)
+        assert r.status_code == 202, r.text
+
+    try:
+        conversations = opened(start_worker, open_one)
+        kill_at_each_point(start_worker, held_model, conversations, send,
+                           lambda c: turns_ended(c, 2))
+        for point, conversation in conversations.items():
+            log = no_duplicate_seqs(wait_for(lambda c=conversation: turns_ended(c, 2),
+                                             timeout=120,
+                                             what=f"the assistant turn killed at {point}"))
+            ends = [r for e in log if isinstance(r := e.record, AssistantTurnEnded)]
+            assert len(ends) == 2 and ends[0].turn != ends[1].turn, (point, ends)
+            armed = ends[1].turn
+            replies = [r for e in log if isinstance(r := e.record, AssistantReplyRecorded)
+                       and r.turn == armed]
+            if point == "before_turn_over":
+                assert ends[-1].state == "Failed" and replies == [], point
+                assert ends[-1].reason_code == "step_failed", ends[-1]
+                assert workflow_failures(settings, armed) == ["DEADLINE_EXCEEDED"]
+            else:
+                assert ends[-1].state == "Replied", (point, ends[-1])
+                assert len(replies) == 1, f"{point}: {len(replies)} replies"
+            # Not left busy: the next message is taken, not answered 409 busy.
+            again = chat(f"{point}, again", conversation)
+            assert again.status_code == 202, (point, again.status_code, again.text)
+    finally:
+        client.close()
