@@ -155,9 +155,13 @@ def test_the_reply_is_drawn_as_it_is_written(slow_stack: WebStack, browser: Any)
 
     samples: list[dict[str, Any]] = []
 
+    shot: list[Any] = []
+
     def replied() -> bool:
         now = browser.execute_script(PAGE_NOW)
         samples.append(now)
+        if not shot and now["drafts"] and len(now["drafts"][0]) >= 40:
+            shot.append(screenshot(browser, "participant-draft"))  # for docs/web.md
         return now["state"] == "Replied" and now["agents"] == 1
 
     wait_for(replied, "the reply recorded and Replied")

@@ -133,6 +133,7 @@ def test_staff_list_issues_and_operators_list_failed_workflows(stack: WebStack, 
     wait_for(lambda: by_testid(browser, "issue").get_attribute("data-issue") == older
              and "Graffiti on the library" in by_testid(browser, "issue").text,
              "the issue opened from the list")
+    screenshot(browser, "staff-issues")
 
     sign_in(browser, stack.url, "/staff", "otto-web", "operator")
 
