@@ -225,8 +225,8 @@ async function loadFailed() {
   if (!failed) return;
   $("failed-workflows").replaceChildren(...(failed.length ? failed.map((w) => el("li", { "data-workflow": w.workflow },
     el("button", { type: "button", class: "link", onclick: () => showWorkflow(w.workflow) }, `${w.kind} ${w.workflow}`),
-    el("span", { class: "meta" }, ` failed${w.step ? ` at ${w.step}` : ""}${w.updated_at ? `, ${when(w.updated_at)}` : ""}`),
-    w.last_error ? el("span", { class: "error" }, ` ${w.last_error}`) : null))
+    el("span", { class: "meta" }, ` failed${w.step ? ` at ${w.step}` : ""}${w.updated_at ? `, ${when(w.updated_at)}` : ""}`
+      + (w.last_error ? ` — ${w.last_error}` : ""))))
     : [el("li", { class: "meta" }, "No failed workflow.")]));
 }
 
@@ -251,6 +251,7 @@ function start() {
   const role = (claims() || {}).role;
   // What each role may read (streams/capabilities.py): issues.read, workflows.read.
   if (["staff", "representative"].includes(role)) loadIssues();
+  else $("issue-list-title").hidden = true;
   if (["staff", "operator"].includes(role)) loadFailed();
   if (["staff", "reviewer"].includes(role)) {
     loadQueue();
