@@ -4,7 +4,8 @@ lifespan, and every product's views are fed by the one tail.
 Around the routes, outermost first: ``EdgeErrors`` (request ids, the catch-all 500,
 ``Retry-After`` on every 503), gzip for responses of at least ``GZIP_MIN_BYTES`` (never for
 ``text/event-stream``: Starlette's ``GZipMiddleware`` passes those through untouched and
-unbuffered), and ``BodyGuard`` (the body read within its limit before anything else runs).
+unbuffered), ``BodyGuard`` (the body read within its limit before anything else runs), and
+``RequestDeadline`` (every wait of a request within the gateway bound, ``api.frame.deadline``).
 """
 
 from __future__ import annotations
@@ -24,6 +25,7 @@ from api.assistant.upload import UPLOAD_PATH, upload_body_limit
 from api.conversations import ConversationViews
 from api.frame.body import BodyGuard, BodyLimit
 from api.frame.commands import edge_producer
+from api.frame.deadline import RequestDeadline
 from api.frame.errors import EDGE_ERRORS, EdgeErrors, install_error_handlers
 from api.frame.models import CursorTooOldOut
 from api.frame.projection import CursorTooOld
@@ -86,6 +88,7 @@ def create_app(settings: VoiceSettings | None = None, bind_host: str | None = No
     install_web(app, settings, bind_host)
     install_error_handlers(app)
     # add_middleware wraps what was added before: the last one added is the outermost.
+    app.add_middleware(RequestDeadline, bound_s=settings.gateway_bound_s)
     app.add_middleware(BodyGuard,
                        default=BodyLimit(settings.max_body_bytes, "VOICE_MAX_BODY_BYTES"),
                        by_path={UPLOAD_PATH: upload_body_limit(chat_settings)})

@@ -35,7 +35,7 @@ from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse, Response, StreamingResponse
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
-from deploy.simulator_rules import answer, block_text
+from deploy.simulator_rules import answer, block_text, image_problem
 
 FAILURES = ("429", "529", "500", "malformed", "midstream")
 MODELS = ("claude-sim-1", "claude-sonnet-4-5", "claude-haiku-4-5", "claude-opus-4-1")
@@ -192,6 +192,9 @@ def create_simulator_app(settings: SimulatorSettings | None = None) -> FastAPI:
             return _error(400, "model: Field required")
         if not isinstance(body.get("messages"), list) or not body["messages"]:
             return _error(400, "messages: at least one message is required")
+        problem = image_problem(body)
+        if problem is not None:
+            return _error(400, problem)
         return body
 
     @app.get("/health")

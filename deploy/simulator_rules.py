@@ -9,6 +9,8 @@ results after it are considered; ``[CURRENT_STATE]`` text blocks are context, no
 
 from __future__ import annotations
 
+import base64
+import binascii
 import json
 import re
 from dataclasses import dataclass, field
@@ -61,6 +63,7 @@ class Conversation:
     text: str                      # the user's own words that opened this turn
     state: str                     # [CURRENT_STATE] text of that message, if any
     calls: list[dict] = field(default_factory=list)   # this turn: {name, input, result, data}
+    images: list[dict] = field(default_factory=list)  # every user image: {media_type, bytes}
 
     def results(self, name: str) -> list[dict]:
         return [c for c in self.calls if c["name"] == name and c["result"] is not None]
@@ -142,7 +145,40 @@ def parse(body: dict) -> Conversation:
                 call["error"] = bool(b.get("is_error"))
                 call["data"] = _json(call["result"])
     name = agent.group(1).lower() if agent else None
-    return Conversation(system, name, tools, user_texts, text.strip(), state, calls)
+    images = [{"media_type": b["source"].get("media_type"),
+               "bytes": len(base64.b64decode(b["source"].get("data") or ""))}
+              for m in messages if m.get("role") == "user" for b in _blocks(m.get("content"))
+              if b.get("type") == "image" and isinstance(b.get("source"), dict)]
+    return Conversation(system, name, tools, user_texts, text.strip(), state, calls, images)
+
+
+IMAGE_MEDIA_TYPES = ("image/jpeg", "image/png", "image/gif", "image/webp")
+
+
+def image_problem(body: dict) -> str | None:
+    """What is wrong with the request's ``image`` blocks, as the Messages API would say it
+    (``messages.0.content.1.image.source.…``); ``None`` when they are all well formed."""
+    for i, msg in enumerate(body.get("messages") or []):
+        content = msg.get("content") if isinstance(msg, dict) else None
+        for j, b in enumerate(content if isinstance(content, list) else []):
+            if not (isinstance(b, dict) and b.get("type") == "image"):
+                continue
+            where, src = f"messages.{i}.content.{j}.image.source", b.get("source")
+            if msg.get("role") != "user":
+                return f"messages.{i}.content.{j}: image blocks are only allowed in user messages"
+            if not isinstance(src, dict) or src.get("type") != "base64":
+                kind = src.get("type") if isinstance(src, dict) else None
+                return f"{where}.type: Input should be 'base64' (got {kind!r})"
+            if src.get("media_type") not in IMAGE_MEDIA_TYPES:
+                return (f"{where}.base64.media_type: Input should be "
+                        + ", ".join(repr(t) for t in IMAGE_MEDIA_TYPES))
+            try:
+                raw = base64.b64decode(src.get("data") or "", validate=True)
+            except (binascii.Error, ValueError):
+                raw = b""
+            if not raw:
+                return f"{where}.base64.data: the image data is not valid base64"
+    return None
 
 
 def answer(body: dict) -> list[dict]:
@@ -371,11 +407,44 @@ def _row_count(data: Any) -> int | None:
     return None
 
 
+_STOP_EARLY = re.compile(r"\bstop early\b", re.I)
+
+
+def agentic(conv: Conversation) -> list[dict]:
+    """An agentic turn (the ``plan`` tool is offered): plan, look at the dataset if one is
+    attached, mark the steps done, answer. Asked to "stop early", it leaves the last step
+    undone, so the end-of-turn plan guardrail has something to report."""
+    dataset = _dataset_id(conv)
+    steps = (["Look at the dataset", "Answer the question"] if dataset
+             else ["Answer the question"])
+    plans = conv.results("plan")
+    if not plans:
+        return [_text("First, a plan."),
+                _tool("plan", {"steps": [{"title": s, "done": False} for s in steps]})]
+    if dataset and "describe_dataset" in conv.tools and not conv.results("describe_dataset"):
+        return [_tool("describe_dataset", {"dataset_id": dataset})]
+    finished = len(steps) - 1 if _STOP_EARLY.search(conv.text) else len(steps)
+    if len(plans) == 1:
+        return [_tool("plan", {"steps": [{"title": s, "done": i < finished}
+                                         for i, s in enumerate(steps)]})]
+    if finished < len(steps):
+        return [_text(f"I stopped early: {finished} of {len(steps)} steps are done.")]
+    return [_text(f"Done: all {len(steps)} steps of the plan are finished.")]
+
+
 def assistant(conv: Conversation) -> list[dict]:
     map_tools = {"describe_dataset", "query_dataset", "display_map"}
-    if not (re.search(r"\bmaps?\b", conv.text, re.I) and map_tools <= set(conv.tools)):
+    wants_map = re.search(r"\bmaps?\b", conv.text, re.I) and map_tools <= set(conv.tools)
+    if "plan" in conv.tools and not wants_map:
+        return agentic(conv)
+    if not wants_map:
         said = conv.text or "(nothing)"
-        return [_text(f"Happy to help. You said: \u201c{said[:300]}\u201d. "
+        seen = ""
+        if conv.images:
+            seen = (f" I can see {len(conv.images)} image(s) in this conversation: "
+                    + ", ".join(f"{i['media_type']} of {i['bytes']} bytes" for i in conv.images)
+                    + ".")
+        return [_text(f"Happy to help. You said: \u201c{said[:300]}\u201d.{seen} "
                       "(This reply comes from the Voice model simulator.)")]
     dataset = _dataset_id(conv)
     if dataset is None:

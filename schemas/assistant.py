@@ -19,6 +19,11 @@ from pydantic import BaseModel, ConfigDict, Field
 from schemas.base import Record, Sealed, record_type
 
 DATASET_ID = r"^[0-9a-f]{32}$"
+NAMESPACE = r"^[A-Za-z0-9_.-]{1,64}$"
+"""A namespace name: an identifier the owner picks, kept in plaintext like the ids."""
+IMAGE_TYPES = ("image/png", "image/jpeg")
+"""Media types an uploaded image may have (the Messages API takes both as ``image`` blocks)."""
+ImageType = Literal["image/png", "image/jpeg"]
 TurnOutcome = Literal["Replied", "Failed", "Cancelled"]
 PatternStage = Literal["provisional", "extracted"]
 
@@ -34,7 +39,7 @@ class DatasetRef(BaseModel):
 
 
 class ChatOptions(BaseModel):
-    """The per-request switches of a chat turn (no content in them)."""
+    """The per-request switches of a chat turn, and the asker's capabilities (no content)."""
 
     model_config = ConfigDict(frozen=True, extra="forbid")
 
@@ -44,6 +49,10 @@ class ChatOptions(BaseModel):
     data_isolation: bool = False
     namespace_id: str | None = None
     inference_params: dict[str, float] = {}
+    capabilities: tuple[str, ...] = ()
+    """What the asking principal may do in the turn's tenant, resolved by the edge from its
+    verified token when the request was made (a chat body cannot carry it: ``ChatRequest``
+    refuses unknown fields). The turn's tools see these and nothing else (``ToolContext``)."""
 
 
 class DisplayPayload(BaseModel):
@@ -84,6 +93,26 @@ class DatasetRecorded(Record):
     meta: Sealed
     csv: Sealed
     at: str
+    namespace: str | None = Field(default=None, pattern=NAMESPACE)
+    """The namespace the dataset belongs to (``None``: the default one). A turn sees only the
+    datasets of its own namespace (``ChatOptions.namespace_id``)."""
+
+
+@record_type("voice.assistant.image_recorded.v1")
+class ImageRecorded(Record):
+    """An uploaded image, beside the datasets on ``voice.datasets`` (key = image id). ``meta``
+    (``{"name"}``, content id ``meta``) and ``image`` (the file's bytes, content id ``image``)
+    are sealed with the data key named by the image id. A chat names it in ``file_context``
+    (``ID: <image id>``) and the turn shows it to the model as an ``image`` content block."""
+
+    image_id: str = Field(pattern=DATASET_ID)
+    owner: str = Field(min_length=1)
+    media_type: ImageType
+    size_bytes: int = Field(ge=1)
+    meta: Sealed
+    image: Sealed
+    at: str
+    namespace: str | None = Field(default=None, pattern=NAMESPACE)
 
 
 # --- commands (topic voice.commands, key = conversation id) ---------------------------------
@@ -118,8 +147,9 @@ class AppendDisplay(Record):
 
 
 # --- the log (topic voice.assistant, key = conversation id) ---------------------------------
-# ``AssistantReplyRecorded``, ``AssistantTurnEnded`` and ``AssistantPatternRecorded`` are also
-# the commands that ask for them: the sequencer appends them as they are.
+# ``AssistantReplyRecorded``, ``AssistantTurnEnded``, ``AssistantPatternRecorded`` and
+# ``AssistantHistorySummarised`` are also the commands that ask for them: the sequencer
+# appends them as they are.
 
 
 @record_type("voice.assistant.conversation_started.v1")
@@ -194,6 +224,22 @@ class AssistantPatternRecorded(Record):
     text: Sealed
 
 
+@record_type("voice.assistant.history_summarised.v1")
+class AssistantHistorySummarised(Record):
+    """A summary of the conversation through ``through_seq`` (sealed text, content id
+    ``summary_id``), made by the compaction model when a turn's history was over its token
+    budget and submitted by the turn's step (command id ``summary_id``, so a re-run records it
+    once). Later turns read it and only the requests and replies after ``through_seq``; the
+    next summary is made from it and those, never from the whole conversation again."""
+
+    conversation: str
+    turn: str
+    summary_id: str
+    through_seq: int = Field(ge=1)
+    """The last seq of the conversation the summary covers."""
+    text: Sealed
+
+
 @record_type("voice.assistant.expire_turn.v1")
 class ExpireAssistantTurn(Record):
     """The janitor of the worker owning the conversation found ``turn`` running past its
@@ -205,5 +251,5 @@ class ExpireAssistantTurn(Record):
 
 
 ASSISTANT_COMMANDS = (AssistantChat, AppendDisplay, AssistantReplyRecorded, AssistantTurnEnded,
-                      AssistantPatternRecorded, ExpireAssistantTurn)
+                      AssistantPatternRecorded, AssistantHistorySummarised, ExpireAssistantTurn)
 """Record types the assistant sequencer takes off ``voice.commands``."""

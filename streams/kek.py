@@ -53,10 +53,15 @@ class MasterKek:
     means changing the master secret — or using a KMS adapter, which can destroy a version.
     """
 
-    def __init__(self, master: bytes) -> None:
-        if len(master) != 32:
-            raise KekError("the master key must be 32 bytes")
+    def __init__(self, master: bytes, versions: dict[int, bytes] | None = None) -> None:
+        """``versions`` gives some versions a master secret of their own
+        (``VOICE_MASTER_KEYS``): how a rotation moves to a new secret, after which the old one
+        can be destroyed and every version derived from it with it (docs/keys.md)."""
+        for secret in (master, *(versions or {}).values()):
+            if len(secret) != 32:
+                raise KekError("a master key must be 32 bytes")
         self._master = master
+        self._versions = dict(versions or {})
         self._aeads: dict[int, AESGCM] = {}
         self._lock = threading.Lock()
 
@@ -66,8 +71,9 @@ class MasterKek:
         with self._lock:
             aead = self._aeads.get(version)
             if aead is None:
+                secret = self._versions.get(version, self._master)
                 kek = HKDF(algorithm=hashes.SHA256(), length=32, salt=None,
-                           info=f"voice/kek/v{version}".encode()).derive(self._master)
+                           info=f"voice/kek/v{version}".encode()).derive(secret)
                 aead = self._aeads[version] = AESGCM(kek)
             return aead
 
@@ -102,6 +108,18 @@ def master_key_from_env(env: str, value: str | None) -> bytes:
     if key == DEV_MASTER_KEY and env not in ("dev", "test"):
         raise KekError(f"VOICE_MASTER_KEY is the public dev key, refused in {env!r}")
     return key
+
+
+def master_keys_from_env(env: str, value: str | None) -> dict[int, bytes]:
+    """``VOICE_MASTER_KEYS``: ``N=secret[,N=secret…]``, KEK version → its own master secret
+    (each as ``VOICE_MASTER_KEY`` takes it); empty when unset."""
+    out: dict[int, bytes] = {}
+    for n, item in enumerate(filter(None, (p.strip() for p in (value or "").split(","))), 1):
+        version, sep, secret = item.partition("=")
+        if not sep or not version.strip().isdigit() or int(version) < 1 or not secret.strip():
+            raise KekError(f"VOICE_MASTER_KEYS item {n} is not VERSION=SECRET (VERSION ≥ 1)")
+        out[int(version)] = master_key_from_env(env, secret)
+    return out
 
 
 def _from_passphrase(passphrase: str) -> bytes:

@@ -31,7 +31,7 @@ from cryptography.hazmat.primitives.ciphers.aead import AESGCM
 
 from schemas.keys import KEK_RECORD_KEY, DataKeyWrapped, KekVersions
 from streams.envelope import Envelope, encode
-from streams.kek import Kek, MasterKek, master_key_from_env
+from streams.kek import Kek, MasterKek, master_key_from_env, master_keys_from_env
 from streams.keyring import KeyRing, wrap_record
 from streams.sealing import KeyErased, KeyNotFound, SealingError, check_id
 from streams.settings import VoiceSettings
@@ -360,5 +360,8 @@ def key_store_for(settings: VoiceSettings) -> ClusterKeyStore:
     of the gateway bound, so an edge answers 503 in time rather than hang on a lost broker.
     """
     secret = settings.master_key.get_secret_value() if settings.master_key else None
-    return ClusterKeyStore(settings, MasterKek(master_key_from_env(settings.env, secret)),
+    versions = settings.master_keys.get_secret_value() if settings.master_keys else None
+    kek = MasterKek(master_key_from_env(settings.env, secret),
+                    master_keys_from_env(settings.env, versions))
+    return ClusterKeyStore(settings, kek,
                            timeout_s=min(30.0, settings.gateway_bound_s / 3))

@@ -63,6 +63,16 @@ class RecordTooLarge(ProduceError):
         self.topic, self.size, self.limit = topic, size, limit
 
 
+def too_large(exc: BaseException) -> bool:
+    """Whether ``exc`` is a refusal of a record as too large — by Voice's bound, the client's
+    ``message.max.bytes`` (raised at ``produce``) or the topic's ``max.message.bytes`` (in
+    the delivery report): sending it again cannot help."""
+    if isinstance(exc, ProduceError):
+        return exc.too_large
+    err = exc.args[0] if isinstance(exc, KafkaException) and exc.args else None
+    return isinstance(err, KafkaError) and err.code() == KafkaError.MSG_SIZE_TOO_LARGE
+
+
 def record_size(key: bytes | None, value: bytes | None,
                 headers: Sequence[tuple[str, bytes | None]] | None) -> int:
     """Bytes of a record as the client sends it, before compression: key, value, headers.

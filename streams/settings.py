@@ -125,6 +125,11 @@ class VoiceSettings(BaseSettings):
     """Wraps the per-conversation data keys of the local key store: base64 of 32 bytes, or a
     passphrase; required (and at least 32 bytes) in prod. Unset in dev/test: the public dev key."""
 
+    master_keys: SecretStr | None = None
+    """``N=secret[,N=secret…]``: KEK versions with a master secret of their own (others derive
+    from ``VOICE_MASTER_KEY``) — how ``voice keys rotate`` moves to a new secret so the old one
+    can be destroyed (docs/keys.md, "Making an erasure final")."""
+
     max_message_bytes: int = Field(default=16 * 1024, ge=1, le=64 * 1024)
     """Largest participant message accepted (UTF-8 bytes); larger answers 422. At most 64 KiB,
     the edge's bound on any one string of a request."""
@@ -146,6 +151,11 @@ class VoiceSettings(BaseSettings):
     (its most recent messages and replies). A history over the engine's token budget is
     summarised well before this; only when summarising failed are older records left out
     of a turn, and the turn is told so."""
+
+    history_token_budget: int = Field(default=60_000, ge=500)
+    """Tokens of history (estimated, about four characters a token) an agent's turn sends as
+    is; over it, the older part is summarised (stored on the conversation's log and reused
+    by later turns) and the recent part stays raw — docs/engine.md, "History"."""
 
     edge_events_kept: int = Field(default=10_000, ge=10)
     """Events an edge keeps per conversation for SSE resume; older cursors answer 409."""

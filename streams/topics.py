@@ -106,7 +106,8 @@ ASSISTANT = TopicSpec(
 )
 DATASETS = TopicSpec(
     "voice.datasets",
-    "Uploaded CSV datasets, sealed with each dataset's data key; key = dataset id.",
+    "Uploaded CSV datasets and images, each sealed with its own data key; key = dataset or "
+    "image id.",
     compacted=True,
 )
 

@@ -13,7 +13,7 @@ from uuid import UUID
 from pydantic import BaseModel, Field, JsonValue
 
 from api.frame.models import JsonObject, NonBlank, RequestModel
-from schemas.assistant import DATASET_ID
+from schemas.assistant import DATASET_ID, NAMESPACE
 
 DatasetId = Annotated[str, Field(pattern=DATASET_ID, description="A dataset id (32 lower-case "
                                                                   "hex digits).")]
@@ -59,7 +59,9 @@ class ChatRequest(RequestModel):
     skip_history: bool = Field(default=False, description="Run the turn without the "
                                "conversation's earlier messages.")
     advanced: AdvancedOptions = AdvancedOptions()
-    namespace_id: str | None = Field(default=None, pattern=r"^[A-Za-z0-9_.-]{1,64}$")
+    namespace_id: str | None = Field(default=None, pattern=NAMESPACE, description="The "
+                                     "namespace the turn works in: it sees only the datasets "
+                                     "uploaded into it (omitted: the default namespace).")
     stream: bool = Field(default=True, description="true: a display-event SSE stream; "
                          "false: 202 with the turn to read later.")
 
@@ -71,6 +73,17 @@ class DatasetUploaded(BaseModel):
     name: str
     rows: int
     columns: list[str]
+    namespace: str | None = None
+
+
+class ImageUploaded(BaseModel):
+    """``201`` for an image: name ``image_id`` in a chat's ``file_context`` (``ID: …``)."""
+
+    image_id: str
+    name: str
+    media_type: Literal["image/png", "image/jpeg"]
+    size_bytes: int
+    namespace: str | None = None
 
 
 class ChatAccepted(BaseModel):

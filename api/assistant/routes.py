@@ -29,6 +29,7 @@ from api.assistant.views import (
 )
 from api.frame.auth import Principal
 from api.frame.commands import CommandsDep, conversation_refused
+from api.frame.deadline import remaining
 from api.frame.deps import (
     VIEW_WAIT_S,
     ConverseDep,
@@ -82,10 +83,16 @@ def display_stream(conversations: AssistantConversations, sealer: Sealer, conver
     return sse_stream(feed, cursor, bound_s)
 
 
+MAX_IMAGES = 5
+"""Images one chat message may attach (each costs the model up to ~1,600 input tokens, again
+in every later turn whose history holds it)."""
+
+
 async def _attach(views: AssistantViews, sealer: Sealer, owner: Principal, body: ChatRequest
-                  ) -> list[tuple[DatasetRef, dict[str, Any]]]:
-    """The datasets the request names (404 naming the field for one not the caller's), plus
-    those an ``ID: …`` in ``file_context`` names, when they are the caller's."""
+                  ) -> tuple[list[tuple[DatasetRef, dict[str, Any]]], list[dict[str, Any]]]:
+    """The datasets the request names (404 naming the field for one not the caller's or not
+    in the request's namespace), plus those an ``ID: …`` in ``file_context`` names, when they
+    are the caller's; and the images ``file_context`` names, as positions (never bytes)."""
     wanted: list[tuple[str, str, bool]] = []
     if body.dataset_id:
         wanted.append(("dataset_id", body.dataset_id, True))
@@ -93,27 +100,48 @@ async def _attach(views: AssistantViews, sealer: Sealer, owner: Principal, body:
     for i, text in enumerate(body.file_context):
         wanted += [(f"file_context[{i}]", m.lower(), False) for m in _ID_IN_CONTEXT.findall(text)]
     out: dict[str, tuple[DatasetRef, dict[str, Any]]] = {}
+    images: dict[str, dict[str, Any]] = {}
     for where, dataset_id, required in wanted:
-        if dataset_id in out:
+        if dataset_id in out or dataset_id in images:
             continue
         # Uploaded through another edge a moment ago? Wait for it, briefly unless required.
         ds = await find_owned(views.datasets, dataset_id, owner,
-                              VIEW_WAIT_S if required else 0.2)
+                              VIEW_WAIT_S if required else 0.2, what="dataset")
         meta = None
         if ds is not None:
             try:
                 meta = sealer.open_json(dataset_id, "meta", ds.meta)
             except KeyErased:
                 meta = None
+        if ds is not None and ds.namespace != body.namespace_id:
+            # Another namespace's dataset is not there for this turn (seen as missing).
+            if required:
+                raise HTTPException(404, f"{where}: no dataset {dataset_id!r} in "
+                                         f"{_namespace(body.namespace_id)}")
+            continue
         if ds is None or meta is None:
             if required:
                 raise HTTPException(404, f"{where}: no dataset {dataset_id!r}")
+            continue
+        if ds.media_type is not None:
+            if required:
+                raise HTTPException(422, f"{where}: {dataset_id!r} is an image, not a dataset; "
+                                         "name it in file_context ('ID: <image id>')")
+            if len(images) == MAX_IMAGES:
+                raise HTTPException(422, f"{where}: at most {MAX_IMAGES} images per message")
+            images[dataset_id] = {"image_id": dataset_id, "name": meta.get("name"),
+                                  "media_type": ds.media_type, "partition": ds.partition,
+                                  "offset": ds.offset}
             continue
         out[dataset_id] = (DatasetRef(dataset_id=dataset_id, partition=ds.partition,
                                       offset=ds.offset),
                            {"dataset_id": dataset_id, "name": meta.get("name"),
                             "rows": ds.rows, "columns": meta.get("columns") or []})
-    return list(out.values())
+    return list(out.values()), list(images.values())
+
+
+def _namespace(namespace: str | None) -> str:
+    return f"namespace {namespace!r}" if namespace is not None else "the default namespace"
 
 
 @router.post("/chat", response_model=None, dependencies=[quota("messages")], responses={
@@ -148,16 +176,17 @@ async def chat(
         admission.charge("conversations")
         conversation, create = str(uuid.uuid4()), True
         await asyncio.to_thread(sealer.create, conversation, principal.tenant)
-    attached = await _attach(views, sealer, principal, body)
+    attached, images = await _attach(views, sealer, principal, body)
     message_id = new_id()
     request_doc = {"message": body.message, "file_context": body.file_context,
-                   "datasets": [summary for _, summary in attached],
+                   "datasets": [summary for _, summary in attached], "images": images,
                    "focus_context": body.focus_context, "selection_state": body.selection_state}
     params = body.inference_params.model_dump(exclude_none=True) if body.inference_params else {}
     options = ChatOptions(model_override=body.model_override, agentic_mode=body.agentic_mode,
                           skip_history=body.skip_history,
                           data_isolation=body.advanced.data_isolation,
-                          namespace_id=body.namespace_id, inference_params=params)
+                          namespace_id=body.namespace_id, inference_params=params,
+                          capabilities=tuple(sorted(principal.capabilities)))
     ack = await commands.submit(conversation, AssistantChat(
         conversation=conversation, owner=principal.sub, create=create, message_id=message_id,
         request=sealer.seal_json(conversation, message_id, request_doc),
@@ -197,7 +226,7 @@ async def known_turn(conversations: AssistantConversations, conversation: str, t
     """The turn of ``conversation`` (waiting briefly for this edge to see it); 404 if none."""
     check_turn(turn, conversation)
     await conversations.wait(conversation, lambda v: v is not None and turn in v.turns,
-                             VIEW_WAIT_S)
+                             remaining(VIEW_WAIT_S))
     view = conversations.get(conversation)
     tv = view.turns.get(turn) if view is not None else None
     if tv is None:

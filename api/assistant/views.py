@@ -25,6 +25,7 @@ from schemas.assistant import (
     AssistantTurnRequested,
     DatasetRecorded,
     DisplayPayload,
+    ImageRecorded,
 )
 from schemas.base import Sealed
 from streams.assistant_settings import AssistantSettings
@@ -44,6 +45,9 @@ class DatasetView(AggregateView):
     meta: Sealed
     partition: int
     offset: int
+    namespace: str | None = None
+    media_type: str | None = None
+    """Set for an uploaded image (``ImageRecorded``; no rows or columns), ``None`` for a CSV."""
 
     def owned_by(self, owner: str) -> bool:
         return self.owner == owner
@@ -88,15 +92,22 @@ class AssistantConversationView(KeptEvents[AssistantDisplayRecorded]):
 
 
 class Datasets(Projection[DatasetView]):
-    """Every dataset uploaded through any edge, by id."""
+    """Every dataset and image uploaded through any edge, by id."""
 
     def apply(self, env: Envelope, partition: int, offset: int) -> None:
         rec = env.record
+        if isinstance(rec, ImageRecorded) and rec.image_id not in self.by_key:
+            self.by_key[rec.image_id] = DatasetView(
+                dataset_id=rec.image_id, owner=rec.owner, tenant=env.tenant, rows=0, columns=0,
+                meta=rec.meta, partition=partition, offset=offset, namespace=rec.namespace,
+                media_type=rec.media_type)
+            self.notify(rec.image_id)
+            return
         if isinstance(rec, DatasetRecorded) and rec.dataset_id not in self.by_key:
             self.by_key[rec.dataset_id] = DatasetView(
                 dataset_id=rec.dataset_id, owner=rec.owner, tenant=env.tenant, rows=rec.rows,
                 columns=rec.columns,
-                meta=rec.meta, partition=partition, offset=offset)
+                meta=rec.meta, partition=partition, offset=offset, namespace=rec.namespace)
             self.notify(rec.dataset_id)
 
 

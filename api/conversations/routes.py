@@ -31,11 +31,13 @@ from api.conversations.models import (
 )
 from api.conversations.views import ConversationView, ConversationViews
 from api.frame.commands import CommandsDep, conversation_refused, refused
+from api.frame.deadline import cut_short, remaining
 from api.frame.deps import (
     VIEW_WAIT_S,
     ConverseDep,
     SealerDep,
     SettingsDep,
+    behind,
     check_text_size,
     check_turn,
     known,
@@ -142,7 +144,8 @@ async def send_message(
 async def original_text(views: ConversationViews, sealer: Sealer, conversation: str,
                         seq: int, default: str) -> str:
     """The text of the message recorded at ``seq`` (the first of a repeated request)."""
-    await views.wait(conversation, lambda v: v is None or v.erased or v.last_seq >= seq, 1.0)
+    await views.wait(conversation, lambda v: v is None or v.erased or v.last_seq >= seq,
+                     remaining(1.0))
     view = views.get(conversation)
     env = view.content.get(seq) if view is not None else None
     if env is None or not isinstance(env.record, MessageRecorded):
@@ -166,11 +169,14 @@ async def get_turn(
         tv = v.turns.get(turn)
         return (tv is not None and tv.state is not None) or v.last_seq >= message_seq + 2
 
-    await views.wait(conversation, decided, VIEW_WAIT_S)
+    short = cut_short(VIEW_WAIT_S)
+    await views.wait(conversation, decided, remaining(VIEW_WAIT_S))
     tv = view.turns.get(turn)
     if view.erased:
         raise not_found("conversation", conversation)
     if tv is None or tv.state is None:
+        if short and not decided(view):  # the bound ran out first: it may yet come
+            raise behind("turn", turn)
         raise no_turn(turn, conversation)
     with opening(views, conversation):
         return render.turn_out(sealer, tv)

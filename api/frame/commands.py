@@ -10,22 +10,24 @@ it, answers 503 (``Retry-After`` is added to every 503 by ``api.frame.errors``).
 
 from __future__ import annotations
 
+import asyncio
 import logging
 import math
 from dataclasses import dataclass
 from typing import Annotated, Any
 
-from confluent_kafka import KafkaError, KafkaException, Message
+from confluent_kafka import KafkaException, Message
 from fastapi import Depends, HTTPException
 
 from api.frame.auth import Principal
+from api.frame.deadline import remaining
 from api.frame.deps import PrincipalDep, ProducerDep, SettingsDep, TailDep, not_found
 from api.frame.tail import AckTimeout, EdgeTail
 from schemas.base import Record
 from schemas.system import CommandAcknowledged
 from schemas.workflow import WorkflowCommandReceived, WorkflowStarted
 from streams.envelope import Envelope, new_id
-from streams.producer import ProduceError, Publisher, RecordProducer, RecordTooLarge
+from streams.producer import ProduceError, Publisher, RecordProducer, RecordTooLarge, too_large
 from streams.settings import VoiceSettings
 from streams.topics import COMMANDS, WORKFLOWS, TopicSpec
 
@@ -39,7 +41,7 @@ def edge_producer(settings: VoiceSettings) -> RecordProducer:
     (→ 503) instead of waiting out librdkafka's five minutes, and a full local queue (the
     broker gone for a while) fails at once instead of blocking the event loop. Half: the
     first record of a fresh producer also waits for its producer id, slower on a busy broker;
-    the ack then gets a third, so a route still answers within the bound."""
+    the writer's acknowledgement then gets what is left of the request's bound."""
     timeout_ms = max(1000, math.ceil(settings.gateway_bound_s * 1000 / 2))
     return RecordProducer(settings, wait_when_full=False, **{"message.timeout.ms": timeout_ms})
 
@@ -60,17 +62,24 @@ class Commands:
 
     async def record(self, spec: TopicSpec, env: Envelope, what: str) -> Message:
         """Produce ``env`` and wait for the broker's ack: 413 "could not {what}" when it is
-        over ``VOICE_MAX_RECORD_BYTES`` (never sent), 503 when the broker does not take it."""
+        over ``VOICE_MAX_RECORD_BYTES`` (never sent), 503 when the broker does not take it,
+        or has not acknowledged it when the request's bound runs out (it may still land:
+        a retry with the same idempotency key is answered from it)."""
         limit = self.settings.max_record_bytes
         try:
-            return await self.publisher.send(spec, env, max_bytes=limit)
+            return await asyncio.wait_for(self.publisher.send(spec, env, max_bytes=limit),
+                                          remaining(self.settings.gateway_bound_s))
+        except TimeoutError:
+            raise HTTPException(503, f"could not {what}: the broker did not acknowledge the "
+                                     "record within the gateway bound "
+                                     f"({self.settings.gateway_bound_s} s); try again") from None
         except RecordTooLarge as exc:
             raise HTTPException(413, f"could not {what}: the record would be {exc.size} bytes, "
                                      f"over the limit of {limit} (VOICE_MAX_RECORD_BYTES); "
                                      "send less") from None
         except (ProduceError, KafkaException, BufferError) as exc:
             log.warning("could not %s: %s: %s", what, type(exc).__name__, exc)
-            if _too_large(exc):  # within our limit, yet over the client's or the topic's
+            if too_large(exc):  # within our limit, yet over the client's or the topic's
                 raise HTTPException(413, f"could not {what}: the broker refuses a record this "
                                          "large; send less") from None
             raise HTTPException(503, f"could not {what}: the broker did not take the record; "
@@ -80,8 +89,9 @@ class Commands:
                      ) -> CommandAcknowledged:
         """Produce ``record`` on the commands topic and return its writer's acknowledgement.
 
-        Waits at most a third of the gateway bound; past that the command is still on the log
-        and will be applied, so the caller gets 503 and may retry with the same idempotency key.
+        Waits at most what is left of the request's gateway bound (``api.frame.deadline``);
+        past that the command is still on the log and will be applied, so the caller gets 503
+        and may retry with the same idempotency key.
         """
         cmd_id = new_id()
         env = self.envelope(record, aggregate, correlation=correlation or cmd_id, id=cmd_id)
@@ -92,7 +102,8 @@ class Commands:
             self.tail.forget_ack(cmd_id)
             raise
         try:
-            return await self.tail.wait_ack(cmd_id, fut, self.settings.gateway_bound_s / 3)
+            return await self.tail.wait_ack(cmd_id, fut,
+                                            remaining(self.settings.gateway_bound_s))
         except AckTimeout as exc:
             raise HTTPException(503, f"{exc}; retry with the same Idempotency-Key") from None
 
@@ -108,18 +119,15 @@ class Commands:
         await self.record(WORKFLOWS, env, f"start {workflow!r}")
 
 
-def _too_large(exc: BaseException) -> bool:
-    if isinstance(exc, ProduceError):
-        return exc.too_large
-    err = exc.args[0] if isinstance(exc, KafkaException) and exc.args else None
-    return isinstance(err, KafkaError) and err.code() == KafkaError.MSG_SIZE_TOO_LARGE
-
-
 def refused(ack: CommandAcknowledged, what: str,
             not_found: HTTPException | None = None) -> HTTPException:
-    """The HTTP error of a command its writer refused: 503 when it could not record it (try
-    again), 404 for an unknown aggregate (``not_found`` when given), else 409 with the reason."""
+    """The HTTP error of a command its writer refused: 413 when the log refused its records
+    as too large (sending it again cannot help), 503 when it could not record it otherwise
+    (try again), 404 for an unknown aggregate (``not_found`` when given), else 409 with the
+    reason."""
     reason = str(ack.detail.get("reason") or "refused")
+    if ack.detail.get("too_large"):
+        return HTTPException(413, f"{what}: {reason}")
     if ack.detail.get("retryable"):
         return HTTPException(503, f"{what}: {reason}")
     if reason.startswith("no such"):

@@ -10,6 +10,7 @@ from fastapi.exceptions import RequestValidationError
 from fastapi.security import HTTPAuthorizationCredentials, HTTPBearer
 
 from api.frame.auth import Principal, TenantRefused, resolve_principal
+from api.frame.deadline import cut_short, remaining
 from api.frame.projection import Projection
 from api.frame.tail import EdgeTail
 from streams.capabilities import Capability
@@ -108,16 +109,34 @@ def no_turn(turn: str, conversation: str) -> HTTPException:
 
 
 async def known(projection: Projection[V], key: str, timeout: float = VIEW_WAIT_S) -> V | None:
-    """The view of ``key``, waiting at most ``timeout`` for this edge to catch up with the log;
-    None when it still does not know it."""
-    await projection.wait(key, lambda v: v is not None, timeout)
+    """The view of ``key``, waiting at most ``timeout`` (less if the request's bound runs out
+    first) for this edge to catch up with the log; None when it still does not know it."""
+    await projection.wait(key, lambda v: v is not None, remaining(timeout))
     return projection.get(key)
+
+
+def behind(what: str, key: str) -> HTTPException:
+    """The 503 of a view that did not catch up before the request's bound ran out: it may
+    yet, so "no such" (404) would be a guess."""
+    return HTTPException(503, f"this edge has not caught up with {what} {key!r} within the "
+                              "gateway bound; try again")
+
+
+async def known_or_behind(projection: Projection[V], key: str, what: str,
+                          timeout: float = VIEW_WAIT_S) -> V | None:
+    """``known``, but 503 (``behind``) when the view does not know ``key`` and the wait was
+    cut short by the request's bound: only a full wait may conclude "not there"."""
+    short = cut_short(timeout)
+    view = await known(projection, key, timeout)
+    if view is None and short:
+        raise behind(what, key)
+    return view
 
 
 async def known_or_404(projection: Projection[V], key: str, what: str, tenant: str) -> V:
     """The view of ``key`` in ``tenant`` (waiting briefly for this edge to catch up); 404
     naming ``what`` when unknown — or another tenant's, which must look the same."""
-    await known(projection, key)
+    await known_or_behind(projection, key, what)
     view = projection.in_tenant(key, tenant)
     if view is None:
         raise not_found(what, key)
@@ -125,10 +144,10 @@ async def known_or_404(projection: Projection[V], key: str, what: str, tenant: s
 
 
 async def find_owned(projection: Projection[V], key: str, who: Principal,
-                     timeout: float = VIEW_WAIT_S) -> V | None:
+                     timeout: float = VIEW_WAIT_S, what: str = "conversation") -> V | None:
     """The view of ``key`` if ``who`` may read it (its tenant's and its owner), waiting for
-    this edge to catch up."""
-    await known(projection, key, timeout)
+    this edge to catch up (503 when the request's bound cuts that short)."""
+    await known_or_behind(projection, key, what, timeout)
     return projection.owned(key, who)
 
 
@@ -146,7 +165,7 @@ def owned_dependency(projection_of: Callable[..., Any], *, valid: Callable[[str]
         projection: Annotated[Projection[Any], Depends(projection_of)],
         principal: ConverseDep,
     ) -> Any:
-        view = (await find_owned(projection, conversation, principal)
+        view = (await find_owned(projection, conversation, principal, what=what)
                 if valid(conversation) else None)
         if view is None:
             raise not_found(what, conversation)

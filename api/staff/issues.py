@@ -10,6 +10,7 @@ from fastapi import APIRouter, Query
 from pydantic import BaseModel, Field, model_validator
 
 from api.frame.commands import CommandsDep, refused
+from api.frame.deadline import remaining
 from api.frame.deps import VIEW_WAIT_S, known, known_or_404
 from api.frame.models import RequestModel
 from api.staff.deps import NOT_FOUND, IssuesManageDep, IssuesReadDep, StaffViewsDep
@@ -190,7 +191,7 @@ async def add_evidence(issue: str, body: EvidenceIn, principal: IssuesManageDep,
         raise refused(ack, f"issue {issue!r}")
     # Read-your-writes: a research run started next on this edge must see it.
     await views.issues.wait(issue, lambda v: v is not None and evidence in v.evidence,
-                            VIEW_WAIT_S)
+                            remaining(VIEW_WAIT_S))
     return EvidenceCreated(issue=issue, evidence=evidence)
 
 

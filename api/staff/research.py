@@ -15,6 +15,7 @@ from fastapi import APIRouter, HTTPException
 from pydantic import BaseModel
 
 from api.frame.commands import CommandsDep, refused
+from api.frame.deadline import remaining
 from api.frame.deps import VIEW_WAIT_S, known, known_or_404
 from api.staff.deps import NOT_FOUND, InvestigateDep, IssuesManageDep, IssuesReadDep, StaffViewsDep
 from api.staff.views import InvestigationView, WorkflowView
@@ -135,6 +136,7 @@ async def open_investigation(investigation: str, principal: InvestigateDep,
         issue=inv.issue, investigation=investigation, by=principal.sub))
     if ack.outcome == "rejected":
         raise refused(ack, f"investigation {investigation!r}")
-    await views.investigations.wait(investigation, lambda _v: inv.state == "open", VIEW_WAIT_S)
+    await views.investigations.wait(investigation, lambda _v: inv.state == "open",
+                                    remaining(VIEW_WAIT_S))
     out = investigation_out(inv)
     return out.model_copy(update={"state": "open", "opened_by": inv.opened_by or principal.sub})

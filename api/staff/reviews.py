@@ -11,6 +11,7 @@ from fastapi import APIRouter, Header
 from pydantic import BaseModel, Field, model_validator
 
 from api.frame.commands import CommandsDep, refused
+from api.frame.deadline import remaining
 from api.frame.deps import VIEW_WAIT_S, SealerDep, known_or_404
 from api.frame.models import MAX_STRING_CHARS, HeaderText, RequestModel
 from api.staff.deps import ReviewDecideDep, ReviewReadDep, StaffViewsDep
@@ -171,7 +172,8 @@ async def review_contribution(
         raise refused(ack, f"contribution {contribution!r}")
     # Read-your-writes: the workflow resumed (seq ``ack.seq``) before it answered.
     await views.workflows.wait(contribution, lambda w: w is not None and ack.seq is not None
-                               and (w.last_seq or 0) >= ack.seq, VIEW_WAIT_S)
+                               and (w.last_seq or 0) >= ack.seq,
+                               remaining(VIEW_WAIT_S))
     return ReviewAccepted(contribution=contribution, command=ack.detail["command"],  # type: ignore[arg-type]
                           command_id=command_id)
 

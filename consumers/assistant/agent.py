@@ -9,6 +9,7 @@ from __future__ import annotations
 import json
 from typing import Any
 
+from consumers.assistant.images import REF_SOURCE
 from consumers.assistant.patterns import Suggestion
 from consumers.engine import AgentSpec, StateView, ToolRegistry
 from streams.assistant_settings import AssistantSettings
@@ -35,6 +36,7 @@ def assistant_spec(settings: AssistantSettings, tools: ToolRegistry) -> AgentSpe
                      model=settings.assistant_model or settings.model,
                      fallback_models=tuple(settings.fallback_models),
                      compaction_model=settings.compaction_model, max_output_tokens=4096,
+                     history_token_budget=settings.history_token_budget,
                      tool_guidance=TOOL_GUIDANCE, allowed_models=settings.allowed_models)
 
 
@@ -57,6 +59,17 @@ def user_content(request: dict[str, Any]) -> str:
     return "\n\n".join(parts)
 
 
+def user_message(request: dict[str, Any]) -> str | list[dict[str, Any]]:
+    """The user's message as the model gets it: ``user_content`` text, preceded by one image
+    reference block per attached image (``consumers.assistant.images`` resolves them)."""
+    text = user_content(request)
+    images = [i for i in request.get("images") or [] if isinstance(i, dict)]
+    if not images:
+        return text
+    return [*({"type": "image", "source": {"type": REF_SOURCE, **i}} for i in images),
+            {"type": "text", "text": text}]
+
+
 def _blocks(content: Any) -> list[dict[str, Any]]:
     if isinstance(content, str):
         return [{"type": "text", "text": content}] if content else []
@@ -67,10 +80,18 @@ def history_messages(turns: list[tuple[str, Any]]) -> list[dict[str, Any]]:
     """Messages-API history from opened transcript entries: ``("user", request)`` and
     ``("assistant", chain)``. Roles alternate (same-role neighbours are merged) and it starts
     with the user; each reply contributes its whole tool-call chain."""
+    return history_with_seqs([(role, payload, 0) for role, payload in turns])[0]
+
+
+def history_with_seqs(turns: list[tuple[str, Any, int]]
+                      ) -> tuple[list[dict[str, Any]], list[int]]:
+    """``history_messages`` of ``(role, payload, seq)`` entries, and the last log seq each
+    message holds (where a summary that ends before a message covers through)."""
     messages: list[dict[str, Any]] = []
-    for role, payload in turns:
+    seqs: list[int] = []
+    for role, payload, seq in turns:
         if role == "user":
-            items = [{"role": "user", "content": user_content(payload)}]
+            items = [{"role": "user", "content": user_message(payload)}]
         elif not messages:
             continue  # a reply without its request (trimmed away): its chain would dangle
         else:
@@ -83,9 +104,11 @@ def history_messages(turns: list[tuple[str, Any]]) -> list[dict[str, Any]]:
                 messages[-1] = {"role": item["role"],
                                 "content": _blocks(messages[-1]["content"])
                                 + _blocks(item["content"])}
+                seqs[-1] = seq
             else:
                 messages.append({"role": item["role"], "content": item["content"]})
-    return messages
+                seqs.append(seq)
+    return messages, seqs
 
 
 def state_text(request: dict[str, Any], options: dict[str, Any],
@@ -106,7 +129,8 @@ def state_text(request: dict[str, Any], options: dict[str, Any],
         lines.append("[SELECTION] " + json.dumps(request["selection_state"],
                                                  sort_keys=True)[:2000])
     if options.get("agentic_mode"):
-        lines.append("[MODE] agentic: make a short plan first, then carry it out step by step")
+        lines.append("[MODE] agentic: first call `plan` with short steps, then carry them out "
+                     "one by one, calling `plan` again to mark each finished step done")
     if options.get("namespace_id"):
         lines.append(f"[NAMESPACE] {options['namespace_id']}")
     if suggestions:

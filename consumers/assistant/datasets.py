@@ -15,15 +15,18 @@ import time
 import uuid
 from collections import OrderedDict
 from dataclasses import dataclass
-from typing import Protocol
+from typing import Protocol, TypeVar
 
 from confluent_kafka import Consumer, TopicPartition
 
 from schemas.assistant import DatasetRecorded, DatasetRef
+from schemas.base import Record
 from streams.envelope import DecodeError, decode
 from streams.sealing import Sealer, SealingError
 from streams.settings import VoiceSettings
 from streams.topics import DATASETS, topic_name
+
+R = TypeVar("R", bound=Record)
 
 
 class DatasetUnavailable(Exception):
@@ -40,6 +43,8 @@ class LoadedDataset:
     columns: tuple[str, ...]
     rows: int
     csv_text: str
+    namespace: str | None = None
+    """The namespace it was uploaded into (``None``: the default one)."""
 
     def records(self) -> list[dict[str, str]]:
         """The rows as dicts of text (the csv module's reading)."""
@@ -73,9 +78,11 @@ def from_csv(dataset_id: str, owner: str, name: str, text: str) -> LoadedDataset
 
 
 def fetch_record(settings: VoiceSettings, topic: str, partition: int, offset: int,
-                 timeout: float = 10.0) -> DatasetRecorded:
-    """The ``DatasetRecorded`` at ``topic[partition]@offset``; ``DatasetUnavailable`` if that
-    offset holds something else or no longer exists (compacted away)."""
+                 timeout: float = 10.0, kind: type[R] = DatasetRecorded  # type: ignore[assignment]
+                 ) -> R:
+    """The record of type ``kind`` (``DatasetRecorded`` or ``ImageRecorded``) at
+    ``topic[partition]@offset``; ``DatasetUnavailable`` if that offset holds something else or
+    no longer exists (compacted away)."""
     c = Consumer({"bootstrap.servers": settings.bootstrap,
                   "group.id": f"voice-dataset-{uuid.uuid4().hex}", "enable.auto.commit": False,
                   "fetch.message.max.bytes": 2 * 1024 * 1024})
@@ -96,7 +103,7 @@ def fetch_record(settings: VoiceSettings, topic: str, partition: int, offset: in
                 env = decode(msg.key(), msg.value(), msg.headers())
             except DecodeError as exc:
                 raise DatasetUnavailable(f"{topic}[{partition}]@{offset}: {exc.reason}") from None
-            if not isinstance(env.record, DatasetRecorded):
+            if not isinstance(env.record, kind):
                 break
             return env.record
     finally:
@@ -133,7 +140,7 @@ class KafkaDatasets:
             raise DatasetUnavailable(f"dataset {rec.dataset_id!r} cannot be opened: "
                                      f"{type(exc).__name__}") from None
         loaded = LoadedDataset(rec.dataset_id, rec.owner, str(meta.get("name") or "dataset"),
-                               tuple(meta.get("columns") or ()), rec.rows, text)
+                               tuple(meta.get("columns") or ()), rec.rows, text, rec.namespace)
         with self._lock:
             if rec.dataset_id not in self._cache:
                 self._cache[rec.dataset_id] = loaded

@@ -31,6 +31,7 @@ from schemas.assistant import (
     AssistantChat,
     AssistantConversationStarted,
     AssistantDisplayRecorded,
+    AssistantHistorySummarised,
     AssistantPatternRecorded,
     AssistantReplyRecorded,
     AssistantTurnEnded,
@@ -113,7 +114,7 @@ class AssistantSequencer(Aggregate[AssistantState]):
                 return Decision(state)  # another attempt's reply: the turn has one
             state.replied = True
             records = append(state, rec)
-        elif isinstance(rec, AssistantPatternRecorded):
+        elif isinstance(rec, (AssistantPatternRecorded, AssistantHistorySummarised)):
             records = append(state, rec)
         elif isinstance(rec, AssistantTurnEnded):
             records = append(state, rec)

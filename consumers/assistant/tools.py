@@ -31,15 +31,20 @@ from streams.readonly_sql import SqlRefused
 SAMPLES = 5
 LAT_NAMES = ("lat", "latitude", "lat_dd", "lat_deg", "y")
 LON_NAMES = ("lon", "lng", "long", "longitude", "lon_dd", "lon_deg", "x")
+DATASET_TOOLS = ("describe_dataset", "query_dataset", "display_map")
+QUERY_CAPABILITY = "converse"
+"""What the asking principal must be able to do for ``query_dataset`` to run its SQL."""
 
 
 class TurnDatasets:
     """The datasets one turn may read (those its request attached), opened on first use."""
 
-    def __init__(self, refs: list[DatasetRef], source: DatasetSource, owner: str) -> None:
+    def __init__(self, refs: list[DatasetRef], source: DatasetSource, owner: str,
+                 namespace: str | None = None) -> None:
         self.refs = {r.dataset_id: r for r in refs}
         self.source = source
         self.owner = owner
+        self.namespace = namespace
         self._loaded: dict[str, LoadedDataset] = {}
         self._lock = threading.Lock()
 
@@ -63,6 +68,9 @@ class TurnDatasets:
         ds = self.source.load(ref)
         if ds.owner != self.owner:
             raise DatasetUnavailable(f"dataset {dataset_id!r} is not available")
+        if ds.namespace != self.namespace:  # the edge attaches none such; a forged ref
+            raise DatasetUnavailable(f"dataset {dataset_id!r} is not in this turn's namespace "
+                                     f"{self.namespace!r}")
         with self._lock:
             self._loaded[ref.dataset_id] = ds
         return ds
@@ -245,14 +253,21 @@ class DatasetTools:
                         "features": len(features), "skipped": skipped},
                   warnings=tuple(warnings), effects=(card,))
 
-    def registry(self) -> ToolRegistry:
-        """The agent's allow-listed, read-only tools."""
-        return ToolRegistry((
+    def tools(self) -> tuple[Tool, ...]:
+        """The three tools. ``query_dataset`` runs the caller's own SQL, so it needs the
+        asking principal's ``converse`` capability (``QUERY_CAPABILITY``), as the edge put it
+        in the chat command; the engine refuses the call otherwise."""
+        return (
             Tool("describe_dataset", "Columns (name, type, sample values) and row count of an "
                  "attached dataset.", DescribeDataset, self.describe),
             Tool("query_dataset", "Run one read-only ClickHouse SQL query (SELECT or WITH) "
-                 "over an attached dataset, the table `data`.", QueryDataset, self.query),
+                 "over an attached dataset, the table `data`.", QueryDataset, self.query,
+                 requires=QUERY_CAPABILITY),
             Tool("display_map", "Show rows with latitude/longitude columns as points on a map "
                  "(one map per display_id, shown with the reply).", DisplayMap,
                  self.display_map),
-        ), allow=("describe_dataset", "query_dataset", "display_map"))
+        )
+
+    def registry(self) -> ToolRegistry:
+        """The agent's allow-listed, read-only tools (without ``plan``: see ``turn_tools``)."""
+        return ToolRegistry(self.tools(), allow=DATASET_TOOLS)

@@ -1,14 +1,16 @@
 """Each assistant conversation's transcript index and patterns, folded from its log.
 
 The worker keeps one ``Transcript`` per conversation in a Faust table, fed by ``voice.assistant``
-(deduped by seq). It holds *positions* of the conversation's records on the log — requests,
-replies, patterns — never their content, so the value stays small however long the
-conversation grows. Applying a record may start workflows, each with a reference as its input
-(``consumers.frame.logrefs``): a requested turn starts ``assistant-turn`` with the positions of
-its request, of the transcript before it (the most recent entries, bounded in sealed bytes)
-and of the patterns; a turn that ended ``Replied`` starts ``assistant-extraction`` with the
-positions of the exchange. The step reads those records back (``read``) and opens them with
-the ``open_*`` helpers, inside the step that hands them to a model.
+(deduped by seq). It holds *positions* of the conversation's records on the log — the latest
+history summary, the requests and replies after it, patterns — never their content, so the
+value stays small however long the conversation grows. Applying a record may start workflows,
+each with a reference as its input (``consumers.frame.logrefs``): a requested turn starts
+``assistant-turn`` with the positions of its request, of the summary and the transcript after
+it, and of the patterns; a turn that ended ``Replied`` starts ``assistant-extraction`` with the
+positions of the exchange. Entries past the sealed-byte bound without a summary are left out
+of the index, and ``omitted_through`` says so, so the turn tells the model (never silently).
+The step reads those records back (``read``) and opens them with the ``open_*`` helpers,
+inside the step that hands them to a model.
 """
 
 from __future__ import annotations
@@ -18,11 +20,13 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from consumers.assistant.agent import history_messages
+from consumers.assistant.agent import history_with_seqs
 from consumers.assistant.patterns import Pattern
+from consumers.engine.history import lead_with_stored
 from consumers.frame.logrefs import LogReader, Position, recent
 from schemas.assistant import (
     AssistantConversationStarted,
+    AssistantHistorySummarised,
     AssistantPatternRecorded,
     AssistantReplyRecorded,
     AssistantTurnEnded,
@@ -34,6 +38,7 @@ from streams.topics import ASSISTANT
 
 TURN_KIND = "assistant-turn"
 EXTRACT_KIND = "assistant-extraction"
+READ_SETTING = "VOICE_ASSISTANT_HISTORY_BYTES"
 
 Start = tuple[str, str, dict[str, Any]]
 """(workflow kind, workflow id, input)"""
@@ -55,6 +60,11 @@ class Transcript:
     """``{"seq", "offset", "bytes", "role": "user" | "assistant", "turn"}``"""
     patterns: list[dict[str, Any]] = field(default_factory=list)
     """``{"seq", "offset", "pattern_id"}``"""
+    summary: dict[str, int] | None = None
+    """``{"seq", "offset", "through"}`` of the latest ``AssistantHistorySummarised``;
+    ``entries`` are only those after ``through``."""
+    omitted_through: int = 0
+    """The last seq left out of ``entries`` unsummarised (over the byte bound); 0 if none."""
 
     @classmethod
     def from_dict(cls, d: dict[str, Any] | None) -> Transcript:
@@ -62,7 +72,24 @@ class Transcript:
 
     def to_dict(self) -> dict[str, Any]:
         return copy.deepcopy({"seq": self.seq, "owner": self.owner, "partition": self.partition,
-                              "entries": self.entries, "patterns": self.patterns})
+                              "entries": self.entries, "patterns": self.patterns,
+                              "summary": self.summary, "omitted_through": self.omitted_through})
+
+    @property
+    def covered(self) -> int:
+        """The last seq the summary covers (0 without one)."""
+        return self.summary["through"] if self.summary else 0
+
+    def _bound(self, history_bytes: int) -> None:
+        """Keep the entries a turn reads (at most ``history_bytes`` sealed, at least the last
+        exchange), starting with a request; what is left out is recorded as omitted."""
+        kept = recent(self.entries, history_bytes, keep=2)
+        while kept and kept[0]["role"] != "user":
+            kept = kept[1:]  # a reply without its request would dangle
+        if len(kept) < len(self.entries):
+            dropped = self.entries[len(self.entries) - len(kept) - 1]
+            self.omitted_through = max(self.omitted_through, dropped["seq"])
+        self.entries = kept
 
     def _entry(self, role: str, turn: str) -> dict[str, Any] | None:
         return next((e for e in reversed(self.entries)
@@ -87,8 +114,9 @@ class Transcript:
                 "datasets": [r.model_dump() for r in rec.datasets],
                 "options": rec.options.model_dump(),
                 "log": {"partition": partition, "request": _at(here),
-                        "transcript": [_at(e) for e in recent(self.entries, history_bytes,
-                                                              keep=2)],
+                        "summary": [_at(self.summary)] if self.summary else [],
+                        "transcript": [_at(e) for e in self.entries],
+                        "omitted_through": self.omitted_through,
                         "patterns": [_at(p) for p in self.patterns]}}))
             self.entries.append({**here, "bytes": len(rec.request.ciphertext), "role": "user",
                                  "turn": rec.turn})
@@ -111,8 +139,12 @@ class Transcript:
             self.patterns = [p for p in self.patterns if p["pattern_id"] != rec.pattern_id]
             self.patterns.append({**here, "pattern_id": rec.pattern_id})
             self.patterns = self.patterns[-patterns_kept:]
-        # The table keeps twice what a turn reads, so the next turns still have enough.
-        self.entries = recent(self.entries, 2 * history_bytes, keep=2)
+        elif isinstance(rec, AssistantHistorySummarised) and rec.through_seq > self.covered:
+            self.summary = {**here, "through": rec.through_seq}
+            self.entries = [e for e in self.entries if e["seq"] > rec.through_seq]
+            if self.omitted_through <= rec.through_seq:
+                self.omitted_through = 0
+        self._bound(history_bytes)
         return starts
 
     # --- reading and opening (inside a step only) --------------------------------------------
@@ -150,11 +182,21 @@ class Transcript:
         return Transcript._open(sealer, conversation, env)
 
     @staticmethod
-    def open_history(sealer: Sealer, conversation: str, envs: Sequence[Envelope]
-                     ) -> list[dict[str, Any]]:
-        """The transcript's requests and replies as Messages-API history."""
-        return history_messages([(Transcript._role(e), Transcript._open(sealer, conversation, e))
-                                 for e in envs])
+    def open_history(sealer: Sealer, conversation: str, envs: Sequence[Envelope],
+                     summary: Sequence[Envelope] = (), omitted_through: int = 0
+                     ) -> tuple[list[dict[str, Any]], list[int]]:
+        """The summary (if any) and the requests and replies after it as Messages-API
+        history, led by the summary and by a note of what was left out unsummarised (as a
+        participant turn's, ``lead_with_stored``); and the last seq each message holds."""
+        history, seqs = history_with_seqs([
+            (Transcript._role(e), Transcript._open(sealer, conversation, e), e.seq or 0)
+            for e in envs])
+        stored = None
+        for env in summary:
+            rec = env.record
+            assert isinstance(rec, AssistantHistorySummarised)
+            stored = (rec.through_seq, sealer.open_text(conversation, rec.summary_id, rec.text))
+        return lead_with_stored(history, seqs, stored, omitted_through, READ_SETTING)
 
     @staticmethod
     def open_patterns(sealer: Sealer, conversation: str, envs: Sequence[Envelope]

@@ -14,11 +14,13 @@ import asyncio
 from collections.abc import Awaitable, Callable
 from typing import Any
 
-from consumers.assistant.agent import assistant_spec, state_text, user_content
+from consumers.assistant.agent import assistant_spec, state_text, user_message
 from consumers.assistant.datasets import DatasetSource
+from consumers.assistant.images import ImageSource, MemoryImages, resolve_images
 from consumers.assistant.patterns import Pattern, Suggestion, rank
 from consumers.assistant.sqlbox import SqlBox
 from consumers.assistant.tools import DatasetTools, TurnDatasets
+from consumers.assistant.toolset import turn_tools
 from consumers.engine import (
     CancelToken,
     DisplayChunk,
@@ -99,23 +101,32 @@ async def run_assistant_turn(settings: AssistantSettings, *, conversation: str, 
                              options: dict[str, Any], refs: list[DatasetRef],
                              history: list[dict[str, Any]], patterns: list[Pattern],
                              source: DatasetSource, box: SqlBox, client: Any,
-                             sink: EffectSink, cancel: CancelToken | None = None
+                             sink: EffectSink, cancel: CancelToken | None = None,
+                             tenant: str | None = None, images: ImageSource | None = None
                              ) -> tuple[TurnResult, list[Suggestion]]:
     """One turn of the assistant over opened content; returns the result and the patterns it
     was given as suggested context. ``patterns`` are its conversation's and those its tenant
-    learned elsewhere (``Pattern.conversation`` says which)."""
+    learned elsewhere (``Pattern.conversation`` says which). The tools see ``tenant`` and the
+    capabilities the edge recorded in ``options`` (none when it recorded none). Images the
+    request and its history name are read from ``images`` and shown as image blocks."""
     suggestions = ([] if options.get("data_isolation")
                    else rank(patterns, str(request.get("message", "")),
                              conversation=conversation))
-    datasets = TurnDatasets(refs, source, owner)
-    tools = DatasetTools(datasets, box, settings.assistant_query_rows,
-                         settings.assistant_map_features).registry()
+    datasets = TurnDatasets(refs, source, owner, options.get("namespace_id"))
+    tools = turn_tools(DatasetTools(datasets, box, settings.assistant_query_rows,
+                                    settings.assistant_map_features).tools(),
+                       agentic=bool(options.get("agentic_mode")))
+    images = images if images is not None else MemoryImages()
+    message, history = await asyncio.to_thread(
+        lambda: (resolve_images(user_message(request), images, owner),
+                 resolve_images(history, images, owner)))
     turn_input = TurnInput(
-        turn_id=turn, user_message=user_content(request), history=history,
+        turn_id=turn, user_message=message, history=history,
         conversation_id=conversation, principal=owner, dataset_ids=datasets.ids,
         state_provider=lambda view: state_text(request, options, suggestions, view),
         model_override=options.get("model_override"), attempt=attempt,
         skip_history=bool(options.get("skip_history")),
-        inference_params=dict(options.get("inference_params") or {}))
+        inference_params=dict(options.get("inference_params") or {}), tenant=tenant,
+        capabilities=frozenset(options.get("capabilities") or ()))
     result = await run_turn(assistant_spec(settings, tools), turn_input, client, sink, cancel)
     return result, suggestions

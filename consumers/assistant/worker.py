@@ -19,6 +19,7 @@ from contextlib import suppress
 from typing import Any
 
 from consumers.assistant.datasets import KafkaDatasets
+from consumers.assistant.images import KafkaImages
 from consumers.assistant.library import TYPES, PatternLibrary
 from consumers.assistant.patterns import (
     Pattern,
@@ -32,13 +33,14 @@ from consumers.assistant.sequencer import AssistantSequencer
 from consumers.assistant.sqlbox import SqlBox
 from consumers.assistant.transcript import EXTRACT_KIND, TURN_KIND, Transcript
 from consumers.assistant.turn import OUTCOMES, ConversationSink, run_assistant_turn
-from consumers.engine import TurnInput
+from consumers.engine import HistorySummary, TurnInput
 from consumers.frame.context import WorkerContext
 from consumers.frame.logrefs import LogUnavailable
 from consumers.workflows.engine import StepContext, StepDef, WorkflowDef, WorkflowState
 from consumers.workflows.runtime import StepError, failure_words
 from schemas.assistant import (
     AppendDisplay,
+    AssistantHistorySummarised,
     AssistantPatternRecorded,
     AssistantReplyRecorded,
     AssistantTurnEnded,
@@ -87,6 +89,8 @@ class Assistant:
         self.box = SqlBox(self.settings.assistant_sql_timeout_s)
         self.datasets = KafkaDatasets(self.settings, ctx.sealer,
                                       self.settings.assistant_dataset_cache_bytes)
+        self.images = KafkaImages(self.settings, ctx.sealer,
+                                  self.settings.assistant_dataset_cache_bytes // 4)
         ctx.workflow(WorkflowDef(TURN_KIND, (StepDef("reply", self.reply_step),),
                                  on_end=self.turn_over, sealed_by=_conversation),
                      WorkflowDef(EXTRACT_KIND, (StepDef("provisional", self.provisional_step),
@@ -130,13 +134,18 @@ class Assistant:
     # --- assistant-turn -------------------------------------------------------------------
 
     async def reply_step(self, ctx: StepContext) -> dict[str, Any]:
-        """Open the request and transcript, run the assistant, record how the turn ended."""
+        """Open the request, summary and transcript, run the assistant, record the summary
+        it made (if any) and how the turn ended."""
         inp = ctx.input
         conversation, turn, tenant = inp["conversation"], inp["turn"], inp.get("tenant")
-        records = await self._read(inp, "request", "transcript", "patterns")
+        with_summary = "summary" in (inp.get("log") or {})  # not in inputs of older workers
+        records = await self._read(inp, "request", "transcript", "patterns",
+                                   *(("summary",) if with_summary else ()))
         try:
             request = Transcript.open_request(self.sealer, conversation, records["request"][0])
-            history = Transcript.open_history(self.sealer, conversation, records["transcript"])
+            history, seqs = Transcript.open_history(
+                self.sealer, conversation, records["transcript"], records.get("summary", ()),
+                int(inp["log"].get("omitted_through") or 0))
             patterns = Transcript.open_patterns(self.sealer, conversation, records["patterns"])
         except KeyErased:
             raise StepError(f"conversation {conversation!r} was erased", retryable=False) from None
@@ -152,7 +161,10 @@ class Assistant:
             attempt=ctx.attempt, request=request, options=inp.get("options") or {},
             refs=[DatasetRef.model_validate(r) for r in inp.get("datasets") or []],
             history=history, patterns=patterns, source=self.datasets, box=self.box,
-            client=self.agents.client_for(tenant, turn), sink=sink, cancel=ctx.cancel)
+            client=self.agents.client_for(tenant, turn), sink=sink, cancel=ctx.cancel,
+            tenant=tenant, images=self.images)
+        if result.summarised and result.summary is not None:
+            await self._record_summary(submit, conversation, turn, result.summary, seqs)
         outcome = OUTCOMES[result.end_reason]
         reason = "; ".join(f"{e.kind}: {e.message}" for e in result.errors) or None
         code = "; ".join(dict.fromkeys(e.kind for e in result.errors)) or None
@@ -160,6 +172,19 @@ class Assistant:
                      f"{turn}:end")
         return {"state": outcome, "end_reason": result.end_reason,
                 "suggested": [p.pattern_id for p in suggested]}
+
+    async def _record_summary(self, submit: Any, conversation: str, turn: str,
+                              summary: HistorySummary, seqs: list[int]) -> None:
+        """Record the engine's new summary through the seq of the last message it covers,
+        before the turn ends (so the next turn, which starts only after, reads it). The
+        command id is the turn's: a re-run records it once."""
+        if not 0 < summary.summary_through <= len(seqs):
+            return
+        summary_id = f"{turn}:summary"
+        await submit(AssistantHistorySummarised(
+            conversation=conversation, turn=turn, summary_id=summary_id,
+            through_seq=seqs[summary.summary_through - 1],
+            text=self.sealer.seal(conversation, summary_id, summary.text)), summary_id)
 
     async def _learned(self, tenant: str | None, conversation: str, own: list[Pattern],
                        message: str) -> list[Pattern]:

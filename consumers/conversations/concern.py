@@ -124,7 +124,8 @@ def concern_tools(catalog: IssueCatalog) -> ToolRegistry:
 def concern_spec(settings: VoiceSettings, catalog: IssueCatalog) -> AgentSpec:
     return AgentSpec(name=AGENT_NAME, identity=SYSTEM_PROMPT, tools=concern_tools(catalog),
                      model=settings.model, fallback_models=tuple(settings.fallback_models),
-                     compaction_model=settings.compaction_model, max_output_tokens=1024)
+                     compaction_model=settings.compaction_model, max_output_tokens=1024,
+                     history_token_budget=settings.history_token_budget)
 
 
 async def run_concern_extraction(spec: AgentSpec, client: Any, sink: EffectSink,
@@ -142,7 +143,8 @@ async def run_concern_extraction(spec: AgentSpec, client: Any, sink: EffectSink,
     if result.end_reason == "error":
         raise ConcernAgentFailed("; ".join(f"{e.kind}: {e.message}" for e in result.errors),
                                  retryable=result.retryable)
-    return dataclasses.replace(parse_reply(result.final_text), summary=result.summary)
+    return dataclasses.replace(parse_reply(result.final_text),
+                               summary=result.summary if result.summarised else None)
 
 
 class ConcernAgentFailed(Exception):

@@ -23,6 +23,7 @@ from typing import Any
 
 from consumers.conversations.concern import ConcernReply
 from consumers.engine.cancel import CancelToken
+from consumers.engine.history import lead_with_stored
 from consumers.frame.logrefs import LogReader, LogUnavailable, Position, recent
 from consumers.workflows.engine import StepContext, StepDef, WorkflowDef, WorkflowState
 from consumers.workflows.runtime import StepError, failure_words
@@ -107,24 +108,9 @@ def history_of(sealer: Sealer, conversation: str, records: Sequence[Envelope],
         elif (entry := transcript_entry(env)) is not None:
             entries.append(entry)
     history, seqs = open_entries(sealer, conversation, entries)
-    notes, through = [], 0
-    if summary is not None:
-        through = summary.through_seq
-        text = sealer.open_text(conversation, summary.summary_id, summary.text)
-        notes.append(f"[CONVERSATION SUMMARY through seq {through}]\n{text}")
-    if omitted_through > through:
-        through = omitted_through
-        notes.append(f"[Earlier messages of this conversation, through seq {omitted_through}, "
-                     f"are left out: they are over the history a turn reads ({READ_SETTING}) "
-                     "and could not be summarised.]")
-    if notes:
-        note = "\n\n".join(notes)
-        if history and history[0]["role"] == "user":
-            history[0]["content"] = f"{note}\n\n{history[0]['content']}"
-        else:
-            history.insert(0, {"role": "user", "content": note})
-            seqs.insert(0, through)
-    return history, seqs
+    stored = None if summary is None else (
+        summary.through_seq, sealer.open_text(conversation, summary.summary_id, summary.text))
+    return lead_with_stored(history, seqs, stored, omitted_through, READ_SETTING)
 
 
 @dataclass

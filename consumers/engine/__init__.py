@@ -9,7 +9,8 @@ Public names: ``AgentRunner``, ``ModelSettings``, ``run_turn``, ``AgentSpec``, `
 ``TurnResult``, ``StateView``,
 ``HistorySummary``, ``Usage``, ``TurnError``, ``CancelToken``, ``Tool``, ``ToolRegistry``,
 ``ToolContext``, ``ToolNotAllowed``, ``Ok``, ``Hint``, ``Err``, ``HintSignal``, ``Card``,
-``PlanStep``, ``PlanUpdate``, ``ContractViolation``, ``EffectSink``, ``RecordingSink``,
+``PlanStep``, ``PlanUpdate``, ``plan_tool``, ``PLAN_TOOL``, ``ContractViolation``,
+``EffectSink``, ``RecordingSink``,
 ``KafkaEffectSink``, ``Effect`` and its members (``PersistMessage``, ``TelemetryEffect``,
 ``DisplayChunk``, ``ModelCallEffect``, ``ToolCallEffect``), ``DisplayEvent``,
 ``DisplayFactory``, ``ModelError``, ``ModelNotFound``, ``AnthropicModel``, ``ModelPort``,
@@ -38,6 +39,7 @@ from consumers.engine.envelopes import (
 )
 from consumers.engine.loop import run_turn
 from consumers.engine.model import AnthropicModel, ModelError, ModelNotFound, ModelPort
+from consumers.engine.plan import PLAN_TOOL, plan_tool
 from consumers.engine.replay import ReplayClient, compare_effects, recorded_tools, rerun
 from consumers.engine.runner import AgentRunner
 from consumers.engine.sanitize import sanitize_json
@@ -61,14 +63,14 @@ from consumers.engine.types import (
 from streams.model_settings import ModelSettings
 
 __all__ = [
-    "AgentRunner", "AgentSpec", "AnthropicModel", "CancelToken", "Card", "ContractViolation",
-    "DisplayChunk",
+    "PLAN_TOOL", "AgentRunner", "AgentSpec", "AnthropicModel", "CancelToken", "Card",
+    "ContractViolation", "DisplayChunk",
     "DisplayEvent", "DisplayFactory", "Effect", "EffectSink", "Err", "Hint", "HintSignal",
     "HistorySummary", "KafkaEffectSink", "ModelCallEffect", "ModelError", "ModelNotFound",
     "ModelPort", "ModelSettings", "Ok", "PersistMessage", "PlanStep", "PlanUpdate", "RecordingSink",
     "ReplayClient", "StateView", "TelemetryEffect", "TokenBudget", "TokenQuotaExceeded", "Tool",
     "ToolCallEffect", "ToolContext", "ToolNotAllowed", "ToolRegistry", "TurnError", "TurnInput",
     "TurnResult", "Usage",
-    "compare_effects", "effects_from_envelopes", "recorded_tools", "rerun", "run_turn",
+    "compare_effects", "effects_from_envelopes", "plan_tool", "recorded_tools", "rerun", "run_turn",
     "sanitize_json",
 ]

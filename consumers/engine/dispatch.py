@@ -60,6 +60,8 @@ class DispatchContext:
     display: DisplayFactory
     keys: Keys
     cancel: CancelToken
+    tenant: str | None = None
+    capabilities: frozenset[str] = frozenset()
 
 
 def merge_cards(old: Card, new: Card) -> Card:
@@ -145,7 +147,8 @@ async def _run(name: str, args: dict[str, Any], tool_use_id: str,
     pump = ProgressPump(progress)
     ctx = ToolContext(principal=dc.principal, agent_name=dc.agent_name, turn_id=dc.turn_id,
                       tool_use_id=tool_use_id, conversation_id=dc.conversation_id,
-                      dataset_ids=dc.dataset_ids, cancel=dc.cancel, progress_sink=pump.callback)
+                      dataset_ids=dc.dataset_ids, cancel=dc.cancel, progress_sink=pump.callback,
+                      tenant=dc.tenant, capabilities=dc.capabilities)
     try:
         executed = await execute(dc.registry, name, args, ctx, dc.cancel)
     finally:

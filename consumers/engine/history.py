@@ -31,10 +31,30 @@ COMPACTION_IDENTITY = ("[agent: compaction]\nYou summarise conversations faithfu
                        "only the summary.")
 
 
+IMAGE_TOKENS = 1600
+"""What one ``image`` block is counted as: the Messages API scales a larger image down to about
+1.15 megapixels, about 1,600 tokens. Its base64 text says nothing of its cost."""
+
+
+def _without_images(obj: Any, found: list[int]) -> Any:
+    if isinstance(obj, dict):
+        if obj.get("type") == "image":
+            found[0] += 1
+            return {"type": "image"}
+        return {k: _without_images(v, found) for k, v in obj.items()}
+    if isinstance(obj, list):
+        return [_without_images(v, found) for v in obj]
+    return obj
+
+
 def estimate_tokens(obj: Any) -> int:
-    """About one token per four characters of the JSON (or text) of ``obj``."""
-    text = obj if isinstance(obj, str) else json.dumps(obj, ensure_ascii=False, default=str)
-    return (len(text) + CHARS_PER_TOKEN - 1) // CHARS_PER_TOKEN
+    """About one token per four characters of the JSON (or text) of ``obj``; ``IMAGE_TOKENS``
+    per image block."""
+    if isinstance(obj, str):
+        return (len(obj) + CHARS_PER_TOKEN - 1) // CHARS_PER_TOKEN
+    found = [0]
+    text = json.dumps(_without_images(obj, found), ensure_ascii=False, default=str)
+    return (len(text) + CHARS_PER_TOKEN - 1) // CHARS_PER_TOKEN + found[0] * IMAGE_TOKENS
 
 
 class Calibration:
@@ -88,19 +108,28 @@ def _is_user_text(msg: dict[str, Any]) -> bool:
             and not any(b.get("type") == "tool_result" for b in blocks))
 
 
-def choose_cut(history: Sequence[dict[str, Any]], keep: int) -> int:
-    """Index where the raw part starts: a user text message at most ``keep`` from the end
-    (so no tool_result is separated from its tool_use). 0 means nothing can be summarised."""
-    starts = [i for i in range(1, len(history)) if _is_user_text(history[i])]
-    recent = [i for i in starts if i >= len(history) - keep]
-    older = [i for i in starts if i < len(history) - keep]
-    return recent[0] if recent else older[-1] if older else 0
+def choose_cut(history: Sequence[dict[str, Any]], keep: int, raw_budget: int | None = None,
+               start: int = 0) -> int:
+    """Index where the raw part starts, after ``start``: a user text message (so no
+    tool_result is separated from its tool_use), the earliest that leaves at most ``keep``
+    messages and at most ``raw_budget`` tokens raw; when none does, the latest one. 0 means
+    nothing can be summarised."""
+    starts = [i for i in range(start + 1, len(history)) if _is_user_text(history[i])]
+    if not starts:
+        return 0
+    tail = [0] * (len(history) + 1)  # tokens of history[i:], summed once
+    for i in range(len(history) - 1, -1, -1):
+        tail[i] = tail[i + 1] + estimate_tokens(history[i])
+    fitting = [i for i in starts if len(history) - i <= keep
+               and (raw_budget is None or tail[i] <= raw_budget)]
+    return fitting[0] if fitting else starts[-1]
 
 
-def transcript(messages: Sequence[dict[str, Any]]) -> str:
-    """The full text of messages for the compaction model (nothing truncated)."""
+def transcript(messages: Sequence[dict[str, Any]], first: int = 0) -> str:
+    """The full text of messages for the compaction model (nothing truncated), numbered from
+    ``first``."""
     lines = []
-    for i, msg in enumerate(messages):
+    for i, msg in enumerate(messages, start=first):
         content = msg.get("content")
         if isinstance(content, str):
             lines.append(f"[{i}] {msg.get('role')}: {content}")
@@ -119,10 +148,26 @@ def transcript(messages: Sequence[dict[str, Any]]) -> str:
     return "\n".join(lines)
 
 
+def lead_with(note: str, history: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """``note`` as the start of the first message when it is the user's, else as a user
+    message of its own before it. Returns a new list; ``history`` is not changed."""
+    if not history or history[0].get("role") != "user":
+        return [{"role": "user", "content": note}, *history]
+    first = dict(history[0])
+    content = first.get("content")
+    if isinstance(content, str):
+        first["content"] = f"{note}\n\n{content}"
+    else:
+        first["content"] = [{"type": "text", "text": note}, *(content or [])]
+    return [first, *history[1:]]
+
+
 def with_summary(summary: HistorySummary, raw: list[dict[str, Any]]) -> list[dict[str, Any]]:
     """The summary as the first text block of the first raw (user) message."""
     note = {"type": "text", "text": f"[CONVERSATION SUMMARY of messages 0-"
                                     f"{summary.summary_through - 1}]\n{summary.text}"}
+    if not raw or raw[0].get("role") != "user":
+        return [{"role": "user", "content": [note]}, *raw]
     first = dict(raw[0])
     content = first.get("content")
     blocks = [{"type": "text", "text": content}] if isinstance(content, str) else list(content)
@@ -130,22 +175,81 @@ def with_summary(summary: HistorySummary, raw: list[dict[str, Any]]) -> list[dic
     return [first, *raw[1:]]
 
 
+def lead_with_stored(history: list[dict[str, Any]], seqs: list[int],
+                     summary: tuple[int, str] | None, omitted_through: int, setting: str
+                     ) -> tuple[list[dict[str, Any]], list[int]]:
+    """A product's history as a turn hands it to the engine: its stored summary (``(through
+    seq, text)``) leads the first message, and records left out unsummarised (over the
+    ``setting`` bound, through seq ``omitted_through``) are said to be, in the same place —
+    so nothing is ever dropped silently. ``seqs`` (the last log seq each message holds) gains
+    the summary's seq when the note needs a message of its own."""
+    notes, through = [], 0
+    if summary is not None:
+        through = summary[0]
+        notes.append(f"[CONVERSATION SUMMARY through seq {through}]\n{summary[1]}")
+    if omitted_through > through:
+        through = omitted_through
+        notes.append(f"[Earlier messages of this conversation, through seq {omitted_through}, "
+                     f"are left out: they are over the history a turn reads ({setting}) "
+                     "and could not be summarised.]")
+    if not notes:
+        return history, seqs
+    led = lead_with("\n\n".join(notes), history)
+    return led, ([through, *seqs] if len(led) > len(history) else list(seqs))
+
+
+def compaction_input(previous: HistorySummary | None, messages: Sequence[dict[str, Any]],
+                     first: int) -> str:
+    """What the compaction model reads: the previous summary (if any) and the messages after
+    it up to the cut — never the history the previous summary already covers."""
+    text = transcript(messages, first)
+    if previous is None:
+        return text
+    return (f"[PREVIOUS SUMMARY of messages 0-{first - 1}]\n{previous.text}\n\n"
+            f"[MESSAGES AFTER IT]\n{text}")
+
+
+def summary_tokens(spec: AgentSpec) -> int:
+    """The most a summary may be: half the headroom a new summary leaves (so summary + raw
+    part stay at most ``(1 + history_raw_share) / 2`` of the budget), and never more than the
+    agent's output limit."""
+    headroom = spec.history_token_budget * (1 - spec.history_raw_share)
+    return max(256, min(spec.max_output_tokens, int(headroom / 2)))
+
+
 async def prepare_history(spec: AgentSpec, history: list[dict[str, Any]],
                           stored: HistorySummary | None, caller: ModelCaller) -> PreparedHistory:
-    """History within budget: as is, or a (reused or new) summary + the recent messages."""
-    if estimate_tokens(history) <= spec.history_token_budget:
-        return PreparedHistory(list(history), None)
-    cut = choose_cut(history, spec.history_recent_keep)
-    if cut <= 0:
-        return PreparedHistory(list(history), None)
-    if stored is not None and stored.summary_through == cut:
-        return PreparedHistory(with_summary(stored, history[cut:]), stored)
+    """History within budget: as is, or the (reused or new) summary + the recent messages.
+
+    ``stored`` (a summary of ``history[:stored.summary_through]``) is reused, without a model
+    call, as long as it and the messages after it fit ``history_token_budget`` — not only when
+    a new cut would land where it did. Over the budget, a new summary is made from the stored
+    one and the messages after it up to a new cut (``choose_cut``); the cut leaves at most
+    ``history_raw_share`` of the budget raw, so the next summary waits until about
+    ``(1 - history_raw_share) × budget`` tokens of new history (less the summary) have come:
+    hysteresis, not a summary every turn once a conversation is over budget (the summary is
+    itself bounded, ``summary_tokens``). The products
+    fold their stored summary into the history they pass (``lead_with``), ``stored=None``,
+    and the same rule holds: the folded summary is the first message the new one reads.
+    """
+    budget = spec.history_token_budget
+    if stored is not None and not 0 <= stored.summary_through <= len(history):
+        stored = None  # it covers another history: ignore it rather than drop messages
+    base = stored.summary_through if stored is not None else 0
+    current = list(history) if stored is None else with_summary(stored, history[base:])
+    if estimate_tokens(current) <= budget:
+        return PreparedHistory(current, stored)
+    cut = choose_cut(history, spec.history_recent_keep, int(budget * spec.history_raw_share),
+                     start=base)
+    if cut <= base:  # nothing more can be summarised without splitting an exchange
+        return PreparedHistory(current, stored)
     model = spec.compaction_model or spec.model
     response = await caller.call(
         agent_name="compaction", iteration=1, chain=[model, *spec.fallback_models],
         system=[{"type": "text", "text": COMPACTION_IDENTITY}],
-        messages=[{"role": "user", "content": transcript(history[:cut])}], tools=[],
-        max_tokens=spec.max_output_tokens)
+        messages=[{"role": "user", "content": compaction_input(stored, history[base:cut],
+                                                               base)}],
+        tools=[], max_tokens=summary_tokens(spec))
     summary = HistorySummary(response.text.strip(), cut)
     return PreparedHistory(with_summary(summary, history[cut:]), summary, summarised=True)
 

@@ -51,6 +51,7 @@ from consumers.engine.types import (
     TurnInput,
     TurnResult,
 )
+from consumers.engine.worklog import WorkLog, WorkLogSink
 
 T = TypeVar("T")
 
@@ -77,6 +78,8 @@ def _text_of(content: Any) -> str:
 class _Turn:
     def __init__(self, spec: AgentSpec, ti: TurnInput, client: Any, sink: EffectSink,
                  cancel: CancelToken) -> None:
+        self.work = WorkLog()
+        sink = WorkLogSink(sink, self.work)  # every effect below passes the work log
         self.spec, self.ti, self.sink, self.cancel = spec, ti, sink, cancel
         self.keys = Keys(ti.turn_id, ti.attempt)
         conv = ti.conversation_id
@@ -85,7 +88,8 @@ class _Turn:
         self.state = TurnState(LoopGuard(spec.loop_guard_threshold,
                                          spec.failed_approach_threshold))
         self.dc = DispatchContext(spec.name, ti.turn_id, conv, ti.principal, ti.dataset_ids,
-                                  spec.tools, sink, self.display, self.keys, cancel)
+                                  spec.tools, sink, self.display, self.keys, cancel,
+                                  ti.tenant, ti.capabilities)
         primary = ti.model_override or spec.model
         self.chain = [primary, *(m for m in spec.fallback_models if m != primary)]
         self.messages: list[dict[str, Any]] = []
@@ -94,6 +98,7 @@ class _Turn:
         self.warnings: list[str] = []
         self.final_text = ""
         self.summary: HistorySummary | None = None
+        self.summarised = False
         self.iterations = 0
         self._attempt_mark = 0
 
@@ -123,6 +128,7 @@ class _Turn:
         try:
             prepared = await prepare_history(spec, history, ti.summary, self.caller)
             self.messages, self.summary = prepared.messages, prepared.summary
+            self.summarised = prepared.summarised
             if prepared.summarised and prepared.summary is not None:
                 await self._telemetry("history_summarised", {
                     "summary_through": prepared.summary.summary_through,
@@ -301,9 +307,9 @@ class _Turn:
             "tool_calls": len(st.tools_called), "warnings": len(self.warnings)})
         await display.idle()
         await display.done(caller.cost_usd, end_reason=end_reason,
-                           max_turns_reached=end_reason == "max_turns")
+                           max_turns_reached=end_reason == "max_turns", **self.work.done_data())
         return TurnResult(
             final_text=self.final_text, end_reason=end_reason, cost_usd=caller.cost_usd,
             usage=caller.usage, messages_appended=structured, cards=cards,
             errors=tuple(self.errors), warnings=tuple(self.warnings),
-            model_calls=caller.calls, summary=self.summary)
+            model_calls=caller.calls, summary=self.summary, summarised=self.summarised)

@@ -44,6 +44,15 @@ class ToolContext:
     dataset_ids: tuple[str, ...] = ()
     cancel: CancelToken = field(default_factory=CancelToken)
     progress_sink: ProgressCallback | None = None
+    tenant: str | None = None
+    """The turn's tenant (every aggregate carries its tenant; a tool never assumes one)."""
+    capabilities: frozenset[str] = frozenset()
+    """What the asking principal may do (``streams.capabilities``), as the edge resolved it
+    when the request was made: never read from anything the client sent."""
+
+    def can(self, capability: str) -> bool:
+        """Whether the asking principal has ``capability``."""
+        return capability in self.capabilities
 
     def progress(self, text: str, percent: float | None = None,
                  current: int | None = None, total: int | None = None) -> None:
@@ -65,6 +74,9 @@ class Tool:
     run: ToolRun
     read_only: bool = True
     timeout_s: float = 30.0
+    requires: str | None = None
+    """A capability the asking principal must have; without it the call is ``Err("forbidden")``
+    and the tool does not run (``execute`` checks it, so no tool can forget to)."""
 
     def input_schema(self) -> dict[str, Any]:
         return self.input_model.model_json_schema()
@@ -122,6 +134,7 @@ class ToolRegistry:
         """The same tools (names, schemas) with ``run`` swapped, e.g. to serve recorded results."""
         out = ToolRegistry()
         for t in self._tools.values():
+            # No ``requires``: a served result is what the recorded turn was allowed to see.
             out.register(Tool(t.name, t.description, t.input_model, run_for(t),
                               True, t.timeout_s))
         return out
@@ -152,6 +165,9 @@ async def execute(registry: ToolRegistry, name: str, raw_args: Any, ctx: ToolCon
         fields = tuple(tool.input_model.model_fields)
         return done(Hint("invalid_arguments", f"arguments of {name!r} do not validate: "
                          f"{problems}", fields))
+    if tool.requires is not None and not ctx.can(tool.requires):
+        return done(Err(f"tool {name!r} needs the capability {tool.requires!r}, which the "
+                        "asking principal does not have", "forbidden"))
     if cancel.cancelled:
         return done(Err(f"tool {name!r} not run: the turn was cancelled", "cancelled"))
 

@@ -37,7 +37,10 @@ class AgentSpec:
     max_output_tokens: int = 4096
     history_token_budget: int = 60_000
     history_recent_keep: int = 8
-    """Messages kept raw when older history is replaced by a summary."""
+    """Messages kept raw at most when older history is replaced by a summary."""
+    history_raw_share: float = 0.5
+    """Share of ``history_token_budget`` the raw part may hold at most right after a new
+    summary: the headroom left before the next one is needed (hysteresis)."""
     loop_guard_threshold: int = 3
     failed_approach_threshold: int = 2
     tool_guidance: str = ""
@@ -96,6 +99,10 @@ class TurnInput:
     skip_history: bool = False
     inference_params: dict[str, float] = field(default_factory=dict)
     """Per-request sampling overrides (``temperature``, ``top_p``, ``top_k``) for every call."""
+    tenant: str | None = None
+    """The turn's tenant, handed to every tool (``ToolContext.tenant``)."""
+    capabilities: frozenset[str] = frozenset()
+    """The asking principal's capabilities as the edge resolved them (``ToolContext``)."""
 
 
 @dataclass(frozen=True)
@@ -141,6 +148,9 @@ class TurnResult:
     warnings: tuple[str, ...] = ()
     model_calls: int = 0
     summary: HistorySummary | None = None
+    """The summary in effect for this turn: the stored one reused, or a new one."""
+    summarised: bool = False
+    """Whether ``summary`` was made this turn (so the caller records it)."""
 
     @property
     def retryable(self) -> bool:

@@ -52,7 +52,7 @@ from schemas.base import Record
 from schemas.system import CommandAcknowledged
 from streams.envelope import Envelope
 from streams.free_text import describe, trace_of
-from streams.producer import ProduceError, RecordProducer, deliver_all
+from streams.producer import ProduceError, RecordProducer, deliver_all, too_large
 from streams.retry import Unprocessable
 from streams.topics import ACKS, TopicSpec
 
@@ -158,6 +158,15 @@ def outputs(agg: Aggregate[Any], state: Any, cmd: Envelope) -> tuple[Any, list[O
     return new, [*records, *([(ACKS, ack)] if ack is not None else [])]
 
 
+def _refusal(exc: BaseException) -> Ack:
+    """The answer to a command whose records the broker (or the client) refused."""
+    if too_large(exc):
+        return Ack.rejected("the log refused the command's records as too large for their "
+                            "topic (its max.message.bytes, or VOICE_MAX_RECORD_BYTES); send "
+                            "less", too_large=True)
+    return Ack.rejected("could not record the command; try again", retryable=True)
+
+
 class Writer:
     """Consumes one commands topic for every registered aggregate (see the module docstring)."""
 
@@ -241,10 +250,13 @@ class Writer:
         Some of them may be on the log all the same, so their seqs are never given again: the
         *old* state is kept with its seq moved past them. Not the decided state — it would
         remember the command (and its idempotency key) as applied. The command goes to the
-        dead-letter topic with the reason and is answered rejected, retryable: a retry is
-        decided afresh, under new seqs.
+        dead-letter topic with the reason and is answered rejected: retryable (a retry is
+        decided afresh, under new seqs) — unless a record was refused as too large for its
+        topic, which no retry can change: then the answer says so (the edge answers 413).
         """
         reason = f"{agg.name} could not record {cmd.type!r}: {describe(exc)}"
+        if too_large(exc):
+            reason += " (a record too large for its topic's max.message.bytes)"
         log.error("command %s not recorded: %s", cmd.id, reason)
         if state is not None and new is not None:
             state.seq = new.seq  # ``apply`` decided on a copy: this is still the stored state
@@ -253,8 +265,7 @@ class Writer:
         # agent retries it (decided afresh under the new seqs) and never commits past it.
         await self._dead_letter(cmd, reason, raw)
         if agg.acknowledges(cmd):
-            ack = Ack.rejected("could not record the command; try again", retryable=True)
-            self._send_ack(acknowledgement(cmd, ack, agg.source))
+            self._send_ack(acknowledgement(cmd, _refusal(exc), agg.source))
 
     async def _dead_letter(self, cmd: Envelope, reason: str, raw: Raw | None) -> None:
         await dead_letter(self.publisher.producer, self.topic, cmd, reason,

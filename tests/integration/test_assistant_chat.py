@@ -102,7 +102,7 @@ def test_upload_ok_too_large_and_unparseable(settings: VoiceSettings,
     body = r.json()
     assert len(body["dataset_id"]) == 32 and int(body["dataset_id"], 16) >= 0
     assert body == {"dataset_id": body["dataset_id"], "name": "facilities.csv", "rows": 12,
-                    "columns": ["name", "state", "lat", "lon", "program"]}
+                    "columns": ["name", "state", "lat", "lon", "program"], "namespace": None}
     big = upload(url, settings, CSV * 4)
     assert big.status_code == 413 and "VOICE_MAX_UPLOAD_BYTES" in big.json()["detail"]
     bad = upload(url, settings, b"\x89PNG\r\n\x1a\n\x00\x00binary")

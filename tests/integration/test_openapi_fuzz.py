@@ -63,8 +63,10 @@ MAX_EXAMPLES = 25
 """Fuzzing examples per operation (the coverage phase's cases come on top)."""
 REQUEST_TIMEOUT_S = 20.0
 """Above the gateway bound (15 s), which every response, streams included, ends before."""
-STREAM_READ_S = 3.0
-"""How long an event stream is read: enough for the events the edge replays at once."""
+STREAM_READ_S = 5.0
+"""How long an event stream is read: enough for the events the edge replays at once, and above
+the edge's 2 s wait for a conversation it does not know yet (``VIEW_WAIT_S``), whose 404 comes
+only then — at 1 s and 3 s, a loaded machine timed out waiting for it."""
 CHECKS = ("not_a_server_error", "status_code_conformance", "response_schema_conformance",
           "content_type_conformance")
 OWN_RESOURCE = {("DELETE", "/me/conversations/{conversation}"): {"conversation": "erasable"}}

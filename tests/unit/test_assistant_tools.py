@@ -48,7 +48,8 @@ def tools(box: SqlBox, owner: str = "alice", max_rows: int = 1000) -> DatasetToo
 
 
 async def call(t: DatasetTools, name: str, args: dict) -> Ok | Hint | Err:
-    ctx = ToolContext(principal="alice", agent_name="assistant", turn_id="t", tool_use_id="u")
+    ctx = ToolContext(principal="alice", agent_name="assistant", turn_id="t", tool_use_id="u",
+                      tenant="default", capabilities=frozenset({"converse"}))
     return (await execute(t.registry(), name, args, ctx, CancelToken())).envelope
 
 

@@ -75,7 +75,8 @@ async def test_the_louisiana_map_example_on_the_simulator(tmp_path: Path, box: S
     sink = ConversationSink(inner, commands, sealer, CONV, TURN)
     result, suggested = await run_assistant_turn(
         settings(tmp_path), conversation=CONV, turn=TURN, owner="alice", attempt=1,
-        request=REQUEST, options={}, refs=[DatasetRef(dataset_id=DS, partition=0, offset=0)],
+        request=REQUEST, options={"capabilities": ["converse"]},
+        refs=[DatasetRef(dataset_id=DS, partition=0, offset=0)],
         history=[], patterns=[], source=MemoryDatasets([from_csv(DS, "alice", "f.csv", CSV)]),
         box=box, client=simulator, sink=sink)
     assert result.end_reason == "end_turn" and suggested == []
@@ -170,7 +171,8 @@ async def test_the_transcript_starts_turns_and_extractions_with_positions() -> N
     ((kind, workflow, inp),) = fold(AssistantTurnRequested(
         conversation=CONV, turn=TURN, message_id="m1", request=req, after=0, at="now"), 2)
     assert (kind, workflow, inp["log"]["transcript"]) == (TURN_KIND, TURN, [])
-    assert inp["log"] == {"partition": 1, "request": [2, 0], "transcript": [], "patterns": []}
+    assert inp["log"] == {"partition": 1, "request": [2, 0], "summary": [], "transcript": [],
+                          "omitted_through": 0, "patterns": []}
     assert req.ciphertext not in json.dumps(inp) and req.ciphertext not in json.dumps(t.to_dict())
     got = await Transcript.read(log, CONV, inp["log"], "request", "transcript", "patterns")
     assert Transcript.open_request(sealer, CONV, got["request"][0])["message"] == \
@@ -194,8 +196,8 @@ async def test_the_transcript_starts_turns_and_extractions_with_positions() -> N
         at="now"), 5)
     assert inp["log"]["transcript"] == [[2, 0], [3, 1]]
     got = await Transcript.read(log, CONV, inp["log"], "request", "transcript", "patterns")
-    history = Transcript.open_history(sealer, CONV, got["transcript"])
-    assert [m["role"] for m in history] == ["user", "assistant"]
+    history, seqs = Transcript.open_history(sealer, CONV, got["transcript"])
+    assert [m["role"] for m in history] == ["user", "assistant"] and seqs == [2, 3]
 
 
 def test_the_assistant_index_stays_small_however_long_the_conversation() -> None:
@@ -214,3 +216,5 @@ def test_the_assistant_index_stays_small_however_long_the_conversation() -> None
     assert max(sizes) < 4_000 and sizes[-1] <= sizes[99] * 1.1, "it does not grow"
     assert max(len(json.dumps(i)) for i in inputs) < 2_000
     assert len(inputs[-1]["log"]["transcript"]) == 256 * 1024 // len(big.ciphertext)
+    # what no longer fits is said to be left out, through the seq before the oldest read
+    assert inputs[-1]["log"]["omitted_through"] == inputs[-1]["log"]["transcript"][0][0] - 1

@@ -9,9 +9,10 @@ import pytest
 from fastapi import HTTPException
 
 from api.frame.auth import Principal
-from api.frame.commands import Commands
+from api.frame.commands import Commands, refused
 from api.frame.tail import EdgeTail
 from schemas.conversation import StartConversation
+from schemas.system import CommandAcknowledged
 from streams.producer import ProduceError
 from streams.settings import VoiceSettings
 
@@ -33,3 +34,20 @@ async def test_a_command_not_produced_leaves_no_waiter_behind() -> None:
             await commands.submit(CNV, StartConversation(conversation=CNV, owner="alice"))
         assert refused.value.status_code == 503
     assert tail._waiters == {}
+
+
+@pytest.mark.parametrize("detail, status", [
+    ({"reason": "the log refused the command's records as too large for their topic",
+      "too_large": True}, 413),
+    ({"reason": "could not record the command; try again", "retryable": True}, 503),
+    ({"reason": "no such conversation"}, 404),
+    ({"reason": "conversation exists"}, 409),
+])
+def test_a_refused_command_is_answered_with_what_the_client_can_do(detail: dict[str, Any],
+                                                                   status: int) -> None:
+    # Regression (issue 12, fault 6): records too large for their topic were answered 503
+    # "try again" — no retry can help, and the client was not told why.
+    ack = CommandAcknowledged(command_id="c1", aggregate=CNV, outcome="rejected",
+                              detail=detail)
+    err = refused(ack, f"conversation {CNV!r}")
+    assert err.status_code == status and detail["reason"] in str(err.detail)

@@ -92,7 +92,7 @@ async def test_over_budget_history_is_summarised_by_the_compaction_model(sim_url
     client = anthropic.AsyncAnthropic(base_url=sim_url, api_key="sim", max_retries=0)
     spec = AgentSpec("assistant", "You help.", ToolRegistry(), "claude-sonnet-4-5",
                      compaction_model="claude-haiku-4-5", history_token_budget=500,
-                     history_recent_keep=4)
+                     history_recent_keep=4, history_raw_share=1.0)
     history = long_history(10)
     sink = RecordingSink()
     result = await run_turn(spec, TurnInput("t-sum", "what did I ask first?", history=history),
@@ -114,21 +114,25 @@ async def test_over_budget_history_is_summarised_by_the_compaction_model(sim_url
     stored = HistorySummary("Summary: the user asked ten questions.", 16)
     r2 = await run_turn(spec, TurnInput("t-sum2", "and then?", history=history, summary=stored),
                         model, sink2)
-    assert r2.summary == stored and len(model.requests) == 1
+    assert r2.summary == stored and not r2.summarised and len(model.requests) == 1
+    assert result.summarised
     msgs = model.requests[0].messages
     assert msgs[0]["content"][0]["text"].startswith("[CONVERSATION SUMMARY of messages 0-15]")
     assert "the user asked ten questions" in msgs[0]["content"][0]["text"]
     assert msgs[0]["content"][1]["text"] == history[16]["content"]
     assert msgs[1:4] == history[17:20]
     assert "question 3:" not in json.dumps(msgs)  # the old part is gone
-    # a stale stored summary is regenerated
+    # a stored summary that, with what follows it, is over the budget is updated
+    # incrementally: from itself and the messages after it, never the whole history again
     model = ScriptedModel([[text("Summary: new")], [text("fine")]])
     r3 = await run_turn(spec, TurnInput("t-sum3", "and?", history=history,
                                         summary=HistorySummary("old", 8)), model, RecordingSink())
-    assert r3.summary == HistorySummary("Summary: new", 16)
+    assert r3.summary == HistorySummary("Summary: new", 16) and r3.summarised
     assert "[agent: compaction]" in model.requests[0].system[0]["text"]
-    seen = model.requests[0].messages[0]["content"]  # the whole old part, nothing truncated
-    assert all(m["content"] in seen for m in history[:16:2])
+    seen = model.requests[0].messages[0]["content"]  # nothing truncated after the old summary
+    assert seen.startswith("[PREVIOUS SUMMARY of messages 0-7]\nold")
+    assert all(m["content"] in seen for m in history[8:16:2])
+    assert "answer 3" not in seen and "question 0:" not in seen  # covered by "old"
     assert "answer 7" in seen and "question 8:" not in seen
 
 

@@ -172,3 +172,32 @@ def test_the_startup_path_folds_json_and_refuses_what_the_rules_cannot_read(
     assert ring.state(ID) == "absent"
     assert ring.apply_json(ID, raw) == "new" and ring.key(ID, 1) == key
     assert ring.version(ID) == 1
+
+
+def test_a_rotation_to_a_new_master_secret_leaves_the_old_versions_to_nobody() -> None:
+    """docs/keys.md, "Making an erasure final": VOICE_MASTER_KEYS gives the next version a new
+    secret; once every process has VOICE_MASTER_KEY set to it, what only the old secret
+    derived — every wrap under the retired versions, in any copy of the log — unwraps nowhere."""
+    from streams.kek import master_keys_from_env
+
+    old_secret, new_secret = os.urandom(32), os.urandom(32)
+    key = os.urandom(32)
+    before = MasterKek(old_secret)
+    during = MasterKek(old_secret, {2: new_secret})
+    after = MasterKek(new_secret)
+    w1 = before.wrap(1, key, b"aad")
+    w2 = during.wrap(2, key, b"aad")  # the rotation's re-wrap
+    assert during.unwrap(1, *w1, b"aad") == key  # both versions while it runs
+    assert after.unwrap(2, *w2, b"aad") == key  # the live key, under the new secret alone
+    with pytest.raises(KekError):
+        after.unwrap(1, *w1, b"aad")  # the retired version: gone with the old secret
+    with pytest.raises(KekError):
+        MasterKek(old_secret).unwrap(2, *w2, b"aad")  # the old secret opens nothing new
+
+    encoded = base64.b64encode(new_secret).decode()
+    assert master_keys_from_env("prod", f" 2={encoded} , 3={encoded}") == {2: new_secret,
+                                                                            3: new_secret}
+    assert master_keys_from_env("prod", None) == {}
+    for bad in ("2", "x=abc", "0=abc", "2="):
+        with pytest.raises(KekError, match="VOICE_MASTER_KEYS item 1"):
+            master_keys_from_env("prod", bad)

@@ -9,6 +9,7 @@ from datetime import UTC, datetime
 from typing import Any
 
 import pytest
+from confluent_kafka import KafkaError
 
 from consumers.conversations.sequencer import ConversationSequencer, ConversationState
 from consumers.frame import Aggregate, Decision
@@ -44,6 +45,8 @@ class FakePublisher:
         self.fail_on: str | None = None
         self.refuse: str | None = None
         """A topic whose next record the broker refuses (its delivery fails)."""
+        self.refuse_too_large = False
+        """Refuse it as too large for the topic (else as out of in-sync replicas)."""
 
     @property
     def producer(self) -> FakePublisher:
@@ -62,9 +65,12 @@ class FakePublisher:
 
         async def acked() -> None:
             await asyncio.sleep(0)
-            if refused:
+            if refused and self.refuse_too_large:
                 raise ProduceError(f"produce to {spec.name!r} failed: Broker: Message size too "
-                                   "large", retryable=False)
+                                   "large", retryable=False, code=KafkaError.MSG_SIZE_TOO_LARGE)
+            if refused:
+                raise ProduceError(f"produce to {spec.name!r} failed: Broker: Not enough "
+                                   "in-sync replicas", retryable=True)
             self.journal.append(("acked", spec.name, env.id))
         return acked()
 
@@ -287,6 +293,24 @@ def test_records_the_broker_refuses_are_dead_lettered_and_their_seqs_never_reuse
     assert [e.seq for e in out.log() if e.causation == "c2"] == [5, 6, 7]
     run(writer.dispatch(idem("c3")))  # the client's retry, same idempotency key
     assert out.acks()[-1].outcome == "accepted" and out.acks()[-1].seq == 8
+
+
+def test_records_refused_as_too_large_are_answered_so_not_try_again(parts) -> None:  # noqa: ANN001
+    # Regression (issue 12, fault 6): a command whose record was too large for its topic was
+    # answered "could not record the command; try again" (the edge: 503) — no retry can
+    # help, and the client was not told why. Now the answer names the limit (the edge: 413).
+    _, out, table, writer = parts
+    run(writer.dispatch(start()))
+    out.refuse, out.refuse_too_large = "voice.conversations", True
+    run(writer.dispatch(send("c1")))
+    ack = out.acks()[-1]
+    assert ack.outcome == "rejected" and ack.detail["too_large"]
+    assert not ack.detail.get("retryable")
+    assert "too large" in ack.detail["reason"] and "max.message.bytes" in ack.detail["reason"]
+    [(_topic, _, headers)] = out.dlq
+    assert b"too large" in headers["voice_dlq_reason"]
+    run(writer.dispatch(send("c2")))  # the next message: past the refused seqs, accepted
+    assert out.acks()[-1].outcome == "accepted" and out.acks()[-1].seq == 5
 
 
 def test_refused_records_whose_dead_letter_fails_too_are_raised_not_committed_past(parts

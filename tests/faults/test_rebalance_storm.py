@@ -1,0 +1,73 @@
+"""Fault 4 of issue 12: a rebalance storm — workers 1 → 3 → 1 under a steady load.
+
+Partitions of the commands, logs and workflows move between workers while messages arrive and
+turns run: every POST is answered within the bound (``202``, or ``503`` with ``Retry-After``
+while a partition has no owner yet); every message is recorded once (those refused are sent
+again with their key); no conversation's seq has a gap or a duplicate; every turn is
+requested once, ends once and is replied once; the first worker stays up throughout.
+"""
+
+from __future__ import annotations
+
+import time
+from collections import Counter
+
+import httpx
+import pytest
+
+from deploy.processes import stop, worker_group
+from streams.settings import VoiceSettings
+from streams.tokens import mint_token
+from tests.faults.traffic import SteadyPosts, audit, timeline, turns_terminal, wait_members
+
+pytestmark = [pytest.mark.integration, pytest.mark.faults]
+
+CONVERSATIONS = 6
+
+
+def test_workers_one_three_one_under_load_leave_no_gap_duplicate_or_unreplied_turn(
+        settings: VoiceSettings, start_worker, start_edge) -> None:  # noqa: ANN001
+    first = start_worker(VOICE_QUOTA_TENANT_TOKENS_PER_DAY="0")
+    url = start_edge(VOICE_QUOTA_MESSAGES_PER_MINUTE="0")
+    auth = {"Authorization": f"Bearer {mint_token(settings, 'alice', 'participant')}"}
+    bound = settings.gateway_bound_s
+    client = httpx.Client(base_url=url, headers=auth, timeout=bound * 3,
+                          limits=httpx.Limits(max_connections=200))
+    extra: list = []
+
+    group = worker_group(settings)
+
+    def join() -> None:
+        extra.append(start_worker(wait=False, VOICE_QUOTA_TENANT_TOKENS_PER_DAY="0"))
+        wait_members(settings, group, 1 + len(extra))
+
+    def leave() -> None:
+        stop(extra.pop(0))
+        wait_members(settings, group, 1 + len(extra))
+
+    def pause() -> None:
+        time.sleep(3)
+
+    try:
+        cnvs = [client.post("/me/conversations").json()["conversation"]
+                for _ in range(CONVERSATIONS)]
+        # Each change waits for the group to settle (a worker starts slowly on a busy
+        # machine), then the next comes 3 s later; the load goes on until the last is done.
+        load = SteadyPosts(client, cnvs, rate=10, seconds=10)
+        answers = load.run(during=[(3.0, join), (0, pause), (0, join), (0, pause),
+                                   (0, leave), (0, pause), (0, leave), (0, pause)])
+        statuses = Counter(a.status for a in answers)
+        assert set(statuses) <= {202, 503}, (statuses, timeline(answers))
+        late = [a for a in answers if a.took >= bound]
+        assert not late, f"{len(late)} answers over the {bound}s bound: {late[:3]}"
+        assert all(int(a.retry_after or 0) > 0 for a in answers if a.status == 503)
+
+        load.resend_refused(deadline_s=180)
+        turns = {a.turn for a in load.answers if a.turn}
+        logs = turns_terminal(settings, turns, timeout=300)
+        ends = audit({c: logs[c] for c in cnvs}, load.answers)
+        assert ends == Counter({"Replied": len(turns)}), ends
+        assert first.poll() is None, "the first worker stayed up"
+        assert not extra
+    finally:
+        client.close()
