@@ -134,6 +134,7 @@ def test_staff_list_issues_and_operators_list_failed_workflows(stack: WebStack, 
              and "Graffiti on the library" in by_testid(browser, "issue").text,
              "the issue opened from the list")
     screenshot(browser, "staff-issues")
+    assert fits_360(browser)
 
     sign_in(browser, stack.url, "/staff", "otto-web", "operator")
 
@@ -147,6 +148,7 @@ def test_staff_list_issues_and_operators_list_failed_workflows(stack: WebStack, 
                      and by_testid(browser, "workflow"), "the failed workflow opened")
     assert panel.find_element(By.CSS_SELECTOR, "[data-status]").text == "failed"
     screenshot(browser, "staff-operator")
+    assert fits_360(browser)
     panel.find_element(By.XPATH, ".//button[text()='Retry from the failed step']").click()
     wait_for(lambda: any(c.record.command == "retry" for c in workflow_commands(stack, workflow)),
              "the retry on the workflow's log")
