@@ -1,5 +1,5 @@
 """Participants' issue routes: read an issue's published parts (``/issues``), follow it and
-contribute to it (``/me/issues``).
+contribute to it, list those the caller follows (``/me/issues``).
 
 Nothing staff-only is answered here: no evidence, no investigations, no contribution that is
 not published, no author. A contribution's text is sealed under its own key before it is
@@ -19,6 +19,7 @@ from pydantic import AfterValidator, BaseModel
 from api.frame.auth import Principal
 from api.frame.commands import Commands, CommandsDep, refused
 from api.frame.deps import (
+    VIEW_WAIT_S,
     ContributorDep,
     PublicDep,
     SealerDep,
@@ -63,6 +64,16 @@ class PublicIssueOut(BaseModel):
     followers: int
 
 
+class FollowedIssueOut(BaseModel):
+    """An issue the caller follows (``GET /me/issues``)."""
+
+    issue: str
+    title: str
+    summary: str
+    at: str
+    """When the issue was opened."""
+
+
 class PublishedContribution(BaseModel):
     contribution: str
     text: str
@@ -102,7 +113,21 @@ async def set_following(issue: str, following: bool, principal: Principal,
     ack = await commands.submit(issue, command(issue=issue, participant=principal.sub))
     if ack.outcome == "rejected":
         raise refused(ack, f"issue {issue!r}")
+    # Read-your-writes: ``GET /me/issues`` next on this edge lists it (or no longer does).
+    await views.issues.wait(issue, lambda v: v is not None
+                            and (principal.sub in v.followers) == following, VIEW_WAIT_S)
     return FollowOut(issue=issue, following=following)
+
+
+@mine.get("")
+async def followed_issues(principal: PublicDep, views: StaffViewsDep) -> list[FollowedIssueOut]:
+    """The issues the caller follows in its tenant, newest first (as this edge's view of the
+    issue log has them: a follow acknowledged a moment ago may take a moment to show)."""
+    mine_ = [v for v in views.issues.values()
+             if v.tenant == principal.tenant and principal.sub in v.followers]
+    mine_.sort(key=lambda v: (v.at, v.issue), reverse=True)
+    return [FollowedIssueOut(issue=v.issue, title=v.title, summary=v.summary, at=v.at)
+            for v in mine_]
 
 
 @mine.post("/{issue}/follow", responses=NOT_FOUND)

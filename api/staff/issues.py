@@ -1,12 +1,12 @@
-"""Issues as staff see them (``/staff/issues``): open one, read it, add evidence, record a
-development (its followers get the update by a workflow, in order)."""
+"""Issues as staff see them (``/staff/issues``): list them, open one, read it, add evidence,
+record a development (its followers get the update by a workflow, in order)."""
 
 from __future__ import annotations
 
 import secrets
-from typing import Literal
+from typing import Annotated, Literal
 
-from fastapi import APIRouter
+from fastapi import APIRouter, Query
 from pydantic import BaseModel, Field, model_validator
 
 from api.frame.commands import CommandsDep, refused
@@ -93,6 +93,27 @@ class StaffIssueOut(BaseModel):
     """Contributions by state: ``in_review``, ``published``, ``rejected``."""
 
 
+class IssueSummary(BaseModel):
+    issue: str
+    title: str
+    summary: str
+    created_by: str
+    at: str
+    followers: int
+
+
+class IssuePage(BaseModel):
+    """A page of the tenant's issues, newest first; ``next`` is the ``before`` of the next
+    page (None on the last)."""
+
+    issues: list[IssueSummary]
+    next: str | None
+
+
+ISSUE_CURSOR = r"^[^~]{1,64}~[^~]{1,64}$"
+"""A page cursor: ``<opened at>~<issue>`` of the last issue of the previous page."""
+
+
 def _delivery(views: StaffViews, issue: IssueView, development: str) -> str:
     ended = issue.ended.get(development)
     if ended is not None:
@@ -111,6 +132,28 @@ async def open_issue(body: IssueIn, principal: IssuesManageDep, commands: Comman
         raise refused(ack, f"issue {issue!r}")
     await known(views.issues, issue)
     return IssueCreated(issue=issue)
+
+
+@router.get("/issues")
+async def list_issues(
+    principal: IssuesReadDep, views: StaffViewsDep,
+    limit: Annotated[int, Query(ge=1, le=200, description="Issues per page.")] = 50,
+    before: Annotated[str | None, Query(pattern=ISSUE_CURSOR, max_length=129,
+                                        description="The ``next`` of the previous page.")
+                      ] = None,
+) -> IssuePage:
+    """The tenant's issues, newest first (by when they were opened), a page at a time."""
+    ordered = sorted(((v.at, v.issue, v) for v in views.issues.values()
+                      if v.tenant == principal.tenant), key=lambda t: (t[0], t[1]), reverse=True)
+    if before is not None:
+        at, _, issue = before.partition("~")
+        ordered = [t for t in ordered if (t[0], t[1]) < (at, issue)]
+    page = ordered[:limit]
+    more = len(ordered) > limit
+    return IssuePage(
+        issues=[IssueSummary(issue=v.issue, title=v.title, summary=v.summary, created_by=v.by,
+                             at=v.at, followers=len(v.followers)) for _a, _i, v in page],
+        next=f"{page[-1][0]}~{page[-1][1]}" if more and page else None)
 
 
 @router.get("/issues/{issue}", responses=NOT_FOUND)

@@ -1,11 +1,12 @@
-"""Operators' view of workflows (``/staff/workflows``): a workflow's records as the log has
-them, and retrying a failed one from its failed step."""
+"""Operators' view of workflows (``/staff/workflows``): the tenant's workflows (the failed ones,
+to retry), a workflow's records as the log has them, and retrying a failed one from its
+failed step."""
 
 from __future__ import annotations
 
-from typing import Literal
+from typing import Annotated, Literal
 
-from fastapi import APIRouter
+from fastapi import APIRouter, Query
 from pydantic import BaseModel, JsonValue
 
 from api.frame.commands import CommandsDep, refused
@@ -34,9 +35,43 @@ class WorkflowOut(BaseModel):
     records: list[WorkflowRecordOut]
 
 
+WorkflowStatus = Literal["running", "paused", "completed", "failed"]
+
+
+class WorkflowSummary(BaseModel):
+    workflow: str
+    kind: str
+    status: WorkflowStatus | str
+    step: str | None
+    last_error: str | None
+    updated_at: str | None
+    """When its last record was written (None if this edge keeps none of them)."""
+
+
 class RetryAccepted(BaseModel):
     workflow: str
     command_id: str
+
+
+@router.get("/workflows")
+async def list_workflows(
+    principal: WorkflowReadDep, views: StaffViewsDep,
+    status: Annotated[WorkflowStatus | None, Query(description="Only workflows in this "
+                                                               "status; all when omitted.")
+                      ] = None,
+    limit: Annotated[int, Query(ge=1, le=500, description="At most this many.")] = 100,
+) -> list[WorkflowSummary]:
+    """The tenant's workflows, the most recently changed first (``status=failed``: those an
+    operator may retry)."""
+    out = []
+    for w in views.workflows.values():
+        if w.tenant != principal.tenant or (status is not None and w.status != status):
+            continue
+        updated = w.records[-1].time.isoformat() if w.records else None
+        out.append(WorkflowSummary(workflow=w.workflow, kind=w.kind, status=w.status,
+                                   step=w.step, last_error=w.last_error, updated_at=updated))
+    out.sort(key=lambda s: (s.updated_at or "", s.workflow), reverse=True)
+    return out[:limit]
 
 
 @router.get("/workflows/{workflow}", responses={404: {"description": "No such workflow."}})

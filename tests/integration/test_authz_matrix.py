@@ -137,8 +137,12 @@ ROUTES: dict[tuple[str, str], Row] = {
     # --- issues as participants see them (api/staff/contributions, inbox) ---
     ("GET", "/issues/{issue}"): Row("issues.public", "tenant", 200, ISSUE),
     ("GET", "/issues/{issue}/contributions"): Row("issues.public", "tenant", 200, ISSUE),
-    ("POST", "/me/issues/{issue}/follow"): Row("issues.public", "tenant", 200, ISSUE),
-    ("DELETE", "/me/issues/{issue}/follow"): Row("issues.public", "tenant", 200, ISSUE),
+    # Following changes what ``GET /me/issues`` lists: after every read.
+    ("GET", "/me/issues"): Row("issues.public", "caller", 200, shows=("issue", "owner")),
+    ("POST", "/me/issues/{issue}/follow"): Row("issues.public", "tenant", 200, ISSUE,
+                                               phase="change"),
+    ("DELETE", "/me/issues/{issue}/follow"): Row("issues.public", "tenant", 200, ISSUE,
+                                                 phase="change"),
     ("POST", "/me/issues/{issue}/contributions"): Row("contribute", "tenant", 202, ISSUE,
                                                       json=TEXT),
     ("GET", "/me/inbox"): Row("issues.public", "caller", 200, shows=("notification", "owner")),
@@ -146,6 +150,7 @@ ROUTES: dict[tuple[str, str], Row] = {
                                      shows=("notification", "owner")),
     # --- staff (api/staff) ---
     ("POST", "/staff/issues"): Row("issues.manage", "caller", 201, json={"title": "Matrix"}),
+    ("GET", "/staff/issues"): Row("issues.read", "caller", 200, shows=("issue", "tenant")),
     ("GET", "/staff/issues/{issue}"): Row("issues.read", "tenant", 200, ISSUE),
     ("POST", "/staff/issues/{issue}/evidence"): Row("issues.manage", "tenant", 201, ISSUE,
                                                     json=NOTE),
@@ -155,6 +160,9 @@ ROUTES: dict[tuple[str, str], Row] = {
     ("GET", "/staff/research/{run}"): Row("issues.read", "tenant", 200, {"run": "run"}),
     ("POST", "/staff/investigations/{investigation}/open"): Row(
         "investigate", "tenant", 200, {"investigation": "investigation"}, phase="change"),
+    ("GET", "/staff/workflows"): Row("workflows.read", "caller", 200,
+                                     params={"status": "failed"},
+                                     shows=("failed_workflow", "tenant")),
     ("GET", "/staff/workflows/{workflow}"): Row("workflows.read", "tenant", 200,
                                                 {"workflow": "run"}),
     ("POST", "/staff/workflows/{workflow}/retry"): Row(

@@ -11,10 +11,13 @@ go to ``test-artifacts/web/`` (git-ignored), linked from ``docs/web.md``.
 
 from __future__ import annotations
 
+import os
 import shutil
 import subprocess
+import sys
 import time
 from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -72,18 +75,15 @@ class WebStack:
         self.start_edge()
 
 
-@pytest.fixture(scope="session")
-def stack(kafka_bootstrap: str, tmp_path_factory: pytest.TempPathFactory, simulator_url: str
-          ) -> Iterator[WebStack]:
-    """The stack the web tests share (each signs in as its own people, so they do not see
-    each other's data)."""
+@contextmanager
+def running_web_stack(kafka_bootstrap: str, tmp: Path, model_url: str) -> Iterator[WebStack]:
+    """A worker (its model at ``model_url``) and an edge on their own topics."""
     from deploy.kafka_local import free_port
 
-    tmp = tmp_path_factory.mktemp("web")
     settings = unique_settings(kafka_bootstrap, tmp)
     create_topics(settings)
     worker = spawn_voice(settings, "worker", log=tmp / "worker.log",
-                         ANTHROPIC_API_KEY="simulator", ANTHROPIC_BASE_URL=simulator_url)
+                         ANTHROPIC_API_KEY="simulator", ANTHROPIC_BASE_URL=model_url)
     port = free_port()
     web = WebStack(settings, f"http://127.0.0.1:{port}", port, tmp,
                    spawn_voice(settings, "edge", "--port", str(port), log=tmp / "edge.log",
@@ -95,6 +95,45 @@ def stack(kafka_bootstrap: str, tmp_path_factory: pytest.TempPathFactory, simula
     finally:
         stop(web.edge)
         stop(worker)
+
+
+@pytest.fixture(scope="session")
+def stack(kafka_bootstrap: str, tmp_path_factory: pytest.TempPathFactory, simulator_url: str
+          ) -> Iterator[WebStack]:
+    """The stack the web tests share (each signs in as its own people, so they do not see
+    each other's data)."""
+    with running_web_stack(kafka_bootstrap, tmp_path_factory.mktemp("web"), simulator_url) as web:
+        yield web
+
+
+SLOW_CHUNK_DELAY_MS = "250"
+"""The slow model's pause between streamed pieces (20 characters each): a reply takes seconds
+to write, so a page can be seen drawing it."""
+SLOW_LATENCY_MS = "1500"
+"""And before each of its answers: an assistant turn (four model calls) runs for seconds, so a
+cancel lands while it runs, well before its map."""
+
+
+@pytest.fixture(scope="session")
+def slow_stack(kafka_bootstrap: str, tmp_path_factory: pytest.TempPathFactory
+               ) -> Iterator[WebStack]:
+    """A second stack whose worker's model writes slowly (a second ``voice simulator`` with
+    ``VOICE_SIMULATOR_CHUNK_DELAY_MS``); started only by the tests that need it."""
+    from deploy.kafka_local import free_port
+
+    tmp = tmp_path_factory.mktemp("web-slow")
+    port = free_port()
+    model = subprocess.Popen(
+        [sys.executable, "-m", "deploy.cli", "simulator", "--port", str(port)],
+        env={**os.environ, "VOICE_SIMULATOR_CHUNK_DELAY_MS": SLOW_CHUNK_DELAY_MS,
+             "VOICE_SIMULATOR_LATENCY_MS": SLOW_LATENCY_MS},
+        stdout=open(tmp / "slow-sim.log", "ab"), stderr=subprocess.STDOUT)
+    try:
+        wait_http_ready(f"http://127.0.0.1:{port}/health", timeout=WAIT_S, proc=model)
+        with running_web_stack(kafka_bootstrap, tmp, f"http://127.0.0.1:{port}") as web:
+            yield web
+    finally:
+        stop(model)
 
 
 @pytest.fixture(scope="session")

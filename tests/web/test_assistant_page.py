@@ -66,3 +66,24 @@ def test_louisiana_map_example(stack: WebStack, browser: Any) -> None:
     thinking.find_element(By.TAG_NAME, "summary").click()  # opens by mouse (and keyboard)
     assert thinking.get_attribute("open") is not None
     assert fits_360(browser)
+
+
+def test_cancel_a_running_turn(slow_stack: WebStack, browser: Any) -> None:
+    """With a slow model the turn is still running when the page's cancel is pressed: the turn
+    stops before its map, and the page says it was cancelled."""
+    sign_in(browser, slow_stack.url, "/assistant", "carl-web", "participant")
+    by_testid(browser, "upload-input").send_keys(str(FIXTURE))
+    wait_for(lambda: "12 rows" in by_testid(browser, "datasets").text, "the CSV uploaded")
+    by_testid(browser, "message-input").send_keys(MAP_ASK)
+    by_testid(browser, "send-button").click()
+
+    cancel = wait_for(lambda: by_testid(browser, "cancel-button").is_displayed()
+                      and by_testid(browser, "cancel-button"), "the cancel button shown")
+    assert by_testid(browser, "turn-state").text == "Thinking"
+    cancel.click()
+    wait_for(lambda: by_testid(browser, "turn-state").text == "Cancelled",
+             "the turn shown Cancelled")
+    assert not by_testid(browser, "cancel-button").is_displayed()
+    assert by_testid(browser, "send-button").is_enabled()
+    assert not all_by_testid(browser, "map-card"), "the turn ran on to its map"
+    screenshot(browser, "assistant-cancelled")

@@ -133,6 +133,53 @@ def test_send_reply_replied_and_resume_after_cuts(stack: WebStack, browser: Any)
     assert gone.status_code == 404
 
 
+DRAW = ("The bus shelter on Station Road was removed in the spring and never replaced; older "
+        "people now wait in the rain. Please put a shelter back.")
+
+PAGE_NOW = """return {
+  drafts: [...document.querySelectorAll('li.message.agent.draft .text')].map(e => e.textContent),
+  agents: document.querySelectorAll('[data-testid="transcript"] [data-role="agent"]').length,
+  state: document.querySelector('[data-testid="turn-state"]').textContent}"""
+"""What the page shows of the reply now: the drafts' texts, agent messages, the turn state."""
+
+
+def test_the_reply_is_drawn_as_it_is_written(slow_stack: WebStack, browser: Any) -> None:
+    """With a slow model, a draft of the reply grows in the transcript before the reply is
+    recorded; then it is replaced by exactly one agent message, which the draft was the start
+    of."""
+    sign_in(browser, slow_stack.url, "/", "dora-web", "participant")
+    by_testid(browser, "new-conversation").click()
+    wait_for(lambda: by_testid(browser, "message-input").is_displayed(), "a conversation open")
+    by_testid(browser, "message-input").send_keys(DRAW)
+    by_testid(browser, "send-button").click()
+
+    samples: list[dict[str, Any]] = []
+
+    shot: list[Any] = []
+
+    def replied() -> bool:
+        now = browser.execute_script(PAGE_NOW)
+        samples.append(now)
+        if not shot and now["drafts"] and len(now["drafts"][0]) >= 40:
+            shot.append(screenshot(browser, "participant-draft"))  # for docs/web.md
+        return now["state"] == "Replied" and now["agents"] == 1
+
+    wait_for(replied, "the reply recorded and Replied")
+    drafting = [s["drafts"][0] for s in samples if s["drafts"] and s["agents"] == 0]
+    lengths = sorted({len(d) for d in drafting if d})
+    assert len(lengths) >= 2, f"no draft seen growing before the reply: {samples[-5:]}"
+    reply = [text for _seq, role, text in transcript(browser) if role == "agent"]
+    assert len(reply) == 1, reply
+    # Every draft was the start of the reply, and none is left beside it.
+    def words(text: str) -> str:
+        return " ".join(text.split())
+
+    assert all(words(reply[0]).startswith(words(d)) for d in drafting), (drafting, reply[0])
+    assert all(len(s["drafts"]) <= 1 for s in samples)
+    assert not browser.execute_script(PAGE_NOW)["drafts"]
+    assert [role for _s, role, _t in transcript(browser)] == ["participant", "agent"]
+
+
 def test_follow_an_issue_see_its_update_live_and_contribute(stack: WebStack, browser: Any) -> None:
     staff = mint_token(stack.settings, "staff-web", "staff", "default", ttl_s=900)
     opened = httpx.post(f"{stack.url}/staff/issues", json={"title": "Potholes on Mill Lane"},
@@ -144,6 +191,10 @@ def test_follow_an_issue_see_its_update_live_and_contribute(stack: WebStack, bro
     browser.find_element(By.ID, "follow-issue").send_keys(issue, Keys.ENTER)
     wait_for(lambda: "Potholes on Mill Lane" in browser.find_element(By.ID, "followed").text,
              "the issue in the followed list")
+    # The list is the edge's (GET /me/issues), not this visit's: a reload still shows it.
+    browser.refresh()
+    wait_for(lambda: "Potholes on Mill Lane" in browser.find_element(By.ID, "followed").text,
+             "the followed issue listed after a reload")
     # The inbox stream is already open: the development arrives without a reload.
     developed = httpx.post(f"{stack.url}/staff/issues/{issue}/developments",
                            json={"title": "Repairs scheduled", "body": "Crews start Monday."},
@@ -158,6 +209,10 @@ def test_follow_an_issue_see_its_update_live_and_contribute(stack: WebStack, bro
     browser.find_element(By.CSS_SELECTOR, "#contribute-form button[type=submit]").click()
     wait_for(lambda: "is in review" in browser.find_element(By.ID, "contribute-status").text,
              "the contribution accepted")
+
+    browser.find_element(By.CSS_SELECTOR, f'#followed li[data-issue="{issue}"] button').click()
+    wait_for(lambda: "You follow no issue yet" in browser.find_element(By.ID, "followed").text,
+             "the issue no longer followed")
 
 
 def test_a_refused_token_is_explained_in_words(stack: WebStack, browser: Any) -> None:

@@ -5,13 +5,18 @@ disabled; a second reviewer approves and the contribution is published."""
 
 from __future__ import annotations
 
+import uuid
 from typing import Any
 
 import httpx
 import pytest
 from selenium.webdriver.common.by import By
 
+from schemas.workflow import WorkflowCommandReceived, WorkflowStarted
+from streams.envelope import Envelope
 from streams.tokens import mint_token
+from streams.topics import WORKFLOWS
+from tests.integration.test_staff_helpers import envelopes, produce
 from tests.web.conftest import (
     WAIT_S,
     WebStack,
@@ -34,6 +39,12 @@ def call(stack: WebStack, sub: str, role: str, method: str, path: str, **kw: Any
                       headers={"Authorization": f"Bearer {token}"}, **kw)
     assert r.is_success, f"{method} {path}: {r.status_code} {r.text}"
     return r.json() if r.content else None
+
+
+def workflow_commands(stack: WebStack, workflow: str) -> list[Envelope]:
+    """The commands on ``workflow``'s log (an operator's retry, …)."""
+    return [e for e in envelopes(stack.settings, WORKFLOWS, workflow)
+            if isinstance(e.record, WorkflowCommandReceived)]
 
 
 def queue_item(driver: Any, contribution: str, waiting_for: str) -> Any:
@@ -92,3 +103,53 @@ def test_two_reviewers_publish_a_flagged_contribution(stack: WebStack, browser: 
     assert "Elm Road" in out["text"]
     wait_for(lambda: contribution not in by_testid(browser, "review-queue").text,
              "the contribution gone from the queue")
+
+
+def test_staff_list_issues_and_operators_list_failed_workflows(stack: WebStack, browser: Any
+                                                               ) -> None:
+    """No id to type: staff see the tenant's issues newest first and open one from the list;
+    an operator sees the tenant's failed workflows, opens one and retries it."""
+    older, newer = (call(stack, "staff-web", "staff", "POST", "/staff/issues",
+                         json={"title": title})["issue"]
+                    for title in ("Graffiti on the library", "Flooding under the rail bridge"))
+    # A research run whose input lacks its issue: its one step fails every attempt.
+    workflow = f"run-{uuid.uuid4().hex[:16]}"
+    started = WorkflowStarted(workflow=workflow, kind="research",
+                              input={"run": workflow, "requested_by": "staff-web",
+                                     "tenant": "default"})
+    produce(stack.settings, WORKFLOWS, Envelope(
+        record=started, key=workflow, source="/test/web", subject=workflow, tenant="default",
+        seq=1, correlation=workflow, id=f"{workflow}:1"))
+
+    sign_in(browser, stack.url, "/staff", "sue-web", "staff")
+
+    def listed() -> list[str]:
+        return [li.get_attribute("data-issue") for li in by_testid(browser, "issue-list")
+                .find_elements(By.CSS_SELECTOR, "li[data-issue]")]
+    order = wait_for(lambda: newer in listed() and listed(), "the new issues listed")
+    assert order.index(newer) < order.index(older)  # newest first
+    by_testid(browser, "issue-list").find_element(
+        By.CSS_SELECTOR, f'li[data-issue="{older}"] button').click()
+    wait_for(lambda: by_testid(browser, "issue").get_attribute("data-issue") == older
+             and "Graffiti on the library" in by_testid(browser, "issue").text,
+             "the issue opened from the list")
+    screenshot(browser, "staff-issues")
+    assert fits_360(browser)
+
+    sign_in(browser, stack.url, "/staff", "otto-web", "operator")
+
+    def failed_item() -> Any:
+        browser.find_element(By.ID, "refresh-failed").click()
+        return by_testid(browser, "failed-workflows").find_elements(
+            By.CSS_SELECTOR, f'li[data-workflow="{workflow}"]')
+    (item,) = wait_for(failed_item, "the broken run among the failed workflows")
+    item.find_element(By.TAG_NAME, "button").click()
+    panel = wait_for(lambda: by_testid(browser, "workflow").is_displayed()
+                     and by_testid(browser, "workflow"), "the failed workflow opened")
+    assert panel.find_element(By.CSS_SELECTOR, "[data-status]").text == "failed"
+    screenshot(browser, "staff-operator")
+    assert fits_360(browser)
+    panel.find_element(By.XPATH, ".//button[text()='Retry from the failed step']").click()
+    wait_for(lambda: any(c.record.command == "retry" for c in workflow_commands(stack, workflow)),
+             "the retry on the workflow's log")
+    assert not browser.find_element(By.ID, "workflow-error").is_displayed()

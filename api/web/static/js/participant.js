@@ -171,14 +171,27 @@ function addNotification(n) {
     el("strong", {}, n.title), ` (${n.issue}) `, el("span", {}, n.body), " ", el("time", { datetime: n.at }, when(n.at))));
 }
 
+/** The issues the caller follows (GET /me/issues), each with a way to stop following. */
+async function loadFollowed() {
+  const issues = await attempt($("issues-error"), () => api("GET", "/me/issues"));
+  if (!issues) return;
+  $("followed").replaceChildren(...(issues.length ? issues.map(({ issue, title }) =>
+    el("li", { "data-issue": issue }, `${title} (${issue}) `,
+      el("button", { type: "button", class: "link", "aria-label": `Stop following ${title}`,
+        onclick: () => setFollowing(issue, false) }, "Unfollow")))
+    : [el("li", { class: "meta" }, "You follow no issue yet.")]));
+}
+
+async function setFollowing(issue, following) {
+  const done = await attempt($("issues-error"), () => api(following ? "POST" : "DELETE",
+    `/me/issues/${encodeURIComponent(issue)}/follow`));
+  if (done) await loadFollowed();
+  return done;
+}
+
 async function followIssue(event) {
   event.preventDefault();
-  const issue = $("follow-issue").value.trim();
-  const done = await attempt($("issues-error"), () => api("POST", `/me/issues/${encodeURIComponent(issue)}/follow`));
-  if (!done) return;
-  const about = await attempt($("issues-error"), () => api("GET", `/issues/${encodeURIComponent(issue)}`));
-  $("followed").append(el("li", { "data-issue": issue }, about ? `${about.title} (${issue})` : issue));
-  $("follow-issue").value = "";
+  if (await setFollowing($("follow-issue").value.trim(), true)) $("follow-issue").value = "";
 }
 
 async function contribute(event) {
@@ -206,6 +219,7 @@ function start() {
   $("follow-form").addEventListener("submit", followIssue);
   $("contribute-form").addEventListener("submit", contribute);
   loadConversations();
+  loadFollowed();
   follow("/me/inbox/stream", { after: 0, onEvent: (event, data) => event === "notification" && addNotification(data) });
 }
 

@@ -13,11 +13,25 @@ const enc = encodeURIComponent;
 
 // --- issues ----------------------------------------------------------------------------------
 
-function rememberIssue(issue, title) {
-  const list = $("recent-issues");
-  if (list.querySelector(`[data-issue="${issue}"]`)) return;
-  list.append(el("li", { "data-issue": issue },
-    el("button", { type: "button", class: "link", onclick: () => showIssue(issue) }, `${title} (${issue})`)));
+const ISSUES_PAGE = 25;
+let issuesNext = null;
+
+function issueItem({ issue, title, followers }) {
+  return el("li", { "data-issue": issue },
+    el("button", { type: "button", class: "link", onclick: () => showIssue(issue) }, title),
+    el("span", { class: "meta" }, ` ${issue}, ${followers} following`));
+}
+
+/** The tenant's issues, newest first (GET /staff/issues); ``more`` appends the next page. */
+async function loadIssues(more = false) {
+  const query = `limit=${ISSUES_PAGE}${more && issuesNext ? `&before=${enc(issuesNext)}` : ""}`;
+  const page = await attempt($("issues-error"), () => api("GET", `/staff/issues?${query}`));
+  if (!page) return;
+  const items = page.issues.map(issueItem);
+  if (more) $("issue-list").append(...items);
+  else $("issue-list").replaceChildren(...items);
+  issuesNext = page.next;
+  $("more-issues").hidden = !issuesNext;
 }
 
 function section(title, ...children) {
@@ -39,7 +53,6 @@ function value(formNode, name) {
 async function showIssue(issue) {
   const v = await attempt($("issues-error"), () => api("GET", `/staff/issues/${enc(issue)}`));
   if (!v) return;
-  rememberIssue(v.issue, v.title);
   const box = $("issue");
   box.hidden = false;
   box.dataset.issue = v.issue;
@@ -198,12 +211,23 @@ async function showWorkflow(workflow) {
     w.status === "failed"
       ? el("button", { type: "button", onclick: async () => {
         if (await attempt($("workflow-error"), () => api("POST", `/staff/workflows/${enc(w.workflow)}/retry`))) {
-          setTimeout(() => showWorkflow(w.workflow), 1000);
+          setTimeout(() => { showWorkflow(w.workflow); loadFailed(); }, 1000);
         }
       } }, "Retry from the failed step")
       : null,
     el("details", {}, el("summary", {}, `${w.records.length} records`),
       el("ol", { class: "list" }, w.records.map((r) => el("li", {}, `${r.type} ${when(r.time)}`)))));
+}
+
+/** The tenant's failed workflows (GET /staff/workflows?status=failed), each to open or retry. */
+async function loadFailed() {
+  const failed = await attempt($("workflow-error"), () => api("GET", "/staff/workflows?status=failed"));
+  if (!failed) return;
+  $("failed-workflows").replaceChildren(...(failed.length ? failed.map((w) => el("li", { "data-workflow": w.workflow },
+    el("button", { type: "button", class: "link", onclick: () => showWorkflow(w.workflow) }, `${w.kind} ${w.workflow}`),
+    el("span", { class: "meta" }, ` failed${w.step ? ` at ${w.step}` : ""}${w.updated_at ? `, ${when(w.updated_at)}` : ""}`
+      + (w.last_error ? ` — ${w.last_error}` : ""))))
+    : [el("li", { class: "meta" }, "No failed workflow.")]));
 }
 
 function start() {
@@ -217,11 +241,18 @@ function start() {
     if (!made) return;
     e.target.reset();
     showIssue(made.issue);
+    loadIssues();
   });
   $("find-issue-form").addEventListener("submit", (e) => { e.preventDefault(); showIssue($("issue-id").value.trim()); });
   $("workflow-form").addEventListener("submit", (e) => { e.preventDefault(); showWorkflow($("workflow-id").value.trim()); });
   $("refresh-queue").addEventListener("click", loadQueue);
+  $("more-issues").addEventListener("click", () => loadIssues(true));
+  $("refresh-failed").addEventListener("click", loadFailed);
   const role = (claims() || {}).role;
+  // What each role may read (streams/capabilities.py): issues.read, workflows.read.
+  if (["staff", "representative"].includes(role)) loadIssues();
+  else $("issue-list-title").hidden = true;
+  if (["staff", "operator"].includes(role)) loadFailed();
   if (["staff", "reviewer"].includes(role)) {
     loadQueue();
     setInterval(loadQueue, QUEUE_POLL_MS);
