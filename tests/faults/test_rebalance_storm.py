@@ -20,7 +20,10 @@ from streams.settings import VoiceSettings
 from streams.tokens import mint_token
 from tests.faults.traffic import SteadyPosts, audit, timeline, turns_terminal, wait_members
 
-pytestmark = [pytest.mark.integration, pytest.mark.faults]
+pytestmark = [pytest.mark.integration, pytest.mark.faults,
+              # Its own bounded waits (the load, the group settling four times, resends up to
+              # 180 s, every turn terminal up to 300 s) add up past the suite's default.
+              pytest.mark.timeout(900)]
 
 CONVERSATIONS = 6
 
