@@ -129,6 +129,11 @@ class ReplyDelta(Record):
     offset: int = Field(ge=0)
     text: Sealed
 
+    @staticmethod
+    def content_id(turn: str, attempt: int, offset: int) -> str:
+        """What ``text`` is sealed under (the seal's AAD binds it to this piece)."""
+        return f"{turn}/delta/{attempt}/{offset}"
+
 
 @record_type("voice.conversation.proposal_recorded.v1")
 class ProposalRecorded(Record):

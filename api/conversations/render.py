@@ -124,7 +124,7 @@ def delta_event(sealer: Sealer, env: Envelope) -> ServerSentEvent:
     """The SSE ``delta`` event (no ``id:``) of a turn's streamed reply text."""
     rec = env.record
     assert isinstance(rec, ReplyDelta)
-    content_id = f"{rec.turn}/delta/{rec.attempt}/{rec.offset}"
+    content_id = ReplyDelta.content_id(rec.turn, rec.attempt, rec.offset)
     text = sealer.open_text(rec.conversation, content_id, rec.text)
     return ServerSentEvent(event="delta", data=DeltaEvent(turn=rec.turn, attempt=rec.attempt,
                                                           offset=rec.offset, text=text))

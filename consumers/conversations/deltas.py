@@ -88,7 +88,7 @@ class ReplyStream:
                 self._send(offset, piece)
 
     def _send(self, offset: int, piece: str) -> None:
-        content_id = f"{self.turn}/delta/{self.attempt}/{offset}"
+        content_id = ReplyDelta.content_id(self.turn, self.attempt, offset)
         record = ReplyDelta(conversation=self.conversation, turn=self.turn,
                             attempt=self.attempt, offset=offset,
                             text=self.sealer.seal(self.conversation, content_id, piece))

@@ -59,7 +59,7 @@ async def test_the_stream_seals_each_shown_piece_with_its_offset_and_restarts_on
     deltas = [env.record for _, env in pub.sent]
     assert all(isinstance(r, ReplyDelta) for r in deltas)
     assert [(r.attempt, r.offset) for r in deltas] == [(1, 0), (1, 6), (2, 0)]
-    texts = [sealer.open_text("cnv-1", f"{r.turn}/delta/{r.attempt}/{r.offset}", r.text)
+    texts = [sealer.open_text("cnv-1", ReplyDelta.content_id(r.turn, r.attempt, r.offset), r.text)
              for r in deltas]
     assert texts == ["Hello ", "there", "Hi"]
     assert all(env.key == "cnv-1" and env.tenant == "t1" and env.seq is None
