@@ -1,7 +1,9 @@
 """Records of the staff domain: issues and their evidence, followers, developments,
 investigations (topic ``voice.issues``, key = issue id, appended by the issue's writer only),
-contributions (compacted ``voice.contributions``, key = contribution id, current state) and
-participants' inboxes (``voice.inbox``, key = recipient, appended by the inbox's writer only).
+contributions (compacted ``voice.contributions``, key = contribution id, current state),
+participants' inboxes (``voice.inbox``, key = recipient, appended by the inbox's writer only)
+and each tenant's review queue (``voice.review-queue``, key = the tenant's queue key, appended
+by the queue's writer only).
 
 Commands travel on ``voice.commands`` keyed by the aggregate they change. A contribution's text
 is participant content: it is always ``Sealed`` with the contribution's own data key (the
@@ -20,6 +22,11 @@ ISSUE_ID = r"^iss-[0-9a-f]{8,32}$"
 DevelopmentEnd = Literal["completed", "failed"]
 ContributionState = Literal["in_review", "published", "rejected"]
 Decision = Literal["approve", "reject", "redact"]
+QueueEvent = Literal["entered", "reviewed", "published", "rejected"]
+"""What happened to a contribution in its tenant's review queue: it ``entered`` (checked,
+waiting for its first review), a reviewer ``reviewed`` it (``waiting_for`` says whether a second
+review is needed), and it left the queue ``published`` (redacted or not) or ``rejected``."""
+WaitingFor = Literal["review", "second_review"]
 
 
 class Suggestion(BaseModel):
@@ -244,6 +251,45 @@ class NotificationRecorded(Record):
     development: str
     title: str
     body: str
+    at: str
+
+
+# --- review queues (commands on voice.commands and the log voice.review-queue,
+#     key = ``streams.ids.review_queue_key(tenant)``) -----------------------------------------
+
+
+class QueueItem(Record):
+    """A contribution as its tenant's review queue shows it after one event: enough to draw
+    the queue's entry (never the text, which stays sealed on ``voice.contributions``)."""
+
+    event: QueueEvent
+    contribution: str
+    issue: str
+    waiting_for: WaitingFor | None = None
+    """The review the contribution waits for now; ``None`` once no reviewer is needed (it is
+    being published or rejected, or has been)."""
+    flag_count: int = 0
+    flag_kinds: list[str] = []
+    reviews: list[ReviewSummary] = []
+    redacted_spans: int = 0
+    """On ``published``: how many spans the reviewers had redacted."""
+    submitted_at: str
+
+
+@record_type("voice.review_queue.note.v1")
+class NoteQueueEvent(QueueItem):
+    """Submitted by a disclosure-review step; ``queue_event`` is the event's one id
+    (``{contribution}:{event}…``, ``consumers.staff.queue.queue_event_id``), which the queue
+    writer records at most once, so a re-run step changes nothing."""
+
+    queue_event: str
+
+
+@record_type("voice.review_queue.event_recorded.v1")
+class QueueEventRecorded(QueueItem):
+    """One event of a tenant's review queue, with the queue's dense seq (the stream's ``id:``)."""
+
+    queue_event: str
     at: str
 
 

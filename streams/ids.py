@@ -1,5 +1,5 @@
-"""Ids that more than one side of Voice builds or reads: tenant ids, inbox keys, and the one
-turn-id format.
+"""Ids that more than one side of Voice builds or reads: tenant ids, inbox and review-queue
+keys, and the one turn-id format.
 
 A tenant id is short and plain (``TENANT_PATTERN``), so ``{tenant}/{sub}`` — the key of a
 principal's inbox — splits one way only. A turn of a conversation (participant or assistant)
@@ -18,6 +18,13 @@ TENANT_PATTERN = r"^[A-Za-z0-9][A-Za-z0-9._-]{0,63}$"
 def inbox_key(tenant: str | None, sub: str) -> str:
     """The key of ``sub``'s inbox in ``tenant``: a principal's inbox is per tenant."""
     return f"{tenant or ''}/{sub}"
+
+
+def review_queue_key(tenant: str | None) -> str:
+    """The key of ``tenant``'s review queue (one queue, so one writer and one seq, per tenant).
+
+    A tenant id never holds ``/``, so it is never an inbox key (``{tenant}/{sub}``)."""
+    return f"{tenant or ''}:review-queue"
 
 
 _TURN = re.compile(r"^(?P<conversation>.+):turn-(?P<seq>[1-9][0-9]{0,17})$")

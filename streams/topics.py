@@ -97,6 +97,11 @@ INBOX = TopicSpec(
     "voice.inbox",
     "Each participant's inbox of notifications, appended by its writer only; key = recipient.",
 )
+REVIEW_QUEUE = TopicSpec(
+    "voice.review-queue",
+    "Each tenant's review queue (a contribution entered, reviewed, published, rejected), "
+    "appended by the queue's writer only; key = the tenant's queue key.",
+)
 
 ASSISTANT = TopicSpec(
     "voice.assistant",
@@ -120,7 +125,8 @@ DELTAS = TopicSpec(
 )
 
 TOPICS: tuple[TopicSpec, ...] = (COMMANDS, CONVERSATIONS, ACKS, WORKFLOWS, AGENT, TELEMETRY,
-                                 ISSUES, CONTRIBUTIONS, INBOX, ASSISTANT, DATASETS, DELTAS)
+                                 ISSUES, CONTRIBUTIONS, INBOX, REVIEW_QUEUE, ASSISTANT, DATASETS,
+                                 DELTAS)
 """The record topics: every one is read by the telemetry sink and has a dead-letter topic."""
 
 HOUR_MS = 3600 * 1000

@@ -9,7 +9,9 @@
 - ``contributions``, from the compacted ``voice.contributions`` (the latest record is the
   state; a finished contribution never goes back to ``in_review``);
 - ``inboxes``, from ``voice.inbox``: a ``KeptEvents`` per recipient and tenant (deduped by
-  seq and by notification id), for the inbox stream.
+  seq and by notification id), for the inbox stream;
+- ``queues``, from ``voice.review-queue``: a ``KeptEvents`` per tenant (``api.staff.queue_view``),
+  for the review-queue stream.
 
 Sealed content stays sealed here; routes open it. Everything runs on the edge's event loop.
 """
@@ -28,6 +30,7 @@ from api.frame.projection import (
     StreamProjection,
 )
 from api.frame.tail import LocatedHandler, RecordHandler
+from api.staff.queue_view import ReviewQueues
 from schemas.staff import (
     ContributionRecorded,
     DeliveryEnded,
@@ -53,7 +56,7 @@ from schemas.workflow import (
 )
 from streams.envelope import Envelope
 from streams.ids import inbox_key
-from streams.topics import CONTRIBUTIONS, INBOX, ISSUES, WORKFLOWS, TopicSpec
+from streams.topics import CONTRIBUTIONS, INBOX, ISSUES, REVIEW_QUEUE, WORKFLOWS, TopicSpec
 
 MAX_WORKFLOW_RECORDS = 1000
 """Records kept per workflow for ``GET /staff/workflows/{id}`` (the log keeps them all)."""
@@ -270,7 +273,7 @@ class Inboxes(StreamProjection[InboxView]):
 
 
 class StaffViews:
-    """Every issue, workflow, contribution and inbox this edge has seen."""
+    """Every issue, workflow, contribution, inbox and review queue this edge has seen."""
 
     def __init__(self, kept: int = DEFAULT_KEPT) -> None:
         self.issues = Issues()
@@ -278,11 +281,12 @@ class StaffViews:
         self.workflows = Workflows()
         self.contributions = Contributions()
         self.inboxes = Inboxes(kept)
+        self.queues = ReviewQueues(kept)
 
     def handlers(self) -> dict[TopicSpec, RecordHandler]:
         """What the edge's tail feeds into these views, by topic."""
         return {WORKFLOWS: self.workflows.apply, CONTRIBUTIONS: self.contributions.apply,
-                INBOX: self.inboxes.apply}
+                INBOX: self.inboxes.apply, REVIEW_QUEUE: self.queues.apply}
 
     def located_handlers(self) -> dict[TopicSpec, LocatedHandler]:
         """Those that also need each record's partition and offset (``EdgeTail(located=…)``)."""

@@ -8,7 +8,10 @@ did not reject: pauses for a *different* reviewer; the same one again leaves it 
 The contribution's text is opened only inside ``flag`` and ``publish`` and is sealed
 everywhere else, flags included (an agent's reason may quote the text). Every step writes the
 contribution's whole current state to the compacted ``voice.contributions``, rebuilt from the
-workflow's input and earlier outputs, so a re-run writes the same record again.
+workflow's input and earlier outputs, so a re-run writes the same record again — and notes
+what happened in the tenant's review queue (``consumers.staff.queue``): ``entered`` after
+``flag``, ``reviewed`` after each review, ``published`` or ``rejected`` after ``publish``, each
+under an id derived from the contribution and step, so a re-run notes nothing new.
 
 A review is decided by the workflow, which answers it (``consumers.workflows.commands``):
 ``answers`` says which review it would be, ``refuse`` holds the four-eyes rule.
@@ -23,15 +26,22 @@ from datetime import UTC, datetime
 from typing import Any
 
 from consumers.staff.detectors import Flag, detect, merge_flags, redact
+from consumers.staff.queue import note, queue_event_id
 from consumers.staff.steps import Agents, StepDelays, fenced_json
 from consumers.workflows.engine import Pause, StepContext, StepDef, WorkflowDef, WorkflowState
 from schemas.base import Sealed
-from schemas.staff import ContributionRecorded, ReviewSummary
+from schemas.staff import (
+    ContributionRecorded,
+    NoteQueueEvent,
+    QueueEvent,
+    ReviewSummary,
+    WaitingFor,
+)
 from schemas.workflow import WorkflowCommandReceived
 from streams.envelope import Envelope
 from streams.producer import Publisher
 from streams.sealing import Sealer
-from streams.topics import CONTRIBUTIONS
+from streams.topics import COMMANDS, CONTRIBUTIONS
 
 KIND = "disclosure-review"
 AGENT = "privacy-flagging"
@@ -82,6 +92,12 @@ def outcome(flags: list[dict[str, Any]], reviews: list[dict[str, Any]]
 
 
 REVIEWS = ("review", "second_review")
+
+
+def needs_second(flag: dict[str, Any], first: dict[str, Any]) -> bool:
+    """Whether a second review is needed: something was flagged and the first reviewer did not
+    reject it."""
+    return bool(flag.get("flag_count")) and first["decision"] != "reject"
 
 
 def answers(state: WorkflowState, cmd: WorkflowCommandReceived) -> str:
@@ -155,6 +171,21 @@ class Review:
             record=rec, key=c, source=SOURCE, subject=c, tenant=i.get("tenant"),
             correlation=ctx.workflow, id=f"{ctx.workflow}:{ctx.step}:{ctx.attempt}"))
 
+    async def _note(self, ctx: StepContext, event: QueueEvent, reviews: list[dict[str, Any]],
+                    waiting_for: WaitingFor | None, redacted_spans: int = 0) -> None:
+        """Note ``event`` in the tenant's review queue (once, whatever the attempt)."""
+        i = ctx.input
+        flag = ctx.outputs.get("flag") or {}
+        c = i["contribution"]
+        item = NoteQueueEvent(
+            queue_event=queue_event_id(c, event, len(reviews) if event == "reviewed" else None),
+            event=event, contribution=c, issue=i["issue"], waiting_for=waiting_for,
+            flag_count=flag.get("flag_count") or 0, flag_kinds=flag.get("flag_kinds") or [],
+            reviews=[ReviewSummary(by=r["by"], decision=r["decision"],
+                                   redactions=len(r.get("redactions") or [])) for r in reviews],
+            redacted_spans=redacted_spans, submitted_at=i["submitted_at"])
+        await self.out.send(COMMANDS, note(item, i.get("tenant"), SOURCE, ctx.workflow))
+
     async def flag_step(self, ctx: StepContext) -> dict[str, Any]:
         """Detectors, then the agent; the flags are recorded sealed."""
         text = self._text(ctx)
@@ -169,7 +200,9 @@ class Review:
                                        {"flags": [f.to_dict() for f in flags]})
         output = {"flag_count": len(flags), "flag_kinds": sorted({f.kind for f in flags}),
                   "flags": sealed.model_dump()}
-        await self._record(_with_output(ctx, "flag", output), [])
+        flagged = _with_output(ctx, "flag", output)
+        await self._record(flagged, [])
+        await self._note(flagged, "entered", [], "review")
         return output
 
     async def review_step(self, ctx: StepContext) -> dict[str, Any] | Pause:
@@ -179,11 +212,13 @@ class Review:
         first = _review(cmd)
         await self.delays.midpoint("review")
         await self._record(ctx, [first])
+        await self._note(ctx, "reviewed", [first], "second_review"
+                         if needs_second(ctx.outputs["flag"], first) else None)
         return first
 
     async def second_review_step(self, ctx: StepContext) -> dict[str, Any] | Pause:
         first = ctx.outputs["review"]
-        if not ctx.outputs["flag"].get("flag_count") or first["decision"] == "reject":
+        if not needs_second(ctx.outputs["flag"], first):
             return {"skipped": True}
         cmd = ctx.commands.get("second_review")
         if cmd is None or str(cmd["by"]) == first["by"]:
@@ -192,6 +227,7 @@ class Review:
             return Pause("second_review")
         second = _review(cmd)
         await self._record(ctx, [first, second])
+        await self._note(ctx, "reviewed", [first, second], None)
         return second
 
     async def publish_step(self, ctx: StepContext) -> dict[str, Any]:
@@ -203,6 +239,8 @@ class Review:
         await self.delays.midpoint("publish")
         published = redact(self._text(ctx), spans) if state == "published" else None
         await self._record(ctx, reviews, state, published)
+        await self._note(ctx, state, reviews, None,  # type: ignore[arg-type]
+                         redacted_spans=len(spans))
         return {"state": state, "redacted_spans": len(spans)}
 
 

@@ -1,7 +1,7 @@
 """The staff product on the worker: its writers, its consumer, its workflows.
 
-``Staff().register(ctx)`` is all the worker needs: the issue and inbox writers become the
-writers of their commands (``consumers.frame``), the research, disclosure-review and
+``Staff().register(ctx)`` is all the worker needs: the issue, inbox and review-queue writers
+become the writers of their commands (``consumers.frame``), the research, disclosure-review and
 update-delivery workflows are registered, the developments consumer reads ``voice.issues``,
 and the delivery watcher reads ``voice.workflows``.
 """
@@ -16,6 +16,7 @@ from consumers.staff.delivery import Delivery
 from consumers.staff.developments import DeliveryQueue, apply_development
 from consumers.staff.inbox import InboxWriter
 from consumers.staff.issues import IssueWriter
+from consumers.staff.queue import ReviewQueueWriter
 from consumers.staff.research import Research
 from consumers.staff.review import Review
 from consumers.staff.steps import Agents, StepDelays
@@ -26,7 +27,7 @@ log = logging.getLogger(__name__)
 
 
 class Staff:
-    """Issues, inboxes and the three staff workflows, registered on one worker."""
+    """Issues, inboxes, review queues and the three staff workflows, registered on one worker."""
 
     name = "staff"
 
@@ -35,6 +36,7 @@ class Staff:
         self.out = ctx.publisher
         ctx.aggregate(IssueWriter())
         ctx.aggregate(InboxWriter())
+        ctx.aggregate(ReviewQueueWriter())
         self.deliveries = ctx.table("staff_deliveries")
         delays = StepDelays.parse(ctx.settings.staff_step_delay_ms)
         agents = Agents(ctx.agents)
