@@ -32,7 +32,8 @@ def test_table_names_and_agents_are_stable() -> None:
     w = create_worker(SETTINGS)
     assert sorted(w.app.tables) == [
         "assistant_conversations", "assistant_index", "conversations",
-        "staff_deliveries", "staff_inboxes", "staff_issues", "transcript_index", "workflows"]
+        "staff_deliveries", "staff_inboxes", "staff_issues", "staff_review_queues",
+        "transcript_index", "workflows"]
     assert "voice_commands_agent" in w.app.agents  # one consumer of voice.commands
 
 
