@@ -1,13 +1,14 @@
 // The staff page (/staff): issues with their evidence, developments (and their delivery),
-// research runs with suggestions and reasons, investigations; the review queue with flagged spans
-// highlighted and approve / redact / reject (the second-reviewer rule shown, not just enforced);
-// a workflow's state and, for operators, retrying a failed one.
+// research runs with suggestions and reasons, investigations; the review queue, live (read once,
+// then followed on its stream), with flagged spans highlighted and approve / redact / reject
+// (the second-reviewer rule shown, not just enforced); a workflow's state and, for operators,
+// retrying a failed one.
 
 import { api, claims, takeTokenFromFragment } from "./api.js";
+import { follow } from "./stream.js";
 import { attempt, el, renderAccount, renderSignIn, when } from "./ui.js";
 
 const $ = (id) => document.getElementById(id);
-const QUEUE_POLL_MS = 3000;
 const RESEARCH_POLL_MS = 1000;
 const enc = encodeURIComponent;
 
@@ -142,14 +143,50 @@ function whoNext(item) {
     : `second review — first given by ${first}`;
 }
 
-async function loadQueue() {
-  const items = await attempt($("review-error"), () => api("GET", "/staff/reviews?state=waiting"));
-  if (!items) return;
+// The queue is read once (GET /staff/reviews/queue: what waits, as of a seq), then followed
+// (GET /staff/reviews/stream after that seq): each event is a contribution's entry as it now
+// stands, so applying it replaces the entry, or removes it once no reviewer is needed.
+const waiting = new Map();
+let queueStream = null;
+
+function drawQueue() {
+  const items = [...waiting.values()].sort((a, b) => a.submitted_at.localeCompare(b.submitted_at));
   $("review-queue").replaceChildren(...items.map((item) => el("li", {
     class: "queue-item", "data-contribution": item.contribution, "data-waiting-for": item.waiting_for,
   }, el("button", { type: "button", class: "link", onclick: () => openReview(item.contribution) }, item.contribution),
   ` on ${item.issue}`, el("span", { class: "badge" }, whoNext(item)),
   item.flag_count ? el("span", { class: "badge" }, `${item.flag_count} flagged: ${item.flag_kinds.join(", ")}`) : null)));
+}
+
+function applyQueueEvent(item) {
+  if (item.waiting_for) waiting.set(item.contribution, item);
+  else waiting.delete(item.contribution);
+  drawQueue();
+}
+
+function queueStatus({ state, cursor, reconnects, message }) {
+  const status = $("queue-status");
+  status.textContent = message ? `${state}: ${message}` : state === "live" ? "live" : state;
+  status.dataset.state = state;
+  status.dataset.cursor = cursor;
+  status.dataset.reconnects = reconnects;
+  // Older than the edge keeps: what was missed is only in the queue as it stands, read it again.
+  if (state === "gap") openQueue();
+}
+
+/** Read the queue once, then follow its stream from the seq it was read at. */
+async function openQueue() {
+  queueStream?.stop();
+  queueStream = null;
+  const queue = await attempt($("review-error"), () => api("GET", "/staff/reviews/queue"));
+  if (!queue) return;
+  waiting.clear();
+  for (const item of queue.waiting) waiting.set(item.contribution, item);
+  drawQueue();
+  queueStream = follow("/staff/reviews/stream", {
+    after: queue.last_seq, onStatus: queueStatus,
+    onEvent: (event, data) => event === "queue" && applyQueueEvent(data),
+  });
 }
 
 /** The text with every flagged span in a <mark> (spans sorted; overlaps merged into the first). */
@@ -179,7 +216,7 @@ async function openReview(contribution) {
     if (!accepted) return;
     box.replaceChildren(el("p", { role: "status", "data-testid": "review-done" },
       `Your ${accepted.command.replace("_", " ")} (${decision}) of ${contribution} is recorded.`));
-    loadQueue();
+    // The queue's stream brings the entry's new state (or its leaving): nothing to re-read.
   };
   box.replaceChildren(
     el("h3", {}, `Contribution ${contribution}`),
@@ -245,7 +282,7 @@ function start() {
   });
   $("find-issue-form").addEventListener("submit", (e) => { e.preventDefault(); showIssue($("issue-id").value.trim()); });
   $("workflow-form").addEventListener("submit", (e) => { e.preventDefault(); showWorkflow($("workflow-id").value.trim()); });
-  $("refresh-queue").addEventListener("click", loadQueue);
+  $("refresh-queue").addEventListener("click", openQueue);
   $("more-issues").addEventListener("click", () => loadIssues(true));
   $("refresh-failed").addEventListener("click", loadFailed);
   const role = (claims() || {}).role;
@@ -253,10 +290,7 @@ function start() {
   if (["staff", "representative"].includes(role)) loadIssues();
   else $("issue-list-title").hidden = true;
   if (["staff", "operator"].includes(role)) loadFailed();
-  if (["staff", "reviewer"].includes(role)) {
-    loadQueue();
-    setInterval(loadQueue, QUEUE_POLL_MS);
-  }
+  if (["staff", "reviewer"].includes(role)) openQueue();
 }
 
 takeTokenFromFragment();
