@@ -294,6 +294,9 @@ async def _issue_side(owner: Caller, staff: Caller, reviewer: Caller, operator: 
     await reviewer.until("/staff/reviews", lambda items: any(
         i["contribution"] == contribution and i["waiting_for"] == "review" for i in items),
         "the contribution to wait for its review", state="waiting")
+    await reviewer.until("/staff/reviews/queue", lambda q: any(
+        i["contribution"] == contribution for i in q["waiting"]),
+        "the contribution in the tenant's review queue")
     done = await staff.until(f"/staff/research/{run}", lambda j: j["state"] != "Running" and j,
                              "the research run to end")
     if done["state"] != "Done" or not done["suggestions"]["investigations"]:

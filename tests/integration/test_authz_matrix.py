@@ -169,6 +169,10 @@ ROUTES: dict[tuple[str, str], Row] = {
         "workflows.retry", "tenant", 202, {"workflow": "failed_workflow"}, phase="change"),
     ("GET", "/staff/reviews"): Row("reviews.read", "caller", 200, params={"state": "all"},
                                    shows=("contribution", "tenant")),
+    ("GET", "/staff/reviews/queue"): Row("reviews.read", "caller", 200,
+                                         shows=("contribution", "tenant")),
+    ("GET", "/staff/reviews/stream"): Row("reviews.read", "caller", 200, sse=True,
+                                          shows=("contribution", "tenant")),
     ("GET", "/staff/contributions/{contribution}"): Row(
         "reviews.read", "tenant", 200, {"contribution": "contribution"}),
     ("POST", "/staff/contributions/{contribution}/review"): Row(
