@@ -153,3 +153,46 @@ def test_staff_list_issues_and_operators_list_failed_workflows(stack: WebStack, 
     wait_for(lambda: any(c.record.command == "retry" for c in workflow_commands(stack, workflow)),
              "the retry on the workflow's log")
     assert not browser.find_element(By.ID, "workflow-error").is_displayed()
+
+
+RECORD_FETCHES = """
+window.voiceMarker = "not reloaded";
+window.voiceFetches = [];
+const original = window.fetch;
+window.fetch = (url, options) => {
+  window.voiceFetches.push(`${(options && options.method) || "GET"} ${url}`);
+  return original(url, options);
+};
+"""
+
+
+def test_the_queue_is_live_without_polling_or_reloading(stack: WebStack, browser: Any) -> None:
+    """A reviewer's open page shows a new contribution enter the queue, then wait for its
+    second review, from the queue's stream: the page neither reloads nor asks
+    ``GET /staff/reviews`` again (it read the queue once, then follows the stream, which the
+    edge's short gateway bound cuts every few seconds and the page resumes after its cursor)."""
+    issue = call(stack, "staff-web", "staff", "POST", "/staff/issues",
+                 json={"title": "Potholes on Mill Lane"})["issue"]
+    sign_in(browser, stack.url, "/staff", "rev3-web", "reviewer")
+    wait_for(lambda: by_testid(browser, "queue-status").get_attribute("data-state") == "live",
+             "the queue's stream live")
+    browser.execute_script(RECORD_FETCHES)
+    contribution = call(stack, "ann-web", "participant", "POST",
+                        f"/me/issues/{issue}/contributions", json={"text": FLAGGED}
+                        )["contribution"]
+    queue_item(browser, contribution, "review")
+    call(stack, "rev4-web", "reviewer", "POST", f"/staff/contributions/{contribution}/review",
+         json={"decision": "approve"})
+    queue_item(browser, contribution, "second_review")
+    status = by_testid(browser, "queue-status")
+    # Two more cuts of the stream: longer than the old 3 s poll, twice over.
+    reconnects = int(status.get_attribute("data-reconnects"))
+    wait_for(lambda: int(status.get_attribute("data-reconnects")) >= reconnects + 2,
+             "the stream cut and resumed twice")
+    assert browser.execute_script("return window.voiceMarker") == "not reloaded"
+    fetches = browser.execute_script("return window.voiceFetches")
+    assert fetches, "the page made no request at all while it followed the queue"
+    assert all(f.startswith("GET /staff/reviews/stream?after=") for f in fetches), fetches
+    cursors = [int(f.rsplit("=", 1)[1]) for f in fetches]
+    assert cursors == sorted(cursors) and cursors[-1] >= 2, cursors  # resumed, never rewound
+    assert int(status.get_attribute("data-cursor")) >= cursors[-1]
