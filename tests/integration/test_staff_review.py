@@ -14,6 +14,7 @@ from streams.topics import (
     AGENT,
     COMMANDS,
     CONTRIBUTIONS,
+    REVIEW_QUEUE,
     TELEMETRY,
     WORKFLOWS,
     topic_name,
@@ -217,3 +218,6 @@ def test_a_worker_killed_mid_flagging_and_mid_publishing_publishes_once(
                        for i, n in starts.items())
         assert step in lost or replayed, (step, kinds(envs))
     assert kinds(envs).count("WorkflowCompleted") == 1
+    # The tenant's review queue noted each event once, under dense seqs, across both kills.
+    assert [(e.seq, e.id) for e in envelopes(settings, REVIEW_QUEUE)] == [
+        (1, f"{c}:entered"), (2, f"{c}:reviewed:1"), (3, f"{c}:published")]
