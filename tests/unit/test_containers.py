@@ -521,3 +521,107 @@ def test_dockerfile_runs_voice_as_non_root(instructions) -> None:
     assert entrypoints and json.loads(entrypoints[-1]) == ["voice"]
     users = args_of(instructions, "USER")
     assert users and users[-1].split(":")[0] not in {"root", "0"}
+
+
+# Both container brokers (compose, the suite's tests/containers.py) and the local broker
+
+
+LISTENER_KEYS = {"listeners", "advertised.listeners", "listener.security.protocol.map",
+                 "inter.broker.listener.name", "controller.quorum.voters", "log.dirs"}
+"""Where the brokers differ by design (addresses, folders); every other setting must agree."""
+
+
+def broker_properties(env: dict[str, str | None]) -> dict[str, str]:
+    """The server.properties the apache/kafka image writes from ``KAFKA_*`` variables, by its
+    documented rule (docker/examples/README.md): drop KAFKA_, lower-case, ``___`` → ``-``,
+    ``__`` → ``_``, ``_`` → ``.``."""
+    props = {}
+    for key, value in env.items():
+        if not key.startswith("KAFKA_") or value is None:
+            continue
+        name = key.removeprefix("KAFKA_").lower()
+        name = name.replace("___", "\0").replace("__", "\1").replace("_", ".")
+        props[name.replace("\0", "-").replace("\1", "_")] = str(value)
+    return props
+
+
+def local_broker_properties(tmp_path: Path) -> dict[str, str]:
+    from deploy.kafka_local import LocalKafka
+
+    text = LocalKafka(data_dir=tmp_path, port=9092, controller_port=9093)._properties().read_text()
+    return dict(line.split("=", 1) for line in text.splitlines() if line)
+
+
+@pytest.mark.parametrize("where", ["compose", "container"])
+def test_container_brokers_are_configured_as_the_local_broker(
+        services: dict, tmp_path: Path, where: str) -> None:
+    env = env_of(services["kafka"]) if where == "compose" else dict(containers.kraft_env())
+    ours = {k: v for k, v in broker_properties(env).items() if k not in LISTENER_KEYS}
+    local = {k: v for k, v in local_broker_properties(tmp_path).items() if k not in LISTENER_KEYS}
+    assert ours == local
+
+
+def test_the_suites_container_is_a_single_node_kraft_broker() -> None:
+    env = dict(containers.kraft_env())
+    env["KAFKA_ADVERTISED_LISTENERS"] = containers.advertised("localhost", 49153)
+    advertised = check_single_node_kraft(env, mapped={"PLAINTEXT"})
+    # Clients get the host and the port Docker mapped; the broker reaches itself inside.
+    assert advertised["PLAINTEXT"] == ("localhost", 49153)
+    assert advertised[env["KAFKA_INTER_BROKER_LISTENER_NAME"]][0] == "localhost"
+    listeners = listener_map(env["KAFKA_LISTENERS"])
+    assert listeners["PLAINTEXT"][1] == containers.CLIENT_PORT  # the port it exposes
+    assert env["KAFKA_CONTROLLER_QUORUM_VOTERS"] == f"1@localhost:{containers.CONTROLLER_PORT}"
+
+
+def test_the_suites_container_starts_the_image_its_own_way() -> None:
+    # The image's CMD is /etc/kafka/docker/run (docker/jvm/Dockerfile): it configures from the
+    # KAFKA_* variables, formats the storage with CLUSTER_ID and launches the broker. Ours only
+    # waits first for the advertised listeners, then hands over (exec: signals reach Kafka).
+    argv = containers.start_command()
+    assert argv[:2] == ["bash", "-c"]  # the image installs bash (apk add … bash)
+    script = argv[2]
+    assert f"[ ! -s {containers.ADVERTISED_FILE} ]" in script
+    assert 'export KAFKA_ADVERTISED_LISTENERS="$(cat ' in script
+    assert script.endswith(f"exec {containers.IMAGE_START}")
+    assert containers.IMAGE_START == "/etc/kafka/docker/run"
+    from deploy.kafka_local import KAFKA_VERSION
+
+    assert containers.KAFKA_IMAGE == f"apache/kafka:{KAFKA_VERSION}"  # the version CI runs
+
+
+def test_testcontainers_kafka_container_cannot_run_apache_kafka() -> None:
+    # Why tests/containers.py drives the image itself: testcontainers' KafkaContainer (4.15)
+    # is written for Confluent's cp-kafka; with_kraft() compares the tag with cp-kafka 7.0.0
+    # and refuses every apache/kafka tag, before any container starts. (The old fixture called
+    # KafkaContainer("apache/kafka:4.1.1").with_kraft(), so it never ran anywhere.)
+    from types import SimpleNamespace
+
+    from testcontainers.community.kafka import KafkaContainer
+
+    old = SimpleNamespace(image=containers.KAFKA_IMAGE, MIN_KRAFT_TAG=KafkaContainer.MIN_KRAFT_TAG)
+    with pytest.raises(ValueError, match="not supported in Kraft mode"):
+        KafkaContainer._verify_min_kraft_version(old)  # type: ignore[arg-type]
+
+
+@pytest.mark.parametrize(("env", "docker", "expected"), [
+    ({"VOICE_KAFKA_BOOTSTRAP": "h:1"}, True, "given"),
+    ({"VOICE_KAFKA_BOOTSTRAP": "h:1", "VOICE_TEST_DOCKER": "always"}, False, "given"),
+    ({}, True, "docker"),
+    ({}, False, "local"),
+    ({"VOICE_TEST_DOCKER": "auto"}, True, "docker"),
+    ({"VOICE_TEST_DOCKER": "always"}, True, "docker"),
+    ({"VOICE_TEST_DOCKER": "never"}, True, "local"),
+    ({"VOICE_TEST_DOCKER": "never"}, False, "local"),
+])
+def test_broker_choice(env: dict, docker: bool, expected: str) -> None:
+    assert containers.broker_choice(env, docker=docker) == expected
+
+
+def test_broker_choice_always_without_docker_fails_loudly() -> None:
+    with pytest.raises(RuntimeError, match="VOICE_TEST_DOCKER=always"):
+        containers.broker_choice({"VOICE_TEST_DOCKER": "always"}, docker=False)
+
+
+def test_broker_choice_names_a_wrong_value() -> None:
+    with pytest.raises(ValueError, match="VOICE_TEST_DOCKER='yes'"):
+        containers.broker_choice({"VOICE_TEST_DOCKER": "yes"}, docker=True)
