@@ -56,9 +56,29 @@ def env_of(service: dict) -> dict[str, str | None]:
 
 
 def interpolated(value: str, host: dict[str, str]) -> str:
-    """``value`` with each ``${VAR}``, ``${VAR:-…}`` and ``${VAR:?…}`` as compose fills it from
-    the host's ``host`` variables (all set here)."""
-    return re.sub(r"\$\{(\w+)(?::?[-?][^}]*)?\}", lambda m: host[m[1]], value)
+    """``value`` with each ``${VAR}``, ``${VAR:-default}`` and ``${VAR:?message}`` as compose
+    fills it from the host's variables ``host`` (a missing required one raises KeyError)."""
+    def fill(m: re.Match[str]) -> str:
+        if m[1] in host:
+            return host[m[1]]
+        if m[2] == ":-":
+            return m[3]
+        raise KeyError(f"compose refuses to start: {m[1]} is unset ({m[3]})")
+
+    return re.sub(r"\$\{(\w+)(?:(:?[-?])([^}]*))?\}", fill, value)
+
+
+def container_env(service: dict, host: dict[str, str]) -> dict[str, str]:
+    """The environment compose gives ``service``'s container on a host with variables ``host``:
+    a variable listed without a value passes the host's through, or is absent."""
+    env = {}
+    for var, value in env_of(service).items():
+        if value is None:
+            if var in host:
+                env[var] = host[var]
+        else:
+            env[var] = interpolated(value, host)
+    return env
 
 
 def argv_of(service: dict) -> list[str]:
@@ -315,16 +335,20 @@ def test_model_calls_go_to_the_simulator_only_without_a_key(
         services: dict, monkeypatch: pytest.MonkeyPatch, host_key: str | None) -> None:
     # The worker's environment as compose builds it when the host sets ANTHROPIC_API_KEY or
     # not (and no ANTHROPIC_BASE_URL): a real key must never be sent to the simulator.
-    from consumers.engine.client import model_client
+    from consumers.engine.runner import AgentRunner  # the client module is the engine's own
+    from streams.model_settings import ModelSettings
     from streams.settings import VoiceSettings
 
     for var in [v for v in os.environ if v.startswith(("VOICE_", "ANTHROPIC_"))]:
         monkeypatch.delenv(var)
-    env = env_of(services["worker"])
-    simulator = env["VOICE_SIMULATOR_URL"]
+    host = {"VOICE_JWT_SECRET": "j" * 64, "VOICE_MASTER_KEY": "a2V5" * 11}
     if host_key:
-        monkeypatch.setenv("ANTHROPIC_API_KEY", host_key)
-    client = model_client(VoiceSettings(simulator_url=simulator))
+        host["ANTHROPIC_API_KEY"] = host_key
+    for var, value in container_env(services["worker"], host).items():
+        monkeypatch.setenv(var, value)
+    simulator = os.environ["VOICE_SIMULATOR_URL"]
+    settings = VoiceSettings(fallback_models=[])
+    client = AgentRunner(settings, lambda: None, model=ModelSettings()).client  # type: ignore[arg-type]
     at_simulator = str(client.base_url).rstrip("/") == simulator
     assert at_simulator is (host_key is None), client.base_url
 
