@@ -11,8 +11,9 @@ the image drops its defaults once any is given, and its own ``/etc/kafka/docker/
 
 The one value known only after the start is the host port Docker mapped, which clients must be
 advertised; the container therefore waits for a file carrying ``KAFKA_ADVERTISED_LISTENERS``
-and then runs the image's start script. Nothing here has run on a machine without Docker
-(docs/containers.md); the pure parts are checked by tests/unit/test_containers.py.
+and then runs the image's start script. The container part has never run: there is no Docker
+engine where Voice is developed or tested (docs/containers.md); the pure parts are checked by
+tests/unit/test_containers.py.
 """
 
 from __future__ import annotations
