@@ -67,6 +67,11 @@ STREAM_READ_S = 5.0
 """How long an event stream is read: enough for the events the edge replays at once, and above
 the edge's 2 s wait for a conversation it does not know yet (``VIEW_WAIT_S``), whose 404 comes
 only then — at 1 s and 3 s, a loaded machine timed out waiting for it."""
+GENERATION = {"max-examples": MAX_EXAMPLES, "deterministic": True, "database": "none"}
+QUEUE_STREAM_EXAMPLES = 5
+"""The review queue's stream takes the same parameters as the inbox's (``after``,
+``Last-Event-ID``: the frame's ``cursor_dependency``), fuzzed in full there; each of its cases
+that is let in is read for ``STREAM_READ_S``, so full fuzzing of it too cost the run a minute."""
 CHECKS = ("not_a_server_error", "status_code_conformance", "response_schema_conformance",
           "content_type_conformance")
 OWN_RESOURCE = {("DELETE", "/me/conversations/{conversation}"): {"conversation": "erasable"}}
@@ -84,7 +89,7 @@ def fuzz_config(url: str) -> SchemathesisConfig:
         "continue-on-failure": True,
         "request-timeout": REQUEST_TIMEOUT_S,
         "max-stream-events": 5,
-        "generation": {"max-examples": MAX_EXAMPLES, "deterministic": True, "database": "none"},
+        "generation": GENERATION,
         # No reuse of values read in responses: they hold the world's random ids, so the cases
         # would differ from run to run.
         "phases": {"examples": {"enabled": False},
@@ -92,7 +97,9 @@ def fuzz_config(url: str) -> SchemathesisConfig:
                    "fuzzing": {"enabled": True, "extra-data-sources": {"responses": False}},
                    "stateful": {"enabled": False}},
         "checks": {"enabled": False, **{name: {"enabled": True} for name in CHECKS}},
-        "operations": [{"include-path-regex": "/stream$", "request-timeout": STREAM_READ_S}],
+        "operations": [{"include-path-regex": "/stream$", "request-timeout": STREAM_READ_S},
+                       {"include-path-regex": "^/staff/reviews/stream$",
+                        "generation": {**GENERATION, "max-examples": QUEUE_STREAM_EXAMPLES}}],
     })
 
 
