@@ -54,6 +54,12 @@ class LoadedDataset:
 class DatasetSource(Protocol):
     """Where a turn's datasets come from (Kafka in the worker; memory in tests)."""
 
+    def _evict(self, key: str) -> None:
+        with self._lock:
+            gone = self._cache.pop(key, None)
+            if gone is not None:
+                self._size -= len(gone.csv_text)
+
     def load(self, ref: DatasetRef) -> LoadedDataset: ...
 
 
@@ -128,7 +134,14 @@ class KafkaDatasets:
             hit = self._cache.get(ref.dataset_id)
             if hit is not None:
                 self._cache.move_to_end(ref.dataset_id)
-                return hit
+        if hit is not None:
+            try:  # erased since it was opened? Then it is no longer there to read.
+                self.sealer.check_live(ref.dataset_id)
+            except SealingError as exc:
+                self._evict(ref.dataset_id)
+                raise DatasetUnavailable(f"dataset {ref.dataset_id!r} cannot be opened: "
+                                         f"{type(exc).__name__}") from None
+            return hit
         rec = fetch_record(self.settings, self.topic, ref.partition, ref.offset)
         if rec.dataset_id != ref.dataset_id:
             raise DatasetUnavailable(f"{self.topic}[{ref.partition}]@{ref.offset} holds "

@@ -92,7 +92,8 @@ class AssistantSequencer(Aggregate[AssistantState]):
         """``ExpireAssistantTurn`` for the running turn if past its deadline at ``now`` (or
         without one), read from the stored state as it is (the janitor asks each pass)."""
         running, deadline = stored.get("running"), stored.get("deadline")
-        if running is None or stored.get("erased") or (deadline is not None and datetime.fromisoformat(deadline) > now):
+        if running is None or stored.get("erased") or (
+                deadline is not None and datetime.fromisoformat(deadline) > now):
             return []
         return [ExpireAssistantTurn(conversation=key, turn=running)]
 

@@ -140,6 +140,9 @@ class Review:
         i = ctx.input
         flag = ctx.outputs.get("flag") or {}
         c = i["contribution"]
+        # Erased (its author's right) since the step began? Then ``KeyErased`` fails the
+        # workflow here, before a record that would stand after the erasure on the log.
+        self.sealer.check_live(c)
         rec = ContributionRecorded(
             contribution=c, issue=i["issue"], author=i["author"],
             text=Sealed.model_validate(i["text"]), state=state,  # type: ignore[arg-type]
