@@ -54,12 +54,6 @@ class LoadedDataset:
 class DatasetSource(Protocol):
     """Where a turn's datasets come from (Kafka in the worker; memory in tests)."""
 
-    def _evict(self, key: str) -> None:
-        with self._lock:
-            gone = self._cache.pop(key, None)
-            if gone is not None:
-                self._size -= len(gone.csv_text)
-
     def load(self, ref: DatasetRef) -> LoadedDataset: ...
 
 
@@ -128,6 +122,12 @@ class KafkaDatasets:
         self._cache: OrderedDict[str, LoadedDataset] = OrderedDict()
         self._size = 0
         self._lock = threading.Lock()
+
+    def _evict(self, key: str) -> None:
+        with self._lock:
+            gone = self._cache.pop(key, None)
+            if gone is not None:
+                self._size -= len(gone.csv_text)
 
     def load(self, ref: DatasetRef) -> LoadedDataset:
         with self._lock:

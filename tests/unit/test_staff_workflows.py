@@ -30,7 +30,7 @@ from schemas.staff import (
     SuggestInvestigation,
 )
 from streams.envelope import Envelope
-from streams.sealing import MemoryKeyStore, Sealer
+from streams.sealing import KeyErased, MemoryKeyStore, Sealer
 from streams.settings import VoiceSettings
 from streams.topics import COMMANDS, CONTRIBUTIONS, ISSUES, TopicSpec
 
@@ -204,6 +204,21 @@ async def test_review_steps_pause_and_refuse_the_same_second_reviewer(parts) -> 
     assert (await step(ctx("c", "k", "s", inp, outputs, other)))["by"] == "rev2"
     unflagged = {"flag": {"flag_count": 0}, "review": out1}
     assert await step(ctx("c", "k", "s", inp, unflagged)) == {"skipped": True}
+
+
+async def test_a_review_after_its_contribution_was_erased_records_nothing(parts) -> None:  # noqa: ANN001
+    # Its record would stand after the erasure on the compacted topic, the words it carries
+    # unreadable but the contribution seemingly alive on an edge started later.
+    out, sealer, agents = parts
+    review = Review(out, sealer, agents, StepDelays())  # type: ignore[arg-type]
+    inp = review_input(sealer, "Ask Jane Porter about it.")
+    flagged = {"flag": {"flag_count": 0, "flag_kinds": [], "flags": None}}
+    sealer.erase("ctb-1")
+    first = {"review": {"by": "rev1", "decision": "approve"}}
+    with pytest.raises(KeyErased) as caught:
+        await review.review_step(ctx("ctb-1", "k", "review", inp, flagged, first))
+    assert caught.value.retryable is False  # the workflow fails at once: it never comes back
+    assert out.records(CONTRIBUTIONS) == []
 
 
 async def test_publish_applies_the_redactions(parts) -> None:  # noqa: ANN001
