@@ -26,6 +26,7 @@ from schemas.assistant import (
     AssistantChat,
     AssistantConversationErased,
     AssistantConversationStarted,
+    AssistantDisplayRecorded,
     AssistantReplyRecorded,
     AssistantTurnEnded,
     DatasetErased,
@@ -35,7 +36,7 @@ from schemas.assistant import (
     EraseAssistantConversation,
 )
 from schemas.base import Sealed
-from schemas.staff import ContributionErased, ContributionRecorded
+from schemas.staff import ContributionErased, ContributionRecorded, IssueOpened
 from schemas.system import CommandAcknowledged
 from streams.assistant_settings import assistant_settings
 from streams.envelope import Envelope, decode
@@ -321,3 +322,44 @@ def test_a_cached_dataset_or_image_is_not_read_once_erased(tmp_path: Path) -> No
     with pytest.raises(DatasetUnavailable, match="KeyErased"):
         images.load({"image_id": img, "partition": 0, "offset": 0})
     assert ds not in datasets._cache and img not in images._cache
+
+
+# --- erased through another edge, before this edge's view hears of it -------------------------
+
+
+def test_a_published_list_skips_a_contribution_erased_elsewhere(tmp_path: Path) -> None:
+    # Before: opening its published text raised KeyErased, and the whole list answered 404.
+    app, settings = app_for(tmp_path)
+    sealer: Sealer = app.state.sealer
+    app.state.staff.issues.apply(Envelope(
+        record=IssueOpened(issue="iss-1", title="Lights", summary="Out", by="staff-t1", at="t"),
+        key="iss-1", source="/t", seq=1, tenant="t1"), 0, 0)
+    for c in ("ctb-1", "ctb-2"):
+        published = sealer.seal(c, "published", f"words of {c}")
+        app.state.staff.contributions.apply(Envelope(
+            record=contribution(c, state="published").model_copy(
+                update={"published_text": published}), key=c, source="/t", tenant="t1"))
+    sealer.erase("ctb-1")  # by another edge: this one has not read ContributionErased yet
+    with TestClient(app) as c:
+        r = c.get("/issues/iss-1/contributions", headers=as_(settings))
+    assert r.status_code == 200, r.text
+    assert [p["contribution"] for p in r.json()] == ["ctb-2"]
+    assert "ctb-1" not in app.state.staff.contributions
+
+
+def test_a_chat_stream_ends_when_the_chat_was_erased_elsewhere(tmp_path: Path) -> None:
+    app, settings = app_for(tmp_path)
+    sealer: Sealer = app.state.sealer
+    views = app.state.assistant.conversations
+    views.apply(started())
+    payload = DisplayPayload(event_id="e1", type="text", channel="response", ts=1.0,
+                             data=sealer.seal_json(CONV, "e1/data", {"text": "hi"}))
+    views.apply(Envelope(record=AssistantDisplayRecorded(
+        conversation=CONV, turn=f"{CONV}:turn-2", display_seq=1, event=payload), key=CONV,
+        source="/t", seq=2, tenant="t1"))
+    sealer.erase(CONV)  # by another edge
+    with TestClient(app) as c:
+        r = c.get(f"/api/v1/assistant/conversations/{CONV}/stream", headers=as_(settings))
+    assert r.status_code == 200 and "event: display" not in r.text
+    assert ": end; no such conversation" in r.text
+    assert views[CONV].erased
