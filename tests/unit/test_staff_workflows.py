@@ -17,7 +17,7 @@ from consumers.staff.research import Research, parse_suggestions
 from consumers.staff.review import Review, agent_flags, outcome
 from consumers.staff.steps import Agents, StepDelays, fenced_json
 from consumers.workflows.engine import Pause, StepContext
-from consumers.workflows.runtime import StepError
+from consumers.workflows.runtime import Erased, StepError
 from deploy.simulator import serve_simulator
 from schemas.base import Record, Sealed
 from schemas.staff import (
@@ -30,7 +30,7 @@ from schemas.staff import (
     SuggestInvestigation,
 )
 from streams.envelope import Envelope
-from streams.sealing import KeyErased, MemoryKeyStore, Sealer
+from streams.sealing import MemoryKeyStore, Sealer
 from streams.settings import VoiceSettings
 from streams.topics import COMMANDS, CONTRIBUTIONS, ISSUES, TopicSpec
 
@@ -215,7 +215,7 @@ async def test_a_review_after_its_contribution_was_erased_records_nothing(parts)
     flagged = {"flag": {"flag_count": 0, "flag_kinds": [], "flags": None}}
     sealer.erase("ctb-1")
     first = {"review": {"by": "rev1", "decision": "approve"}}
-    with pytest.raises(KeyErased) as caught:
+    with pytest.raises(Erased, match="contribution 'ctb-1' was erased") as caught:
         await review.review_step(ctx("ctb-1", "k", "review", inp, flagged, first))
     assert caught.value.retryable is False  # the workflow fails at once: it never comes back
     assert out.records(CONTRIBUTIONS) == []
