@@ -35,6 +35,7 @@ from schemas.workflow import (
 )
 from streams.envelope import DecodeError, Envelope, decode
 from streams.free_text import describe
+from streams.tracing import ids_of
 from telemetry.schema import DATABASE, column_names
 
 BLOB_THRESHOLD = 32 * 1024
@@ -214,10 +215,11 @@ def _derived(rows: Rows, rec: Record, env: Envelope, time: datetime, kinds: Kind
     if isinstance(rec, ModelCallRecorded):
         # Every column but ``response``: that is content (sealed) and stays in events only.
         fields = rec.model_dump(exclude={"response"})
-        rows.add("model_calls", {**fields, **base})
+        rows.add("model_calls", {**fields, **base, **_trace(rec.trace_id, rec.span_id, env)})
     elif isinstance(rec, ToolCallRecorded):
         fields = rec.model_dump(exclude={"arguments", "result"})
-        rows.add("tool_calls", {**fields, **base, "operation_name": "execute_tool"})
+        rows.add("tool_calls", {**fields, **base, "operation_name": "execute_tool",
+                                **_trace(rec.trace_id, rec.span_id, env)})
     else:
         step = _workflow_row(rec)
         if step is None:
@@ -227,6 +229,14 @@ def _derived(rows: Rows, rec: Record, env: Envelope, time: datetime, kinds: Kind
             kinds.learn(workflow, rec.kind)
         step.setdefault("kind", kinds.get(workflow) if kinds is not None else "")
         rows.add("workflow_steps", {**step, **base, "seq": env.seq})
+
+
+def _trace(trace_id: str | None, span_id: str | None, env: Envelope) -> dict[str, str | None]:
+    """The trace and span a call belongs to: the record's own, else its ``traceparent``
+    header's (the engine produces each call's record inside the call's span)."""
+    if trace_id is None and span_id is None:
+        trace_id, span_id = ids_of(env.traceparent)
+    return {"trace_id": trace_id, "span_id": span_id}
 
 
 def _workflow_row(rec: Record) -> dict[str, Any] | None:
