@@ -136,19 +136,44 @@ def ids_of(traceparent: str | None) -> tuple[str | None, str | None]:
     return trace.format_trace_id(sc.trace_id), trace.format_span_id(sc.span_id)
 
 
+Attributes = Mapping[str, str | int | float | bool]
+
+
+@contextmanager
+def span(name: str, kind: SpanKind = SpanKind.INTERNAL, attributes: Attributes | None = None,
+         context: otel_context.Context | None = None) -> Iterator[Span]:
+    """A span current for the block (a child of the current one, or of ``context``).
+
+    An exception out of the block marks it in error with ``error.type`` = the exception's
+    class, and is not recorded as an event: an exception's message may quote someone's
+    words (``streams.free_text``), and a span must never carry them."""
+    with tracer().start_as_current_span(name, context=context, kind=kind,
+                                        attributes=attributes, record_exception=False,
+                                        set_status_on_exception=False) as current:
+        try:
+            yield current
+        except BaseException as exc:
+            failed(current, type(exc).__qualname__)
+            raise
+
+
 @contextmanager
 def continued(name: str, headers: HeaderPairs | Mapping[str, str] | None,
-              kind: SpanKind = SpanKind.CONSUMER,
-              attributes: Mapping[str, str | int | float | bool] | None = None
+              kind: SpanKind = SpanKind.CONSUMER, attributes: Attributes | None = None
               ) -> Iterator[Span]:
     """A span that continues the trace ``headers`` carry (a new trace without one), current
     for the block: what is produced inside carries its ``traceparent``."""
-    with tracer().start_as_current_span(name, context=extract(headers), kind=kind,
-                                        attributes=attributes) as span:
-        yield span
+    with span(name, kind, attributes, extract(headers)) as current:
+        yield current
 
 
-def failed(span: Span, error_type: str) -> None:
-    """Mark ``span`` as ended in error (``error.type``, OTel semantic conventions)."""
-    span.set_attribute("error.type", error_type)
-    span.set_status(Status(StatusCode.ERROR))
+def failed(target: Span, error_type: str) -> None:
+    """Mark ``target`` as ended in error (``error.type``, OTel semantic conventions); the
+    first reason given stands."""
+    if not target.is_recording():
+        return
+    status = getattr(target, "status", None)  # the SDK's spans have one, the API's not
+    if status is not None and status.status_code == StatusCode.ERROR:
+        return
+    target.set_attribute("error.type", error_type)
+    target.set_status(Status(StatusCode.ERROR))

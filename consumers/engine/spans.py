@@ -15,7 +15,7 @@ from typing import Any
 
 from opentelemetry.trace import Span, SpanKind
 
-from streams.tracing import failed, tracer
+from streams.tracing import failed, span
 
 PROVIDER = "anthropic"
 """The provider every ``ModelPort`` speaks to (the simulator speaks its Messages API)."""
@@ -29,9 +29,8 @@ def agent_span(agent_name: str, turn_id: str, conversation_id: str | None) -> It
                                   "gen_ai.agent.name": agent_name, "voice.turn_id": turn_id}
     if conversation_id is not None:
         attributes["gen_ai.conversation.id"] = conversation_id
-    with tracer().start_as_current_span(f"invoke_agent {agent_name}",
-                                        attributes=attributes) as span:
-        yield span
+    with span(f"invoke_agent {agent_name}", attributes=attributes) as current:
+        yield current
 
 
 @contextmanager
@@ -45,36 +44,35 @@ def model_span(model: str, max_tokens: int, sampling: dict[str, float],
         "voice.fallback_used": fallback}
     for name, value in sampling.items():  # temperature, top_p, top_k (SAMPLING_KEYS)
         attributes[f"gen_ai.request.{name}"] = value
-    with tracer().start_as_current_span(f"chat {model}", kind=SpanKind.CLIENT,
-                                        attributes=attributes) as span:
-        yield span
+    with span(f"chat {model}", SpanKind.CLIENT, attributes) as current:
+        yield current
 
 
-def model_answered(span: Span, response_model: str | None, input_tokens: int,
+def model_answered(target: Span, response_model: str | None, input_tokens: int,
                    output_tokens: int, finish_reason: str | None) -> None:
     """What a model call answered: its model, token usage and finish reason."""
     if response_model:
-        span.set_attribute("gen_ai.response.model", response_model)
-    span.set_attribute("gen_ai.usage.input_tokens", input_tokens)
-    span.set_attribute("gen_ai.usage.output_tokens", output_tokens)
+        target.set_attribute("gen_ai.response.model", response_model)
+    target.set_attribute("gen_ai.usage.input_tokens", input_tokens)
+    target.set_attribute("gen_ai.usage.output_tokens", output_tokens)
     if finish_reason:
-        span.set_attribute("gen_ai.response.finish_reasons", [finish_reason])
+        target.set_attribute("gen_ai.response.finish_reasons", [finish_reason])
 
 
 @contextmanager
 def tool_span(tool_name: str, tool_call_id: str) -> Iterator[Span]:
     """The span of one tool call (``execute_tool {tool}``)."""
-    with tracer().start_as_current_span(f"execute_tool {tool_name}", attributes={
+    with span(f"execute_tool {tool_name}", attributes={
             "gen_ai.operation.name": "execute_tool", "gen_ai.tool.name": tool_name,
-            "gen_ai.tool.call.id": tool_call_id}) as span:
-        yield span
+            "gen_ai.tool.call.id": tool_call_id}) as current:
+        yield current
 
 
-def tool_answered(span: Span, envelope: str, err_kind: str | None) -> None:
+def tool_answered(target: Span, envelope: str, err_kind: str | None) -> None:
     """A tool call's envelope; an ``err`` marks the span in error with its kind."""
-    span.set_attribute("voice.tool.envelope", envelope)
+    target.set_attribute("voice.tool.envelope", envelope)
     if envelope == "err":
-        failed(span, err_kind or "err")
+        failed(target, err_kind or "err")
 
 
 __all__ = ["agent_span", "failed", "model_answered", "model_span", "tool_answered", "tool_span"]

@@ -107,6 +107,15 @@ def test_a_malformed_traceparent_never_refuses_a_record_and_is_not_continued(spa
         assert format_trace_id(span.get_span_context().trace_id) != TRACE
 
 
+def test_a_failure_marks_its_span_by_type_and_never_records_its_message(spans):
+    with pytest.raises(ValueError), tracing.span("step"):
+        raise ValueError("my neighbour Ann Smith at 12 Oak Street said …")
+    [step] = spans.get_finished_spans()
+    assert step.status.status_code == StatusCode.ERROR
+    assert step.attributes["error.type"] == "ValueError"
+    assert step.events == ()  # no exception event: its message could quote someone
+
+
 def test_ids_of_a_traceparent():
     assert tracing.ids_of(TRACEPARENT) == (TRACE, PARENT)
     assert tracing.ids_of(None) == (None, None)
