@@ -144,6 +144,12 @@ def test_a_requests_trace_reaches_the_model_calls_their_spans_and_clickhouse(
         tools = sink.store.query("SELECT trace_id, span_id FROM voice.tool_calls FINAL "
                                  f"WHERE conversation_id = '{cnv}'").rows
         assert all(t == TRACE and s for t, s in tools), tools
+        # Every kind of record of the request is found by its trace id: the commands, the
+        # conversation's log, the workflow's, the turn's calls.
+        traced = {r[0] for r in sink.store.query(
+            f"SELECT ce_type FROM voice.events FINAL WHERE trace_id = '{TRACE}'").rows}
+        assert {"voice.conversation.send_message.v1", "voice.conversation.message_recorded.v1",
+                "voice.workflow.started.v1", "voice.agent.model_call.v1"} <= traced, traced
     finally:
         sink.close()
 

@@ -116,6 +116,21 @@ def test_a_failure_marks_its_span_by_type_and_never_records_its_message(spans):
     assert step.events == ()  # no exception event: its message could quote someone
 
 
+def test_every_events_row_names_the_span_its_record_was_produced_in():
+    k, v, h = encode(Envelope(record=started(), key="cnv-1", source="/t",
+                              traceparent=TRACEPARENT))
+    [row] = map_record(RawRecord("tr.voice.commands", 0, 1, k, v, h)).as_dicts("events")
+    assert (row["trace_id"], row["span_id"]) == (TRACE, PARENT)
+    garbage = RawRecord("tr.voice.commands", 0, 2, b"k", b"\xff", [("traceparent",
+                                                                       TRACEPARENT.encode())])
+    [row] = map_record(garbage).as_dicts("events")
+    assert row["ce_type"] == "undecodable" and (row["trace_id"], row["span_id"]) == (TRACE,
+                                                                                      PARENT)
+    k, v, h = encode(Envelope(record=started(), key="cnv-1", source="/t"))
+    [row] = map_record(RawRecord("tr.voice.commands", 0, 3, k, v, h)).as_dicts("events")
+    assert (row["trace_id"], row["span_id"]) == (None, None)
+
+
 def test_ids_of_a_traceparent():
     assert tracing.ids_of(TRACEPARENT) == (TRACE, PARENT)
     assert tracing.ids_of(None) == (None, None)
