@@ -62,7 +62,7 @@ def configure(service_name: str, exporter: SpanExporter | None = None) -> Tracer
     resource = Resource.create({"service.name": os.environ.get("OTEL_SERVICE_NAME")
                                 or service_name})
     provider = TracerProvider(resource=resource)
-    exporter = exporter or _otlp_exporter()
+    exporter = exporter or otlp_exporter()
     if exporter is not None:
         provider.add_span_processor(BatchSpanProcessor(exporter))
     install(provider)
@@ -70,7 +70,8 @@ def configure(service_name: str, exporter: SpanExporter | None = None) -> Tracer
     return provider
 
 
-def _otlp_exporter() -> SpanExporter | None:
+def otlp_exporter() -> SpanExporter | None:
+    """The OTLP/HTTP exporter the environment asks for, or None without an endpoint."""
     if not (os.environ.get("OTEL_EXPORTER_OTLP_ENDPOINT")
             or os.environ.get("OTEL_EXPORTER_OTLP_TRACES_ENDPOINT")):
         return None  # the cheap path: spans are made (ids for the records), never exported

@@ -8,12 +8,16 @@ removed after), so every assertion is on the spans as they would be exported.
 from __future__ import annotations
 
 import asyncio
+import os
+import subprocess
+import sys
 from collections.abc import AsyncIterator, Iterator
 from typing import Any
 
 import pytest
 from fastapi import FastAPI
 from fastapi.testclient import TestClient
+from opentelemetry.exporter.otlp.proto.http.trace_exporter import OTLPSpanExporter
 from opentelemetry.sdk.trace import ReadableSpan, TracerProvider
 from opentelemetry.sdk.trace.export import SimpleSpanProcessor
 from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
@@ -134,6 +138,38 @@ def test_every_events_row_names_the_span_its_record_was_produced_in():
 def test_ids_of_a_traceparent():
     assert tracing.ids_of(TRACEPARENT) == (TRACE, PARENT)
     assert tracing.ids_of(None) == (None, None)
+
+
+CONFIGURED = """
+from streams import tracing
+provider = tracing.configure("voice-test")
+print("disabled" if provider is None else provider.resource.attributes["service.name"])
+"""
+
+
+@pytest.mark.parametrize(("env", "out"), [
+    ({}, "voice-test"), ({"OTEL_SERVICE_NAME": "edge-eu"}, "edge-eu"),
+    ({"OTEL_SDK_DISABLED": "true"}, "disabled"),
+])
+def test_configure_names_the_service_and_honours_otel_sdk_disabled(env, out):
+    # In a process of its own: the global tracer provider can be set once per process.
+    clean = {k: v for k, v in os.environ.items() if not k.startswith("OTEL_")}
+    done = subprocess.run([sys.executable, "-c", CONFIGURED], env={**clean, **env},
+                          capture_output=True, text=True, timeout=60, check=True)
+    assert done.stdout.strip() == out
+
+
+def test_spans_are_exported_only_with_an_endpoint(monkeypatch):
+    for name in ("OTEL_EXPORTER_OTLP_ENDPOINT", "OTEL_EXPORTER_OTLP_TRACES_ENDPOINT"):
+        monkeypatch.delenv(name, raising=False)
+    assert tracing.otlp_exporter() is None
+    monkeypatch.setenv("OTEL_EXPORTER_OTLP_ENDPOINT", "http://collector:4318")
+    exporter = tracing.otlp_exporter()
+    assert isinstance(exporter, OTLPSpanExporter)
+    assert exporter._endpoint == "http://collector:4318/v1/traces"
+    monkeypatch.delenv("OTEL_EXPORTER_OTLP_ENDPOINT")
+    monkeypatch.setenv("OTEL_EXPORTER_OTLP_TRACES_ENDPOINT", "http://other:4318/t")
+    assert tracing.otlp_exporter()._endpoint == "http://other:4318/t"
 
 
 # --- the edge --------------------------------------------------------------------------------
