@@ -74,7 +74,14 @@ QUEUE_STREAM_EXAMPLES = 5
 that is let in is read for ``STREAM_READ_S``, so full fuzzing of it too cost the run a minute."""
 CHECKS = ("not_a_server_error", "status_code_conformance", "response_schema_conformance",
           "content_type_conformance")
-OWN_RESOURCE = {("DELETE", "/me/conversations/{conversation}"): {"conversation": "erasable"}}
+OWN_RESOURCE = {
+    ("DELETE", "/me/conversations/{conversation}"): {"conversation": "erasable"},
+    ("DELETE", "/api/v1/assistant/conversations/{conversation}"): {
+        "conversation": "erasable_chat"},
+    ("DELETE", "/api/v1/assistant/files/{file_id}"): {"file_id": "erasable_dataset"},
+    ("DELETE", "/me/issues/{issue}/contributions/{contribution}"): {
+        "issue": "issue", "contribution": "erasable_contribution"},
+}
 """Paths whose success destroys what they name get a resource of their own, so the operations
 tested after them still find the world's."""
 
