@@ -22,10 +22,11 @@ ISSUE_ID = r"^iss-[0-9a-f]{8,32}$"
 DevelopmentEnd = Literal["completed", "failed"]
 ContributionState = Literal["in_review", "published", "rejected"]
 Decision = Literal["approve", "reject", "redact"]
-QueueEvent = Literal["entered", "reviewed", "published", "rejected"]
+QueueEvent = Literal["entered", "reviewed", "published", "rejected", "erased"]
 """What happened to a contribution in its tenant's review queue: it ``entered`` (checked,
 waiting for its first review), a reviewer ``reviewed`` it (``waiting_for`` says whether a second
-review is needed), and it left the queue ``published`` (redacted or not) or ``rejected``."""
+review is needed), and it left the queue ``published`` (redacted or not), ``rejected`` or
+``erased`` (by its author; noted by the edge that erased it)."""
 WaitingFor = Literal["review", "second_review"]
 
 
@@ -288,9 +289,9 @@ class QueueItem(Record):
 
 @record_type("voice.review_queue.note.v1")
 class NoteQueueEvent(QueueItem):
-    """Submitted by a disclosure-review step; ``queue_event`` is the event's one id
-    (``{contribution}:{event}…``, ``consumers.staff.queue.queue_event_id``), which the queue
-    writer records at most once, so a re-run step changes nothing."""
+    """Submitted by a disclosure-review step (or, for ``erased``, by the edge); ``queue_event``
+    is the event's one id (``{contribution}:{event}…``, ``streams.ids.queue_event_id``), which
+    the queue writer records at most once, so a re-run step changes nothing."""
 
     queue_event: str
 

@@ -27,6 +27,12 @@ def review_queue_key(tenant: str | None) -> str:
     return f"{tenant or ''}:review-queue"
 
 
+def queue_event_id(contribution: str, event: str, review: int | None = None) -> str:
+    """The one id of an event of ``contribution`` in its tenant's review queue (``review``: 1
+    or 2 for ``reviewed``): derived from what happened, never from an attempt."""
+    return f"{contribution}:{event}" + (f":{review}" if review is not None else "")
+
+
 _TURN = re.compile(r"^(?P<conversation>.+):turn-(?P<seq>[1-9][0-9]{0,17})$")
 
 

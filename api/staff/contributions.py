@@ -7,9 +7,10 @@ produced; its disclosure review starts at once and answers 202 with the contribu
 
 Its author may erase it (``DELETE``), in the conversations' order: its key is destroyed first
 (text, flags and published text no longer open anywhere), then this edge forgets it, then
-``voice.contributions`` records the erasure (its key's latest record, what compaction keeps).
-Staff cannot erase one: they reject it in review; erasure is the author's right over their
-words. A review still waiting fails at its next step (the text no longer opens).
+``voice.contributions`` records the erasure (its key's latest record, what compaction keeps),
+and the tenant's review queue notes it (``erased``: it leaves the live queue). Staff cannot
+erase one: they reject it in review; erasure is the author's right over their words. A review
+still waiting fails at its next step (the text no longer opens).
 """
 
 from __future__ import annotations
@@ -38,10 +39,17 @@ from api.frame.deps import (
 from api.frame.models import NonBlank, RequestModel
 from api.staff.deps import NOT_FOUND, StaffViewsDep
 from api.staff.views import StaffViews
-from schemas.staff import ContributionErased, ContributionRecorded, FollowIssue, UnfollowIssue
+from schemas.staff import (
+    ContributionErased,
+    ContributionRecorded,
+    FollowIssue,
+    NoteQueueEvent,
+    UnfollowIssue,
+)
 from schemas.workflow import WorkflowStarted
+from streams.ids import queue_event_id, review_queue_key
 from streams.sealing import KeyErased
-from streams.topics import CONTRIBUTIONS
+from streams.topics import COMMANDS, CONTRIBUTIONS
 
 public = APIRouter(prefix="/issues", tags=["issues"])
 mine = APIRouter(prefix="/me/issues", tags=["issues"])
@@ -198,4 +206,10 @@ async def erase_contribution(issue: str, contribution: str, principal: Contribut
     env = commands.envelope(ContributionErased(contribution=contribution, issue=issue),
                             contribution, correlation=contribution, id=f"{contribution}:erased")
     await commands.record(CONTRIBUTIONS, env, "record the erasure")
+    # And out of the tenant's live review queue (its one writer sequences the note).
+    queue = review_queue_key(principal.tenant)
+    note = NoteQueueEvent(queue_event=queue_event_id(contribution, "erased"), event="erased",
+                          contribution=contribution, issue=issue, submitted_at=c.submitted_at)
+    await commands.record(COMMANDS, commands.envelope(
+        note, queue, correlation=contribution, id=note.queue_event), "note the erasure")
     return Response(status_code=204)

@@ -3,9 +3,10 @@ kept for the SSE stream, and the queue as those events leave it (who waits for w
 
 The queue's single writer gives each event a dense per-tenant seq, the stream's ``id:``; the
 view dedupes by seq (a replayed record) and by event id (an event the writer recorded again
-under a new seq, past its memory). ``waiting`` is the fold of every event this edge applied —
-not only the kept ones — so ``GET /staff/reviews/queue`` and the stream after its ``last_seq``
-are one consistent reading of one log. Nothing here opens sealed content or does I/O.
+under a new seq, past its memory), and shows nothing of a contribution after its ``erased``.
+``waiting`` is the fold of every event this edge applied — not only the kept ones — so
+``GET /staff/reviews/queue`` and the stream after its ``last_seq`` are one consistent reading
+of one log. Nothing here opens sealed content or does I/O.
 """
 
 from __future__ import annotations
@@ -26,6 +27,9 @@ class ReviewQueueView(KeptEvents[Envelope]):
     """Event ids seen: a writer's replay under a new seq is not shown twice."""
     waiting: dict[str, Envelope] = field(default_factory=dict)
     """Contribution → its latest event (with its seq), for those waiting for a review."""
+    erased: set[str] = field(default_factory=set)
+    """Contributions their authors erased: any later event of theirs (a step that was running
+    as the erasure came) is not shown, on every edge alike."""
 
     @property
     def stream_name(self) -> str:
@@ -57,8 +61,10 @@ class ReviewQueues(StreamProjection[ReviewQueueView]):
             view = self.by_key[env.key] = ReviewQueueView(tenant=env.tenant, kept=self.kept)
         if not view.accept(env):
             return  # a writer's replay: same seq, same record
-        if rec.queue_event not in view.ids:
+        if rec.queue_event not in view.ids and rec.contribution not in view.erased:
             view.ids.add(rec.queue_event)
+            if rec.event == "erased":
+                view.erased.add(rec.contribution)
             view.fold(env)
             view.keep(env)
         self.notify(env.key)

@@ -35,7 +35,7 @@ class QueueEventOut(BaseModel):
     it stands after it. ``waiting_for`` ``null``: it no longer waits for a reviewer."""
 
     seq: int
-    event: Literal["entered", "reviewed", "published", "rejected"]
+    event: Literal["entered", "reviewed", "published", "rejected", "erased"]
     contribution: str
     issue: str
     waiting_for: Literal["review", "second_review"] | None
@@ -77,10 +77,11 @@ CursorDep = Annotated[int, Depends(cursor_dependency(my_queue))]
 
 
 @router.get("/queue")
-async def get_review_queue(view: QueueDep) -> ReviewQueueOut:
+async def get_review_queue(view: QueueDep, views: StaffViewsDep) -> ReviewQueueOut:
     """What waits for a reviewer now, oldest first, with the seq to follow the stream from."""
-    waiting = sorted((queue_event_out(e) for e in view.waiting.values()),
-                     key=lambda e: e.submitted_at)
+    # Erased on this edge a moment ago, its ``erased`` event not yet back from the log: gone.
+    waiting = sorted((queue_event_out(e) for c, e in view.waiting.items()
+                      if c not in views.contributions.erased), key=lambda e: e.submitted_at)
     return ReviewQueueOut(last_seq=view.last_seq, waiting=waiting)
 
 

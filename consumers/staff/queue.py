@@ -7,9 +7,9 @@ a ``NoteQueueEvent`` command keyed by the tenant's queue key. One writer per ten
 event the next dense seq, which is the queue stream's ``id:`` at every edge (and after every
 restart): that is what lets ``GET /staff/reviews/stream`` resume with ``Last-Event-ID``.
 
-An event's id is derived from the contribution and the step (``queue_event_id``), never from
-an attempt, so a step that re-runs after a crash notes the same event again and the writer
-records it once. The writer remembers the last ``MAX_EVENTS`` ids per tenant; a redelivery
+An event's id is derived from the contribution and the step (``streams.ids.queue_event_id``),
+never from an attempt, so a step that re-runs after a crash notes the same event again and the
+writer records it once. The writer remembers the last ``MAX_EVENTS`` ids per tenant; a redelivery
 older than that would be recorded again, so readers also dedupe by event id.
 
 It never opens sealed content: a queue event carries counts and kinds, not the text.
@@ -22,19 +22,16 @@ from typing import Any
 
 from consumers.frame import Aggregate, AggregateState, Decision, append, remember
 from schemas.base import Record
-from schemas.staff import NoteQueueEvent, QueueEvent, QueueEventRecorded
+from schemas.staff import NoteQueueEvent, QueueEventRecorded
 from streams.envelope import Envelope
-from streams.ids import review_queue_key
+from streams.ids import queue_event_id, review_queue_key
 from streams.topics import REVIEW_QUEUE
+
+__all__ = ["MAX_EVENTS", "QueueState", "ReviewQueueWriter", "note", "queue_event_id"]
 
 SOURCE = "/voice/review-queue-writer"
 MAX_EVENTS = 4096
 """Event ids a tenant's queue remembers (a few per contribution)."""
-
-
-def queue_event_id(contribution: str, event: QueueEvent, review: int | None = None) -> str:
-    """The one id of an event of ``contribution`` (``review``: 1 or 2 for ``reviewed``)."""
-    return f"{contribution}:{event}" + (f":{review}" if review is not None else "")
 
 
 def note(item: NoteQueueEvent, tenant: str | None, source: str, correlation: str) -> Envelope:

@@ -17,14 +17,14 @@ from api import staff
 from api.frame.projection import CursorTooOld
 from api.staff.queue_view import ReviewQueues
 from consumers.frame.writer import outputs
-from consumers.staff.queue import QueueState, ReviewQueueWriter, note, queue_event_id
+from consumers.staff.queue import QueueState, ReviewQueueWriter, note
 from consumers.staff.review import Review
 from consumers.staff.steps import StepDelays
 from consumers.workflows.engine import StepContext
 from schemas.staff import NoteQueueEvent, QueueEvent, QueueEventRecorded, ReviewSummary
 from streams.assistant_settings import AssistantSettings
 from streams.envelope import Envelope
-from streams.ids import review_queue_key
+from streams.ids import queue_event_id, review_queue_key
 from streams.sealing import MemoryKeyStore, Sealer
 from streams.tokens import mint_token
 from streams.topics import ACKS, COMMANDS, REVIEW_QUEUE
@@ -212,6 +212,23 @@ def test_another_tenants_record_under_a_queue_key_is_not_that_queue() -> None:
     forged = replace(q.log[0], key=review_queue_key("t1"))
     queues.apply(forged)
     assert list(queues.queue("t1").events) == [] and queues.queue("t1").last_seq == 0
+
+
+def test_nothing_of_an_erased_contribution_is_shown_after_its_erasure() -> None:
+    # A review step that was running as its author erased it notes after the erasure: every
+    # edge applies the same rule to the same log, so no edge shows it waiting again.
+    queues = fed({"t1": [item("ctb-1"), item("ctb-2"), item("ctb-1", "erased", None),
+                         item("ctb-1", "reviewed", "second_review", 1, ("r1",))]})
+    view = queues.queue("t1")
+    assert list(view.waiting) == ["ctb-2"] and view.head() == 4
+    assert [e.record.queue_event for e in view.events_after(2)] == ["ctb-1:erased"]
+
+
+def test_the_queue_leaves_out_a_contribution_this_edge_just_erased(tmp_path: Path) -> None:
+    client = edge(tmp_path, fed({"t1": [item("ctb-1"), item("ctb-2")]}))
+    client.app.state.staff.contributions.mark_erased("ctb-1")  # type: ignore[attr-defined]
+    body = client.get("/staff/reviews/queue", headers=auth(client, "rev1", "reviewer")).json()
+    assert [w["contribution"] for w in body["waiting"]] == ["ctb-2"]
 
 
 # --- the routes ------------------------------------------------------------------------------
