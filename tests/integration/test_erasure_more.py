@@ -196,6 +196,8 @@ def refuses_contribution(url: str, stack: Stack, world: World) -> None:
     queue = httpx.get(f"{url}/staff/reviews", headers=staff, params={"state": "all"},
                       timeout=30).json()
     assert c not in [i["contribution"] for i in queue]
+    live = httpx.get(f"{url}/staff/reviews/queue", headers=staff, timeout=30).json()
+    assert c not in [i["contribution"] for i in live["waiting"]]
     published = httpx.get(f"{url}/issues/{world.issue}/contributions", headers=headers(stack),
                           timeout=30)
     assert published.status_code == 200 and c not in str(published.json())
