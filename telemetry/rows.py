@@ -35,10 +35,8 @@ from schemas.workflow import (
 )
 from streams.envelope import DecodeError, Envelope, decode
 from streams.free_text import describe
+from telemetry.derive import BLOB_THRESHOLD
 from telemetry.schema import DATABASE, column_names
-
-BLOB_THRESHOLD = 32 * 1024
-"""Payloads of this many bytes or more go to ``event_blobs``; the ``events`` row points there."""
 
 UNDECODABLE = "undecodable"
 

@@ -14,9 +14,14 @@ No table is partitioned: a ReplacingMergeTree only merges duplicates within one 
 
 from __future__ import annotations
 
+from telemetry.derive import (
+    DATABASE,
+    DERIVATIONS,
+    landing_table_sql,
+    materialized_view_sql,
+)
 from telemetry.store import TelemetryStore
 
-DATABASE = "voice"
 DEDUP_WINDOW = 10_000
 """Recent insert blocks per table whose tokens the engine remembers."""
 
@@ -219,6 +224,8 @@ ORDER BY time""",
 # COLUMN IF NOT EXISTS). Statements are idempotent, so a crash mid-migration is re-run safely.
 MIGRATIONS: list[tuple[int, list[str]]] = [
     (1, [create_table_sql(t) for t in COLUMNS]),
+    # The sink inserts raw records into a Null table; views derive every table (issue 14).
+    (2, [landing_table_sql()] + [materialized_view_sql(t) for t in DERIVATIONS]),
 ]
 
 
