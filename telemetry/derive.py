@@ -69,7 +69,10 @@ def _opt(name: str) -> str:
 
 # One inner SELECT that every view reads from: header bytes as text (invalid UTF-8 replaced,
 # as Python's ``decode('utf-8', 'replace')``; NULL values dropped), the time and payload size.
-_SOURCE = f"""(
+# A view that keeps few of the records filters them first, on the raw columns, so the rest
+# are never parsed.
+def _source(where: str = "1") -> str:
+    return f"""(
   SELECT topic, partition, offset, value, decode_error, seq, kind,
          CAST(mapApply((k, v) -> (k, toValidUTF8(assumeNotNull(v))),
                        mapFilter((k, v) -> v IS NOT NULL, headers)),
@@ -86,7 +89,11 @@ _SOURCE = f"""(
          if(encoding = 'base64', base64Encode(value), value) AS text,
          concat(topic, '/', toString(partition), '/', toString(offset)) AS blob_id
   FROM {DATABASE}.{LANDING}
+  WHERE {where}
 )"""
+
+
+_SOURCE = _source()
 
 _EVENTS = f"""
 SELECT h['ce_id'] AS event_id,
@@ -115,11 +122,14 @@ FROM {_SOURCE}"""
 _BLOBS = f"""
 SELECT blob_id, h['ce_id'] AS event_id, topic, partition, offset,
        encoding AS payload_encoding, text AS payload, size AS payload_bytes
-FROM {_SOURCE}
-WHERE size >= {BLOB_THRESHOLD}"""
+FROM {_source(f"length(value) >= {BLOB_THRESHOLD}")}"""
 
-# A dead-lettered copy is the same fact as the original: it is counted once, in events only.
-_FACT = "decoded AND NOT endsWith(topic, '.dlq')"
+def _facts(*models: type) -> str:
+    """The records of ``models`` (decoded, and not a dead-lettered copy: that is the same fact
+    as the original, counted once, in events only)."""
+    types = ", ".join(_q(m.ce_type) for m in models)
+    return _source(f"decode_error IS NULL AND NOT endsWith(topic, '.dlq') "
+                   f"AND headers['ce_type'] IN ({types})")
 
 
 def _json(field: str, ch_type: str, default: str | None = None) -> str:
@@ -152,8 +162,7 @@ SELECT h['ce_id'] AS event_id, ce_time AS time,
        {_json('call_id', 'String')} AS call_id,
        {_json('iteration', 'UInt32')} AS iteration,
        {_opt('voice_tenant')} AS tenant
-FROM {_SOURCE}
-WHERE {_FACT} AND type = {_q(ModelCallRecorded.ce_type)}"""
+FROM {_facts(ModelCallRecorded)}"""
 
 _TOOL_CALLS = f"""
 SELECT h['ce_id'] AS event_id, ce_time AS time, 'execute_tool' AS operation_name,
@@ -169,12 +178,7 @@ SELECT h['ce_id'] AS event_id, ce_time AS time, 'execute_tool' AS operation_name
        {_json('trace_id', 'Nullable(String)')} AS trace_id,
        {_json('span_id', 'Nullable(String)')} AS span_id,
        {_opt('voice_tenant')} AS tenant
-FROM {_SOURCE}
-WHERE {_FACT} AND type = {_q(ToolCallRecorded.ce_type)}"""
-
-
-def _types(*models: type) -> str:
-    return "(" + ", ".join(_q(m.ce_type) for m in models) + ")"
+FROM {_facts(ToolCallRecorded)}"""
 
 
 _STARTED, _STEP_STARTED, _SUCCEEDED = (_q(m.ce_type) for m in
@@ -209,8 +213,7 @@ SELECT h['ce_id'] AS event_id, ce_time AS time,
        if(type = {_PAUSED}, {_json('waiting_for', 'Nullable(String)')}, NULL) AS waiting_for,
        if(type = {_STEP_STARTED}, {_json('worker', 'Nullable(String)')}, NULL) AS worker,
        seq
-FROM {_SOURCE}
-WHERE {_FACT} AND type IN {_types(*WORKFLOW_TYPES)}"""
+FROM {_facts(*WORKFLOW_TYPES)}"""
 
 DERIVATIONS: dict[str, str] = {
     "events": _EVENTS,

@@ -140,10 +140,10 @@ class _Batch:
             self._ranges = _ranges(self.cols, range(len(self.cols)))
         return self._ranges
 
-    def add(self, msg: Any, verdict: Verdict, now: float) -> None:
-        ts_type, ts = msg.timestamp()
-        self.cols.add(msg.topic(), msg.partition(), msg.offset(), msg.key(), msg.value(),
-                      msg.headers(), ts if ts_type and ts > 0 else None, verdict)
+    def add(self, topic: str, partition: int, offset: int, key: bytes | None,
+            value: bytes | None, headers: Any, kafka_ms: int | None, verdict: Verdict,
+            now: float) -> None:
+        self.cols.add(topic, partition, offset, key, value, headers, kafka_ms, verdict)
         self._ranges = None
         if self.started is None:
             self.started = now
@@ -260,12 +260,14 @@ class Sink:
             log.warning("telemetry consumer: %s", err)
             return 0
         # The one per-record step in Python: is it a Voice record? ClickHouse parses the rest.
-        topic = msg.topic()
-        v = verdict(topic, msg.key(), msg.value(), msg.headers(), self._kinds)
-        self._batch.add(msg, v, self._clock())
+        topic, key, value, headers = msg.topic(), msg.key(), msg.value(), msg.headers()
+        v = verdict(topic, key, value, headers, self._kinds)
+        ts_type, ts = msg.timestamp()
+        batch = self._batch
+        batch.add(topic, msg.partition(), msg.offset(), key, value, headers,
+                  ts if ts_type and ts > 0 else None, v, self._clock())
         if v.error is not None and topic in self.sole_reader:
-            self._batch.dead.append((self._batch.cols.raw(self._batch.records - 1),
-                                     f"telemetry: {v.error}"))
+            batch.dead.append((batch.cols.raw(batch.records - 1), f"telemetry: {v.error}"))
         return 1
 
     # -- flushing ----------------------------------------------------------------------------
