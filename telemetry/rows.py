@@ -1,5 +1,10 @@
-"""Kafka record → telemetry rows: one ``events`` row always, plus a row in the table of what it
-records (model call, tool call, workflow step) and an ``event_blobs`` row for a big payload.
+"""Kafka record → telemetry rows in Python: one ``events`` row always, plus a row in the table of
+what it records (model call, tool call, workflow step) and an ``event_blobs`` row for a big
+payload.
+
+The sink no longer maps records here: ClickHouse derives the same rows from the raw records
+(``telemetry.derive``). This mapping stays as the reference the derivation is held to
+(``tests/unit/test_telemetry_derive.py``) and as the ``telemetry.raw_insert`` bench baseline.
 
 Mapping never raises: a record ``streams.envelope.decode`` refuses (or one whose mapping fails)
 still becomes an ``events`` row with ``ce_type = 'undecodable'`` and the reason, so the sink

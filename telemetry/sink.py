@@ -2,14 +2,18 @@
 
 Order, always: **flush batch → insert → commit offsets.**
 
-* Records are mapped to rows (``telemetry.rows``) as they arrive and held in one batch.
+* Each record is checked as it arrives (``telemetry.envelopes.verdict``: a valid Voice record
+  or the reason it is not) and held, raw, in one columnar batch. ClickHouse does the parsing:
+  a flush is one Arrow insert into ``voice.envelopes``, whose materialized views
+  (``telemetry.derive``) write ``events``, ``event_blobs`` and the derived tables.
 * The batch is flushed when it holds ``telemetry_batch_rows`` records or its oldest record has
   waited ``telemetry_flush_ms``, whichever comes first.
-* A flush inserts every table's rows; only after every insert succeeded does the sink commit
-  the batch's offsets, synchronously (``enable.auto.commit`` is off). A crash anywhere before the
+* Only after the insert (and with it every view's) succeeded does the sink commit the batch's
+  offsets, synchronously (``enable.auto.commit`` is off). A crash anywhere before the
   commit means the records are read again — at least once, never lost.
 * Reading again never duplicates rows. A retried insert of the same batch carries the same
-  ``insert_deduplication_token`` (a hash of the batch's offset ranges), which the engine drops;
+  ``insert_deduplication_token`` (a hash of the batch's offset ranges), which every view's
+  table drops;
   rows re-read in differently cut batches after a crash share their table's ReplacingMergeTree
   sorting key (Kafka position or event id) and collapse, and the views read with ``FINAL``.
 * ClickHouse unavailable: the sink pauses every assigned partition, retries the same batch with
