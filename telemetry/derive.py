@@ -67,6 +67,18 @@ def _opt(name: str) -> str:
     return f"if(mapContains(h, {_q(name)}), h[{_q(name)}], NULL)"
 
 
+# The W3C ``traceparent`` header's trace and span ids, NULL unless valid — the rules of
+# OpenTelemetry's propagator (``streams.tracing.ids_of``): the format, a version other than
+# 'ff', nothing after the flags in version '00', ids not all zeros.
+_TRACEPARENT = r"""extractGroups(h['traceparent'],
+           '^[ \t]*([0-9a-f]{2})-([0-9a-f]{32})-([0-9a-f]{16})-([0-9a-f]{2})(-.*)?[ \t]*$'
+         ) AS tp,
+         tp[2] != '' AND tp[1] != 'ff' AND NOT (tp[1] = '00' AND tp[5] != '')
+           AND tp[2] != repeat('0', 32) AND tp[3] != repeat('0', 16) AS tp_valid,
+         if(tp_valid, tp[2], NULL) AS tp_trace_id,
+         if(tp_valid, tp[3], NULL) AS tp_span_id"""
+
+
 # One inner SELECT that every view reads from: header bytes as text (invalid UTF-8 replaced,
 # as Python's ``decode('utf-8', 'replace')``; NULL values dropped), the time and payload size.
 # A view that keeps few of the records filters them first, on the raw columns, so the rest
@@ -87,7 +99,8 @@ def _source(where: str = "1") -> str:
                now64(6, 'UTC'))) AS ce_time,
          multiIf(decoded, 'json', isValidUTF8(value), 'text', 'base64') AS encoding,
          if(encoding = 'base64', base64Encode(value), value) AS text,
-         concat(topic, '/', toString(partition), '/', toString(offset)) AS blob_id
+         concat(topic, '/', toString(partition), '/', toString(offset)) AS blob_id,
+         {_TRACEPARENT}
   FROM {DATABASE}.{LANDING}
   WHERE {where}
 )"""
@@ -116,7 +129,9 @@ SELECT h['ce_id'] AS event_id,
        if(size >= {BLOB_THRESHOLD}, 'blob', encoding) AS payload_encoding,
        if(size >= {BLOB_THRESHOLD}, blob_id, NULL) AS payload_blob_id,
        size AS payload_bytes,
-       decode_error
+       decode_error,
+       tp_trace_id AS trace_id,
+       tp_span_id AS span_id
 FROM {_SOURCE}"""
 
 _BLOBS = f"""
@@ -139,6 +154,14 @@ def _json(field: str, ch_type: str, default: str | None = None) -> str:
     return f"if(JSONHas(value, {_q(field)}), {expr}, {default})" if default else expr
 
 
+# A call's record carries its own trace and span when it has them; else those of its
+# ``traceparent`` header (the engine produces each call's record inside its span).
+_OWN_TRACE, _OWN_SPAN = _json("trace_id", "Nullable(String)"), _json("span_id", "Nullable(String)")
+_TRACE_IDS = (f"if({_OWN_TRACE} IS NULL AND {_OWN_SPAN} IS NULL, tp_trace_id, {_OWN_TRACE}) "
+              "AS trace_id,\n       "
+              f"if({_OWN_TRACE} IS NULL AND {_OWN_SPAN} IS NULL, tp_span_id, {_OWN_SPAN}) "
+              "AS span_id")
+
 _MODEL_CALLS = f"""
 SELECT h['ce_id'] AS event_id, ce_time AS time,
        {_json('operation_name', 'String', "'chat'")} AS operation_name,
@@ -153,8 +176,7 @@ SELECT h['ce_id'] AS event_id, ce_time AS time,
        {_json('error_type', 'Nullable(String)')} AS error_type,
        {_json('conversation_id', 'Nullable(String)')} AS conversation_id,
        {_json('agent_name', 'String')} AS agent_name,
-       {_json('trace_id', 'Nullable(String)')} AS trace_id,
-       {_json('span_id', 'Nullable(String)')} AS span_id,
+       {_TRACE_IDS},
        {_json('latency_ms', 'Float64')} AS latency_ms,
        {_json('cost_usd', 'Float64')} AS cost_usd,
        {_json('fallback_used', 'Bool')} AS fallback_used,
@@ -175,8 +197,7 @@ SELECT h['ce_id'] AS event_id, ce_time AS time, 'execute_tool' AS operation_name
        {_json('conversation_id', 'Nullable(String)')} AS conversation_id,
        {_json('agent_name', 'String')} AS agent_name,
        {_json('workflow', 'String')} AS workflow,
-       {_json('trace_id', 'Nullable(String)')} AS trace_id,
-       {_json('span_id', 'Nullable(String)')} AS span_id,
+       {_TRACE_IDS},
        {_opt('voice_tenant')} AS tenant
 FROM {_facts(ToolCallRecorded)}"""
 

@@ -37,9 +37,10 @@ from consumers.engine import HistorySummary, TurnInput
 from consumers.frame.context import WorkerContext
 from consumers.frame.logrefs import LogUnavailable
 from consumers.workflows.engine import StepContext, StepDef, WorkflowDef, WorkflowState
-from consumers.workflows.runtime import StepError, failure_words
+from consumers.workflows.runtime import Erased, StepError, failure_words
 from schemas.assistant import (
     AppendDisplay,
+    AssistantConversationErased,
     AssistantHistorySummarised,
     AssistantPatternRecorded,
     AssistantReplyRecorded,
@@ -117,6 +118,9 @@ class Assistant:
     # --- the log: transcripts, patterns, workflow starts --------------------------------------
 
     async def _on_log_record(self, env: Envelope, event: Any) -> None:
+        if isinstance(env.record, AssistantConversationErased):
+            self.transcripts.pop(env.key, None)  # positions of content no one can open
+            return
         transcript = Transcript.from_dict(self.transcripts.get(env.key))
         starts = transcript.apply(env, event.message.partition, event.message.offset,
                                   self.settings.assistant_history_bytes,
@@ -148,7 +152,7 @@ class Assistant:
                 int(inp["log"].get("omitted_through") or 0))
             patterns = Transcript.open_patterns(self.sealer, conversation, records["patterns"])
         except KeyErased:
-            raise StepError(f"conversation {conversation!r} was erased", retryable=False) from None
+            raise Erased("conversation", conversation) from None
         if not (inp.get("options") or {}).get("data_isolation"):
             patterns += await self._learned(tenant, conversation, patterns,
                                             str(request.get("message", "")))
@@ -257,8 +261,7 @@ class Assistant:
             return Transcript.open_exchange(self.sealer, inp["conversation"],
                                             records["user"][0], records["assistant"][0])
         except KeyErased:
-            raise StepError(f"conversation {inp['conversation']!r} was erased",
-                            retryable=False) from None
+            raise Erased("conversation", inp["conversation"]) from None
 
     async def _record_pattern(self, inp: dict[str, Any], stage: str,
                               pattern: dict[str, Any]) -> str:
