@@ -95,6 +95,23 @@ def samples() -> list[RawRecord]:
          {"tenant": "acme"}),
         ("voice.agent", TelemetryEvent(name="big", attributes={"blob": "é" * BLOB_THRESHOLD}),
          {}),
+        # Trace ids: a call's own, else its traceparent's; the header's only when valid.
+        ("voice.agent", ModelCallRecorded(**{**mc, "trace_id": None, "span_id": None}),
+         {"traceparent": f"00-{'ab' * 16}-{'cd' * 8}-01"}),
+        ("voice.agent", ToolCallRecorded(workflow="wf-1", tool_call_id="tc-11", tool_name="t",
+                                         agent_name="a", envelope="ok"),
+         {"traceparent": f"00-{'0' * 32}-{'cd' * 8}-01"}),
+        ("voice.agent", ToolCallRecorded(workflow="wf-1", tool_call_id="tc-12", tool_name="t",
+                                         agent_name="a", envelope="ok", trace_id="e" * 32),
+         {"traceparent": f"00-{'ab' * 16}-{'cd' * 8}-01"}),
+        ("voice.agent", TelemetryEvent(name="tp-ff"),
+         {"traceparent": f"ff-{'ab' * 16}-{'cd' * 8}-01"}),
+        ("voice.agent", TelemetryEvent(name="tp-extra"),
+         {"traceparent": f"00-{'ab' * 16}-{'cd' * 8}-01-more"}),
+        ("voice.agent", TelemetryEvent(name="tp-future"),
+         {"traceparent": f"01-{'ab' * 16}-{'cd' * 8}-01-more"}),
+        ("voice.agent", TelemetryEvent(name="tp-upper"),
+         {"traceparent": f"00-{'AB' * 16}-{'cd' * 8}-01"}),
     ]
     raws = []
     for i, (topic, record, env) in enumerate(out):
@@ -102,6 +119,7 @@ def samples() -> list[RawRecord]:
                                   time=T0, **env))
         raws.append(RawRecord(topic, i % 3, 100 + i, k, v, h, 1_700_000_000_000 + i))
     unknown = [(n, b"voice.nope.v1" if n == "ce_type" else val) for n, val in raws[14].headers]
+    unknown.append(("traceparent", f"00-{'ab' * 16}-{'cd' * 8}-01".encode()))
     bad_payload = ModelCallRecorded(**mc).model_dump_json().replace('"iteration":2',
                                                                     '"iteration":0')
     n = len(raws)
@@ -166,6 +184,7 @@ def test_clickhouse_derives_the_rows_the_python_mapping_makes(store):
     # Every kind was there to compare.
     assert {len(expected[t]) > 0 for t in TABLES} == {True}
     assert sum(1 for r in expected["events"] if r["ce_type"] == "undecodable") == 6
+    assert sum(1 for r in expected["events"] if r["trace_id"]) == 4  # the views' share too
 
 
 def test_the_derivation_keeps_sealed_content_sealed(store):
