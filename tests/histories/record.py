@@ -3,9 +3,10 @@
 
 Starts a local broker, the simulator, a worker and an edge. ``conversations`` plays three test
 conversations (``01``–``03``); ``products`` plays, through the edge, an assistant chat turn over
-an uploaded CSV, a research run, a disclosure review of a flagged contribution (two reviewers)
-and an update delivery to a follower (``04``–``07``). Each workflow is exported with
-``deploy.histories.export_history``. The keys in these files open only these test aggregates.
+an uploaded CSV (three tool calls: describe, query, map), a research run, a disclosure review
+of a flagged contribution (two reviewers) and an update delivery to a follower (``04``–``07``).
+Each workflow is exported with ``deploy.histories.export_history``. The keys in these files
+open only these test aggregates.
 """
 
 from __future__ import annotations
@@ -137,13 +138,13 @@ def play_products(s: VoiceSettings, edge: str) -> None:
     from tests.integration.test_staff_helpers import Api
 
     api = Api(edge, s)
-    csv = b"street,lights_out\nElm Road,3\nOak Street,1\n"
+    csv = b"state,lights_out\nCA,3\nNY,5\n"
     upload = httpx.post(f"{edge}/api/v1/assistant/files", files={
         "file": ("lights.csv", csv, "text/csv")}, headers=api.headers("ann", "participant"),
         timeout=30)
     dataset = api.ok(upload, 201)["dataset_id"]
     chat = api.ok(api.post("/api/v1/assistant/chat", "ann", "participant", {
-        "message": "How many lights are out in total?", "data_refs": [dataset],
+        "message": "Show the lights out in California on a map.", "data_refs": [dataset],
         "stream": False}), 202)
     api.until(f"/api/v1/assistant/conversations/{chat['conversation_id']}/turns/{chat['turn']}",
               "ann", "participant", lambda j: j["state"] != "Thinking", what="the chat turn")
