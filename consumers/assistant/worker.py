@@ -37,7 +37,7 @@ from consumers.engine import HistorySummary, TurnInput
 from consumers.frame.context import WorkerContext
 from consumers.frame.logrefs import LogUnavailable
 from consumers.workflows.engine import StepContext, StepDef, WorkflowDef, WorkflowState
-from consumers.workflows.runtime import StepError, failure_words
+from consumers.workflows.runtime import Erased, StepError, failure_words
 from schemas.assistant import (
     AppendDisplay,
     AssistantHistorySummarised,
@@ -143,7 +143,7 @@ class Assistant:
             request, history, seqs, patterns = Transcript.open_turn(
                 self.sealer, conversation, inp["log"], records)
         except KeyErased:
-            raise StepError(f"conversation {conversation!r} was erased", retryable=False) from None
+            raise Erased("conversation", conversation) from None
         if not (inp.get("options") or {}).get("data_isolation"):
             patterns += await self._learned(tenant, conversation, patterns,
                                             str(request.get("message", "")))
@@ -252,8 +252,7 @@ class Assistant:
             return Transcript.open_exchange(self.sealer, inp["conversation"],
                                             records["user"][0], records["assistant"][0])
         except KeyErased:
-            raise StepError(f"conversation {inp['conversation']!r} was erased",
-                            retryable=False) from None
+            raise Erased("conversation", inp["conversation"]) from None
 
     async def _record_pattern(self, inp: dict[str, Any], stage: str,
                               pattern: dict[str, Any]) -> str:
