@@ -44,6 +44,9 @@ class KeyNotFound(SealingError):
 class KeyErased(SealingError):
     """The conversation was erased: its data keys are destroyed, for good."""
 
+    retryable = False
+    """A workflow step failing on it fails at once: the key never comes back."""
+
 
 class OpenFailed(SealingError):
     """A sealed blob did not authenticate: tampered, or sealed for another record."""
@@ -196,6 +199,11 @@ class Sealer:
         if not isinstance(payload, dict):
             raise OpenFailed(f"content {content_id!r} of {conversation!r} is not a JSON object")
         return payload
+
+    def check_live(self, conversation: str) -> None:
+        """``KeyErased`` unless the id's key is still live: for plaintext kept opened (a
+        cache), so that an erasure learnt from any process is obeyed by the next read."""
+        self._store.current_version(conversation)
 
     def holds(self, conversation: str) -> bool:
         """Whether the store already knows the id's key (or its erasure), so opening its
