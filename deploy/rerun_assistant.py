@@ -32,6 +32,7 @@ from consumers.workflows.engine import StepContext, StepDef, WorkflowDef
 from deploy.histories import Recorded
 from deploy.rerun_steps import succeeded_steps
 from schemas.assistant import (
+    AssistantConversationErased,
     AssistantDisplayRecorded,
     AssistantHistorySummarised,
     AssistantPatternRecorded,
@@ -98,6 +99,9 @@ def replay_assistant(envs: list[Envelope], chat: str, sealer: Sealer) -> Iterato
                        f"data: {json.dumps({'type': rec.event.type})}\n")
                 continue
             yield f"id: {rec.display_seq}\nevent: display\ndata: {json.dumps(data)}\n"
+            continue
+        if isinstance(rec, AssistantConversationErased):
+            yield f": seq {env.seq}: chat erased\n"
             continue
         yield (f": seq {env.seq} {env.type} "
                f"{json.dumps(_opened(sealer, chat, env), separators=(',', ':'))}\n")

@@ -123,3 +123,22 @@ def test_a_tampered_update_delivery_diverges() -> None:
         update={"title": "Repairs cancelled"}))
     divergences = rerun(rec)
     assert any(d.startswith("step 'render': output differs") for d in divergences), divergences
+
+
+def test_a_recorded_chat_replays_opened_and_once_erased_shows_nothing() -> None:
+    """``voice replay assistant``: what the owner's clients saw, content opened with the
+    chat's key; with the key erased, the same records show as erased and nothing opens."""
+    from deploy.rerun_assistant import replay_assistant, turns_of_chat
+
+    rec = of_kind("assistant-turn")
+    chat = rec.workflow.split(":turn-")[0]
+    log = rec.envs["voice.assistant"]
+    shown = "\n".join(replay_assistant(log, chat, rec.sealer))
+    assert "California on a map" in shown and "event: display" in shown
+    ids = [int(line[4:]) for line in shown.splitlines() if line.startswith("id: ")]
+    assert ids == sorted(ids) and len(ids) == len(set(ids)) and ids[0] == 1
+    assert turns_of_chat(log) == [rec.workflow]
+
+    rec.sealer.erase(chat)
+    erased = "\n".join(replay_assistant(log, chat, rec.sealer))
+    assert "California" not in erased and "event: erased" in erased and "<erased>" in erased
