@@ -17,6 +17,7 @@ never committed past unless it was one or the other. It must never import a prod
 
 from __future__ import annotations
 
+import asyncio
 import logging
 from collections.abc import Awaitable, Callable
 from datetime import UTC, datetime
@@ -59,9 +60,43 @@ class Product(Protocol):
         """Add tables, aggregates, workflows and consumers (once, before the app runs)."""
 
 
-def faust_app(settings: VoiceSettings) -> faust.App:
+HANDOVER_WAIT_S = 15.0
+"""At most this long a handover waits for the records in flight (then goes on as Faust's
+``stream_wait_empty=False`` would: their next owner processes them again, deduped)."""
+
+
+class VoiceApp(faust.App):
+    """Faust's app with one change: before partitions are handed over — a rebalance, or this
+    worker stopping — it runs ``before_handover`` (the workflow runtime lets go of its held
+    leases), then waits for the records in flight (at most ``HANDOVER_WAIT_S``).
+
+    Faust's order on a handover is: stop the fetch, wait for the records in flight, flush the
+    producer (the tables' changelogs), commit, and only then rejoin (or leave) the group. Without
+    the wait a handler still running after the handover wrote its table after the flush, and
+    the partition's next owner, recovering the changelog, never saw it: a turn whose
+    ``WorkflowStarted`` offset was committed, whose state was in no owner's table, stayed
+    ``Thinking`` for good (fault 4, the rebalance storm). The wait used to be off because a
+    running step holds its record unacknowledged (its lease) — ``before_handover`` releases it.
+    """
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self.before_handover: list[Callable[[], None]] = []
+
+    async def _consumer_wait_empty(self, consumer: Any, logger: Any) -> None:
+        for fn in self.before_handover:
+            fn()
+        try:
+            await asyncio.wait_for(super()._consumer_wait_empty(consumer, logger),
+                                   HANDOVER_WAIT_S)
+        except TimeoutError:
+            log.warning("records still in flight after %.0f s of a handover; going on "
+                        "(their next owner processes them again)", HANDOVER_WAIT_S)
+
+
+def faust_app(settings: VoiceSettings) -> VoiceApp:
     """The worker's Faust app (one per process; its group id comes from the settings)."""
-    return faust.App(
+    return VoiceApp(
         f"{settings.group_prefix}-{settings.topic_prefix}worker".replace(".", "-"),
         broker=f"kafka://{settings.bootstrap}",
         store="memory://",
@@ -78,13 +113,10 @@ def faust_app(settings: VoiceSettings) -> faust.App:
         broker_session_timeout=10,
         broker_heartbeat_interval=2,
         broker_max_poll_interval=settings.worker_max_poll_interval_s,
-        # A running workflow step holds its record unacknowledged (its lease) until the step's
-        # outcome record is consumed. Faust's default waits for every unacknowledged record
-        # before a rebalance, while consuming nothing — so a rebalance during a step (a worker
-        # joining, a broker pause expiring the session) waited forever. Without the wait, the
-        # committed offset still stops below a held lease, and the runtime lets go of the steps
-        # of revoked partitions (``keep_only``) and resumes redelivered ones.
-        stream_wait_empty=False,
+        # A handover waits for the records in flight, so that their table writes reach the
+        # changelog before the next owner recovers it (``VoiceApp``); the held leases of
+        # running steps are released first, or the wait would last as long as a step.
+        stream_wait_empty=True,
     )
 
 
@@ -104,6 +136,7 @@ class WorkerContext:
         self.on_shutdown(self.log_reader.close)
         self.runtime = WorkflowRuntime(settings, self.table("workflows"), self.publisher,
                                        self.sealer)
+        self.app.before_handover.append(self.runtime.release_leases)
         self.writer = Writer(self.publisher, topic_name(settings, COMMANDS))
         self.janitor = Janitor(settings.topic_partitions)
         """Ends the turns of this worker's aggregates that are past their deadline."""

@@ -47,13 +47,19 @@ def test_workers_one_three_one_under_load_leave_no_gap_duplicate_or_unreplied_tu
 
     group = worker_group(settings)
 
+    changes: list[tuple[str, float]] = []  # each change, and seconds until the group settled
+
     def join() -> None:
+        began = time.monotonic()
         extra.append(start_worker(wait=False, VOICE_QUOTA_TENANT_TOKENS_PER_DAY="0"))
         wait_members(settings, group, 1 + len(extra))
+        changes.append((f"join->{1 + len(extra)}", round(time.monotonic() - began, 1)))
 
     def leave() -> None:
+        began = time.monotonic()
         stop(extra.pop(0))
         wait_members(settings, group, 1 + len(extra))
+        changes.append((f"leave->{1 + len(extra)}", round(time.monotonic() - began, 1)))
 
     def pause() -> None:
         time.sleep(3)
@@ -67,6 +73,7 @@ def test_workers_one_three_one_under_load_leave_no_gap_duplicate_or_unreplied_tu
         answers = load.run(during=[(3.0, join), (0, pause), (0, join), (0, pause),
                                    (0, leave), (0, pause), (0, leave), (0, pause)])
         statuses = Counter(a.status for a in answers)
+        print(f"changes {changes}; answers {dict(statuses)}; {timeline(answers)}")
         assert set(statuses) <= {202, 503}, (statuses, timeline(answers))
         late = [a for a in answers if a.took >= bound]
         assert not late, f"{len(late)} answers over the {bound}s bound: {late[:3]}"
