@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import os
 import time
-from collections import Counter
 
 import httpx
 import pytest
@@ -19,7 +18,13 @@ import pytest
 from deploy.processes import stop, worker_group
 from streams.settings import VoiceSettings
 from streams.tokens import mint_token
-from tests.faults.traffic import SteadyPosts, audit, timeline, turns_terminal, wait_members
+from tests.faults.traffic import (
+    SteadyPosts,
+    assert_within_bound,
+    resend_and_audit,
+    timeline,
+    wait_members,
+)
 
 pytestmark = [pytest.mark.integration, pytest.mark.faults,
               # Its own bounded waits (the load, the group settling four times, resends up to
@@ -72,18 +77,9 @@ def test_workers_one_three_one_under_load_leave_no_gap_duplicate_or_unreplied_tu
         load = SteadyPosts(client, cnvs, rate=10, seconds=10)
         answers = load.run(during=[(3.0, join), (0, pause), (0, join), (0, pause),
                                    (0, leave), (0, pause), (0, leave), (0, pause)])
-        statuses = Counter(a.status for a in answers)
-        print(f"changes {changes}; answers {dict(statuses)}; {timeline(answers)}")
-        assert set(statuses) <= {202, 503}, (statuses, timeline(answers))
-        late = [a for a in answers if a.took >= bound]
-        assert not late, f"{len(late)} answers over the {bound}s bound: {late[:3]}"
-        assert all(int(a.retry_after or 0) > 0 for a in answers if a.status == 503)
-
-        load.resend_refused(deadline_s=180)
-        turns = {a.turn for a in load.answers if a.turn}
-        logs = turns_terminal(settings, turns, timeout=300)
-        ends = audit({c: logs[c] for c in cnvs}, load.answers)
-        assert ends == Counter({"Replied": len(turns)}), ends
+        print(f"changes {changes}; {timeline(answers)}")
+        assert_within_bound(answers, bound)
+        resend_and_audit(settings, load, cnvs)
         assert first.poll() is None, "the first worker stayed up"
         assert not extra
     finally:
