@@ -18,7 +18,6 @@ never committed past unless it was one or the other. It must never import a prod
 from __future__ import annotations
 
 import asyncio
-import gc
 import logging
 import time
 from collections.abc import Awaitable, Callable
@@ -30,7 +29,7 @@ import faust
 from consumers.engine.runner import AgentRunner
 from consumers.frame.aggregate import Ack, Aggregate
 from consumers.frame.bounded import BoundedTable
-from consumers.frame.failures import Halt, RawDispatch, RecordGuard, consume
+from consumers.frame.failures import Halt, InFlight, RawDispatch, RecordGuard, consume
 from consumers.frame.follow import Apply, Follower
 from consumers.frame.janitor import Janitor
 from consumers.frame.logrefs import KafkaLogReader
@@ -85,28 +84,24 @@ class VoiceApp(faust.App):
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
         self.before_handover: list[Callable[[], None]] = []
+        self.in_flight = InFlight()
+        """The records this worker's agents are handling (``consumers.frame.failures``)."""
 
-    async def _consumer_wait_empty(self, consumer: Any, logger: Any) -> None:
-        # Faust's own wait (``stream_wait_empty=True``) has no bound: its inner wait swallows
-        # cancellation. This one polls the same set of records in flight, with one.
+    async def _consumer_wait_empty(self, consumer: Any, logger: Any) -> None:  # noqa: ARG002
+        # Not Faust's own wait (``stream_wait_empty=True``): it waits for every record not yet
+        # acknowledged — also one its conductor could not hand to a suspended agent, which
+        # never will be — and its inner wait swallows cancellation, so it has no bound. This
+        # one waits for the records being handled, with a bound.
         for fn in self.before_handover:
             fn()
         deadline = time.monotonic() + HANDOVER_WAIT_S
-        while (left := in_flight(consumer)) and time.monotonic() < deadline:
+        while (left := self.in_flight.records()) and time.monotonic() < deadline:
             await asyncio.sleep(HANDOVER_POLL_S)
         if left:
             log.warning("a handover went on after %.0f s with records in flight (their next "
                         "owner processes them again): %s", HANDOVER_WAIT_S,
-                        ", ".join(f"{tp.topic}[{tp.partition}]@{offset}"
-                                  for tp, offset in left[:5]))
+                        ", ".join(f"{r.topic}[{r.partition}]@{r.offset}" for r in left[:5]))
         await consumer.commit()
-
-
-def in_flight(consumer: Any) -> list[tuple[Any, int]]:
-    """The records Faust has handed to an agent and that are not acknowledged yet."""
-    gc.collect()  # Faust keeps them in a weak set: dropped ones (a cleared buffer) go
-    return sorted(((m.tp, m.offset) for m in list(consumer._unacked_messages) if not m.acked),
-                  key=lambda x: (x[0].topic, x[0].partition, x[1]))
 
 
 def faust_app(settings: VoiceSettings) -> VoiceApp:
@@ -271,7 +266,7 @@ class WorkerContext:
             # Never acknowledged by the stream: ``consume`` acknowledges a record once it is
             # handled or dead-lettered, and never one that is neither.
             await consume(stream.noack().events(), name, guard, dispatch, manual_ack,
-                          self._halt)
+                          self._halt, self.app.in_flight)
 
         agent.__name__ = agent_name
         self.app.agent(topic, name=agent_name)(agent)
