@@ -17,20 +17,17 @@ never committed past unless it was one or the other. It must never import a prod
 
 from __future__ import annotations
 
-import asyncio
 import logging
-import time
 from collections.abc import Awaitable, Callable
 from datetime import UTC, datetime
 from typing import Any, Protocol
 
-import faust
-
 from consumers.engine.runner import AgentRunner
 from consumers.frame.aggregate import Ack, Aggregate
 from consumers.frame.bounded import BoundedTable
-from consumers.frame.failures import Halt, InFlight, RawDispatch, RecordGuard, consume
+from consumers.frame.failures import Halt, RawDispatch, RecordGuard, consume
 from consumers.frame.follow import Apply, Follower
+from consumers.frame.handover import VoiceApp
 from consumers.frame.janitor import Janitor
 from consumers.frame.logrefs import KafkaLogReader
 from consumers.frame.writer import Raw, Writer, acknowledgement
@@ -48,6 +45,9 @@ from streams.topics import ACKS, COMMANDS, WORKFLOWS, TopicSpec, topic_name
 
 log = logging.getLogger(__name__)
 
+UNFETCHED_CHECK_S = 2.0
+"""How often the worker checks that it reads every partition assigned to it."""
+
 Dispatch = Callable[[Envelope, Any], Awaitable[None]]
 SOURCE = "/voice/worker"
 
@@ -59,49 +59,6 @@ class Product(Protocol):
 
     def register(self, ctx: WorkerContext) -> None:
         """Add tables, aggregates, workflows and consumers (once, before the app runs)."""
-
-
-HANDOVER_WAIT_S = 10.0
-"""At most this long a handover waits for the records in flight (then goes on as Faust's
-``stream_wait_empty=False`` would: their next owner processes them again, deduped)."""
-HANDOVER_POLL_S = 0.1
-
-
-class VoiceApp(faust.App):
-    """Faust's app with one change: before partitions are handed over — a rebalance, or this
-    worker stopping — it runs ``before_handover`` (the workflow runtime lets go of its held
-    leases), then waits for the records in flight (at most ``HANDOVER_WAIT_S``).
-
-    Faust's order on a handover is: stop the fetch, wait for the records in flight, flush the
-    producer (the tables' changelogs), commit, and only then rejoin (or leave) the group. Without
-    the wait a handler still running after the handover wrote its table after the flush, and
-    the partition's next owner, recovering the changelog, never saw it: a turn whose
-    ``WorkflowStarted`` offset was committed, whose state was in no owner's table, stayed
-    ``Thinking`` for good (fault 4, the rebalance storm). The wait used to be off because a
-    running step holds its record unacknowledged (its lease) — ``before_handover`` releases it.
-    """
-
-    def __init__(self, *args: Any, **kwargs: Any) -> None:
-        super().__init__(*args, **kwargs)
-        self.before_handover: list[Callable[[], None]] = []
-        self.in_flight = InFlight()
-        """The records this worker's agents are handling (``consumers.frame.failures``)."""
-
-    async def _consumer_wait_empty(self, consumer: Any, logger: Any) -> None:  # noqa: ARG002
-        # Not Faust's own wait (``stream_wait_empty=True``): it waits for every record not yet
-        # acknowledged — also one its conductor could not hand to a suspended agent, which
-        # never will be — and its inner wait swallows cancellation, so it has no bound. This
-        # one waits for the records being handled, with a bound.
-        for fn in self.before_handover:
-            fn()
-        deadline = time.monotonic() + HANDOVER_WAIT_S
-        while (left := self.in_flight.records()) and time.monotonic() < deadline:
-            await asyncio.sleep(HANDOVER_POLL_S)
-        if left:
-            log.warning("a handover went on after %.0f s with records in flight (their next "
-                        "owner processes them again): %s", HANDOVER_WAIT_S,
-                        ", ".join(f"{r.topic}[{r.partition}]@{r.offset}" for r in left[:5]))
-        await consumer.commit()
 
 
 def faust_app(settings: VoiceSettings) -> VoiceApp:
@@ -320,6 +277,10 @@ class WorkerContext:
                     await self.publisher.send(COMMANDS, env)
             except Exception:  # the next pass tries again; the timer must not die
                 log.exception("the janitor's pass failed")
+
+        @self.app.timer(UNFETCHED_CHECK_S)
+        async def _fetch_check() -> None:
+            self.app.resume_unfetched()
 
         @self.app.on_partitions_assigned.connect
         async def _assigned(app: Any, assigned: set[Any], **kw: Any) -> None:  # noqa: ARG001

@@ -440,3 +440,16 @@ def test_a_record_counts_as_in_flight_while_it_is_handled_and_not_after() -> Non
     asyncio.run(consume(events_of(*evs), "t", guard, dispatch, True, _no_halt, in_flight))
     assert during == [[0], [1], [1], [2]]
     assert in_flight.records() == [] and evs[2].acks == []
+
+
+def test_a_partition_assigned_but_left_out_of_the_fetch_is_found() -> None:
+    """What ``VoiceApp.resume_unfetched`` puts back after a rebalance (fault 4): assigned
+    stream partitions neither fetched nor held back for a full buffer; changelogs are the
+    recovery's to read."""
+    from faust.types import TP
+
+    from consumers.frame.handover import unfetched
+
+    a0, a1, a2, cl = TP("t.c", 0), TP("t.c", 1), TP("t.c", 2), TP("t.c-changelog", 1)
+    assert unfetched({a0, a1, a2, cl}, {"t.c-changelog"}, {a0}, {a2}) == {a1}
+    assert unfetched({a0, cl}, {"t.c-changelog"}, {a0}, set()) == set()
