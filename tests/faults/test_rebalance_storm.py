@@ -9,7 +9,6 @@ requested once, ends once and is replied once; the first worker stays up through
 
 from __future__ import annotations
 
-import os
 import time
 
 import httpx
@@ -29,13 +28,7 @@ from tests.faults.traffic import (
 pytestmark = [pytest.mark.integration, pytest.mark.faults,
               # Its own bounded waits (the load, the group settling four times, resends up to
               # 180 s, every turn terminal up to 300 s) add up past the suite's default.
-              pytest.mark.timeout(900),
-              # Issue 12 stays open on this: on the final tree of 2026-12-01 it ran past its
-              # bounds on a loaded machine (availability during the storm is poor, recovery
-              # slow); kept out of CI until that is fixed, so it says so rather than flakes.
-              pytest.mark.skipif(os.environ.get("VOICE_TEST_STORM") != "1",
-                                 reason="fault 4 (rebalance storm) runs with VOICE_TEST_STORM=1 "
-                                        "until issue 12's storm availability is fixed")]
+              pytest.mark.timeout(900)]
 
 CONVERSATIONS = 6
 
