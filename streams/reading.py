@@ -9,7 +9,7 @@ import time
 import uuid
 from typing import Any
 
-from confluent_kafka import OFFSET_BEGINNING, Consumer, TopicPartition
+from confluent_kafka import OFFSET_BEGINNING, Consumer, KafkaError, KafkaException, TopicPartition
 
 from streams.settings import VoiceSettings
 
@@ -25,7 +25,7 @@ def read_topic(settings: VoiceSettings, topic: str, key: bytes | None = None,
         if topic not in md.topics or md.topics[topic].error is not None:
             raise LookupError(f"topic {topic!r} does not exist")
         parts = list(md.topics[topic].partitions)
-        ends = {p: c.get_watermark_offsets(TopicPartition(topic, p), 10)[1] for p in parts}
+        ends = {p: _end_offset(c, TopicPartition(topic, p), timeout) for p in parts}
         todo = {p for p in parts if ends[p] > 0}
         c.assign([TopicPartition(topic, p, OFFSET_BEGINNING) for p in todo])
         out: list[Any] = []
@@ -43,3 +43,23 @@ def read_topic(settings: VoiceSettings, topic: str, key: bytes | None = None,
         return out
     finally:
         c.close()
+
+
+_MOMENTARY = {KafkaError.NOT_LEADER_FOR_PARTITION, KafkaError.LEADER_NOT_AVAILABLE,
+              KafkaError.UNKNOWN_TOPIC_OR_PART, KafkaError._TIMED_OUT, KafkaError._TRANSPORT}
+
+
+def _end_offset(c: Consumer, tp: TopicPartition, timeout: float) -> int:
+    """The partition's high watermark. Right after a topic is created (or while a leader
+    moves) the broker answers ``NOT_LEADER_FOR_PARTITION`` and the like for a moment: those
+    retriable answers are asked again until ``timeout``."""
+    deadline = time.monotonic() + timeout
+    while True:
+        try:
+            return int(c.get_watermark_offsets(tp, 10)[1])
+        except KafkaException as exc:
+            err = exc.args[0] if exc.args else None
+            code = err.code() if isinstance(err, KafkaError) else None
+            if code not in _MOMENTARY or time.monotonic() > deadline:
+                raise
+            time.sleep(0.2)

@@ -1,7 +1,9 @@
 """Fixtures: one Kafka broker per test session, and per test its own topics and groups.
 
-The broker is, in order: ``VOICE_KAFKA_BOOTSTRAP`` if set; else a testcontainers Kafka (KRaft)
-when a Docker engine answers; else the local broker from the Maven cache (what CI uses here).
+The broker is, in order: ``VOICE_KAFKA_BOOTSTRAP`` if set; else the official ``apache/kafka``
+image in a container (``tests/containers.py``) when a Docker engine answers and
+``VOICE_TEST_DOCKER`` is ``auto`` (the default) or ``always`` (which fails without Docker); else
+the local broker from the Maven cache (what CI uses here, with ``VOICE_TEST_DOCKER=never``).
 """
 
 from __future__ import annotations
@@ -14,11 +16,10 @@ import pytest
 
 from streams.settings import VoiceSettings
 from streams.topics import create_topics
+from tests.containers import broker_choice, docker_answers, kafka_container
 from tests.support import (
-    docker_answers,
     spawn_voice,
     stop,
-    testcontainers_kafka,
     unique_settings,
     wait_group_stable,
     wait_http_ready,
@@ -29,11 +30,12 @@ from tests.support import (
 @pytest.fixture(scope="session")
 def kafka_bootstrap(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
     """Bootstrap servers of the session's broker."""
-    if os.environ.get("VOICE_KAFKA_BOOTSTRAP"):
+    choice = broker_choice(os.environ, docker=docker_answers())
+    if choice == "given":
         yield os.environ["VOICE_KAFKA_BOOTSTRAP"]
         return
-    if os.environ.get("VOICE_TEST_DOCKER", "auto") != "never" and docker_answers():
-        with testcontainers_kafka() as bootstrap:
+    if choice == "docker":
+        with kafka_container() as bootstrap:
             yield bootstrap
         return
     from deploy.kafka_local import LocalKafka, free_port

@@ -1,16 +1,13 @@
-"""Helpers the tests share: the Kafka fixture's broker choice, process runners, and the one SSE
-reader every integration test reads a stream with."""
+"""Helpers the tests share: settings per test, process runners, and the one SSE reader every
+integration test reads a stream with. (The broker's choice and container: tests/containers.py.)"""
 
 from __future__ import annotations
 
 import asyncio
 import json
-import shutil
-import subprocess
 import time
 import uuid
 from collections.abc import AsyncIterator, Callable, Iterable, Iterator
-from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -32,25 +29,6 @@ from streams.settings import VoiceSettings
 from streams.topics import TopicSpec, record_specs, topic_name
 
 REPO = Path(__file__).resolve().parent.parent
-
-
-def docker_answers() -> bool:
-    """True when a Docker engine answers (then testcontainers can run Kafka)."""
-    if not shutil.which("docker"):
-        return False
-    try:
-        return subprocess.run(["docker", "info"], capture_output=True, timeout=5).returncode == 0
-    except (OSError, subprocess.TimeoutExpired):
-        return False
-
-
-@contextmanager
-def testcontainers_kafka() -> Iterator[str]:
-    """A KRaft Kafka in a container (not run on machines without a Docker engine)."""
-    from testcontainers.kafka import KafkaContainer
-
-    with KafkaContainer("apache/kafka:4.1.1").with_kraft() as kafka:
-        yield kafka.get_bootstrap_server()
 
 
 def unique_settings(bootstrap: str, tmp: Path, **overrides: object) -> VoiceSettings:

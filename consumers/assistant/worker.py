@@ -37,7 +37,7 @@ from consumers.engine import HistorySummary, TurnInput
 from consumers.frame.context import WorkerContext
 from consumers.frame.logrefs import LogUnavailable
 from consumers.workflows.engine import StepContext, StepDef, WorkflowDef, WorkflowState
-from consumers.workflows.runtime import StepError, failure_words
+from consumers.workflows.runtime import Erased, StepError, failure_words
 from schemas.assistant import (
     AppendDisplay,
     AssistantHistorySummarised,
@@ -148,7 +148,7 @@ class Assistant:
                 int(inp["log"].get("omitted_through") or 0))
             patterns = Transcript.open_patterns(self.sealer, conversation, records["patterns"])
         except KeyErased:
-            raise StepError(f"conversation {conversation!r} was erased", retryable=False) from None
+            raise Erased("conversation", conversation) from None
         if not (inp.get("options") or {}).get("data_isolation"):
             patterns += await self._learned(tenant, conversation, patterns,
                                             str(request.get("message", "")))
@@ -257,8 +257,7 @@ class Assistant:
             return Transcript.open_exchange(self.sealer, inp["conversation"],
                                             records["user"][0], records["assistant"][0])
         except KeyErased:
-            raise StepError(f"conversation {inp['conversation']!r} was erased",
-                            retryable=False) from None
+            raise Erased("conversation", inp["conversation"]) from None
 
     async def _record_pattern(self, inp: dict[str, Any], stage: str,
                               pattern: dict[str, Any]) -> str:

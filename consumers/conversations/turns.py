@@ -26,7 +26,7 @@ from consumers.engine.cancel import CancelToken
 from consumers.engine.history import lead_with_stored
 from consumers.frame.logrefs import LogReader, LogUnavailable, Position, recent
 from consumers.workflows.engine import StepContext, StepDef, WorkflowDef, WorkflowState
-from consumers.workflows.runtime import StepError, failure_words
+from consumers.workflows.runtime import Erased, StepError, failure_words
 from schemas.base import Record, Sealed
 from schemas.conversation import (
     ConversationErased,
@@ -234,7 +234,7 @@ class Turns:
         try:
             history, seqs = await self.read_history(conversation, ctx.input)
         except KeyErased:
-            raise StepError(f"conversation {conversation!r} was erased", retryable=False) from None
+            raise Erased("conversation", conversation) from None
         except LogUnavailable as exc:
             raise StepError(f"the history of turn {turn!r} cannot be read: {exc}",
                             retryable=exc.retryable) from None

@@ -92,6 +92,19 @@ class StepError(Exception):
         self.retryable = retryable
 
 
+class Erased(StepError):
+    """The step's aggregate was erased: its key is gone, nothing of it can be read again.
+
+    Its words stay plain (they name the aggregate, never its content): the sealed copy of a
+    failure is sealed under the aggregate's key, which no longer exists, so plain is the only
+    place an owner or an operator can read why the step ended."""
+
+    plain_message = True
+
+    def __init__(self, kind: str, id_: str) -> None:
+        super().__init__(f"{kind} {id_!r} was erased", retryable=False)
+
+
 class WorkflowRuntime:
     """Runs the registered workflow kinds for the partitions this worker owns."""
 
@@ -336,6 +349,9 @@ class WorkflowRuntime:
         # described (type, fields) in the log.
         log.warning("step %s of %s failed (attempt %s): %s", step, state.workflow,
                     state.attempt, describe(exc))
+        if getattr(type(exc), "plain_message", False):  # Voice's own words: kept plain
+            return StepOutcome(**report, status="failed", error_type=type(exc).__name__,
+                               error=str(exc), retryable=getattr(exc, "retryable", True))
         return StepOutcome(**report, status="failed", error_type=type(exc).__name__,
                            retryable=getattr(exc, "retryable", True),
                            **self._sealed_message(wf, state, exc))

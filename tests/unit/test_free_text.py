@@ -19,7 +19,7 @@ from pydantic import BaseModel, ValidationError
 
 from consumers.conversations.concern import ConcernReply
 from consumers.workflows.engine import StepContext, StepDef, WorkflowDef, WorkflowState
-from consumers.workflows.runtime import WorkflowRuntime, failure_words
+from consumers.workflows.runtime import Erased, WorkflowRuntime, failure_words
 from schemas.conversation import TurnStateChanged
 from schemas.workflow import WorkflowStarted
 from streams.envelope import DecodeError, Envelope, decode, encode
@@ -124,10 +124,11 @@ class Producer:
         return fut
 
 
-async def _fail_a_workflow(sealer: Sealer, caplog: pytest.LogCaptureFixture
+async def _fail_a_workflow(sealer: Sealer, caplog: pytest.LogCaptureFixture,
+                           failure: Exception | None = None
                            ) -> tuple[Producer, dict[str, Any], list[WorkflowState]]:
     async def step(ctx: StepContext) -> dict[str, Any]:
-        raise ValueError(f"the model said: {MARKER}")
+        raise failure or ValueError(f"the model said: {MARKER}")
 
     ended: list[WorkflowState] = []
 
@@ -177,6 +178,21 @@ async def test_a_failing_steps_message_is_sealed_in_every_record_and_the_table(
     assert failure_words(sealer, ended[0]) == f"ValueError: the model said: {MARKER}"
     sealer.erase(CNV)
     assert failure_words(sealer, ended[0]) == "ValueError"
+
+
+async def test_a_step_ended_by_erasure_says_so_in_plain_words(
+        caplog: pytest.LogCaptureFixture) -> None:
+    """Regression: the erasure's reason was reduced to the code ``StepError`` and sealed under
+    the erased key, so no one could ever read why the turn failed."""
+    sealer = Sealer(MemoryKeyStore())
+    sealer.create(CNV)
+    sealer.erase(CNV)
+    producer, _table, ended = await _fail_a_workflow(sealer, caplog, Erased("conversation", CNV))
+    assert ended and ended[0].status == "failed"
+    failed = next(e.record for e in producer.sent if e.type == "voice.workflow.failed.v1")
+    assert failed.error == f"Erased: conversation {CNV!r} was erased"
+    assert failed.attempts == 1, "an erased aggregate is not retried"
+    assert failure_words(sealer, ended[0]) == failed.error
 
 
 async def test_without_an_aggregate_to_seal_under_only_the_code_is_kept(
