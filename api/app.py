@@ -1,7 +1,8 @@
 """The edge's FastAPI app, built in a factory (``create_app``); producer and tail start in the
 lifespan, and every product's views are fed by the one tail.
 
-Around the routes, outermost first: ``EdgeErrors`` (request ids, the catch-all 500,
+Around the routes, outermost first: ``TraceRequests`` (the request's span, continuing its W3C
+``traceparent``: ``api.frame.tracing``), ``EdgeErrors`` (request ids, the catch-all 500,
 ``Retry-After`` on every 503), gzip for responses of at least ``GZIP_MIN_BYTES`` (never for
 ``text/event-stream``: Starlette's ``GZipMiddleware`` passes those through untouched and
 unbuffered), ``BodyGuard`` (the body read within its limit before anything else runs), and
@@ -30,6 +31,7 @@ from api.frame.errors import EDGE_ERRORS, EdgeErrors, install_error_handlers
 from api.frame.models import CursorTooOldOut
 from api.frame.projection import CursorTooOld
 from api.frame.tail import EdgeTail
+from api.frame.tracing import TraceRequests
 from api.staff import StaffViews
 from api.web import install_web
 from streams.assistant_settings import assistant_settings
@@ -95,6 +97,7 @@ def create_app(settings: VoiceSettings | None = None, bind_host: str | None = No
     app.add_middleware(GZipMiddleware, minimum_size=GZIP_MIN_BYTES, compresslevel=6,
                        exclude_content_types=DEFAULT_EXCLUDED_CONTENT_TYPES)
     app.add_middleware(EdgeErrors)
+    app.add_middleware(TraceRequests)  # outermost: the request's span covers all of it
 
     @app.exception_handler(CursorTooOld)
     async def cursor_too_old(_request: Request, exc: CursorTooOld) -> JSONResponse:

@@ -28,6 +28,7 @@ from typing import Any
 import confluent_kafka
 
 import bench.engine  # noqa: F401  (registers the engine figures)
+import bench.fanout  # noqa: F401  (registers the streams-per-edge figures)
 import bench.ingest  # noqa: F401  (registers the telemetry and replay figures)
 import bench.kafka_baseline as kafka_baseline  # registers the benchmarks
 import bench.keys  # noqa: F401  (registers the key service figures)

@@ -19,6 +19,7 @@ from collections import Counter
 from collections.abc import Callable
 from typing import Any
 
+from opentelemetry.sdk.trace import TracerProvider
 from pydantic import BaseModel
 
 from bench.harness import Context, Result, benchmark, latency_summary
@@ -36,6 +37,7 @@ from consumers.engine import (
 from consumers.engine.effects import to_record
 from consumers.engine.model import ModelRequest, ModelResponse, StreamCallbacks
 from consumers.engine.types import Usage
+from streams import tracing
 from streams.envelope import Envelope, encode
 from streams.producer import RecordProducer
 from streams.sealing import MemoryKeyStore, Sealer
@@ -149,6 +151,26 @@ async def _turns(spec: AgentSpec, n: int, make_sink: Callable[[str], Any]
     return samples, sinks
 
 
+def traced_turns(spec: AgentSpec, n: int, make_sink: Callable[[str], Any]) -> list[float]:
+    """``_turns`` as a worker without an exporter runs them: the SDK's tracer provider
+    installed (no span processor), each turn inside a ``process`` span of a traced record."""
+    provider = TracerProvider()
+    tracing.install(provider)
+    incoming = {"traceparent": "00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01"}
+
+    async def go() -> list[float]:
+        with tracing.continued("process bench", incoming):
+            await _turns(spec, WARMUP_TURNS, make_sink)
+            samples, _ = await _turns(spec, n, make_sink)
+        return samples
+
+    try:
+        return asyncio.run(go())
+    finally:
+        tracing.install(None)
+        provider.shutdown()
+
+
 def _per_turn_effects(spec: AgentSpec, tool_iterations: int) -> dict[str, int]:
     """Effects (= records) of one turn with ``tool_iterations`` tool calls, by kind."""
 
@@ -193,6 +215,7 @@ def iteration_overhead(ctx: Context) -> Result:
 
     asyncio.run(_turns(sync_spec, WARMUP_TURNS, encoding))
     encoded, sinks = asyncio.run(_turns(sync_spec, TURNS, encoding))
+    traced = traced_turns(sync_spec, TURNS, encoding)
     memory, _ = asyncio.run(_turns(sync_spec, TURNS, lambda _t: RecordingSink()))
     async_tool, _ = asyncio.run(_turns(async_spec, TURNS, encoding))
 
@@ -220,6 +243,11 @@ def iteration_overhead(ctx: Context) -> Result:
         "what": "model call (zero latency) → tool dispatched (sync tool, thread hop) → effects "
                 "made into sealed, encoded records; not produced",
         "loop_only": latency_summary(memory),
+        "traced_no_exporter": {**latency_summary(traced),
+                               "what": "the same, inside a request's trace with the SDK's "
+                                       "tracer provider and no exporter (a worker without "
+                                       "OTEL_EXPORTER_OTLP_ENDPOINT): spans made, "
+                                       "traceparent encoded in every record"},
         "async_tool": latency_summary(async_tool),
         "with_kafka_acks": {**latency_summary(kafka), "turns": KAFKA_TURNS,
                             "topic": topic_name(settings, AGENT),

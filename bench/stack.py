@@ -135,9 +135,10 @@ def stack(ctx: Context, workers: int | None = None) -> Stack:
 
 
 def start_stack(ctx: Context, label: str, workers: int | None = None,
-                model_url: str | None = None) -> Stack:
+                model_url: str | None = None, edge_env: dict[str, str] | None = None) -> Stack:
     """A stack of its own (topics ``…<run id>.<label>.``): the simulator at zero latency, or
-    the model at ``model_url``; the caller closes it (``stack`` keeps the run's one)."""
+    the model at ``model_url``; ``edge_env`` adds settings of the edge alone; the caller
+    closes it (``stack`` keeps the run's one)."""
     base = ctx.settings
     state = Path(tempfile.mkdtemp(prefix=f"voice-bench-{label}-"))
     settings = base.model_copy(update={
@@ -167,7 +168,7 @@ def start_stack(ctx: Context, label: str, workers: int | None = None,
                                                  **BENCH_QUOTAS)
         wait_group_stable(settings, worker_group(settings))
         edge = spawn_voice(settings, "edge", "--port", str(edge_port), log=state / "edge.log",
-                           **BENCH_QUOTAS)
+                           **{**BENCH_QUOTAS, **(edge_env or {})})
         st.procs["edge"] = edge
         st.edge_url = f"http://127.0.0.1:{edge_port}"
         wait_http_ready(f"{st.edge_url}/readyz", proc=edge)

@@ -11,6 +11,7 @@ import typer
 
 from streams.capabilities import ROLES
 from streams.settings import InsecureBind, VoiceSettings, check_bind, load_settings
+from streams.tracing import configure as configure_tracing
 
 app = typer.Typer(help="Voice: a Kafka-native runtime for LLM agent conversations.",
                   no_args_is_help=True, add_completion=False)
@@ -113,6 +114,7 @@ def worker(loglevel: str = typer.Option("warning", help="Faust log level.")) -> 
     """Run one worker (sequencer, turn worker, workflow steps); run N for N-way parallelism."""
     from consumers.app import run_worker
 
+    configure_tracing("voice-worker")
     sys.argv = [sys.argv[0]]  # Faust parses argv itself
     run_worker(_settings(), loglevel=loglevel)
 
@@ -129,6 +131,7 @@ def edge(host: str = typer.Option(None), port: int = typer.Option(None)) -> None
 
     from api.app import create_app
 
+    configure_tracing("voice-edge")
     uvicorn.run(create_app(settings, bind_host=bind), host=bind, port=port or settings.edge_port,
                 log_level="warning", timeout_graceful_shutdown=5)
 

@@ -115,6 +115,15 @@ class ImageRecorded(Record):
     namespace: str | None = Field(default=None, pattern=NAMESPACE)
 
 
+@record_type("voice.assistant.dataset_erased.v1")
+class DatasetErased(Record):
+    """The owner erased the dataset or image ``dataset_id`` (key = that id): its data key was
+    destroyed first, so every copy of its content is unreadable; this record says so to every
+    edge, and, being the key's latest record, is what compaction keeps."""
+
+    dataset_id: str = Field(pattern=DATASET_ID)
+
+
 # --- commands (topic voice.commands, key = conversation id) ---------------------------------
 
 
@@ -134,6 +143,13 @@ class AssistantChat(Record):
     datasets: list[DatasetRef] = []
     options: ChatOptions = ChatOptions()
     idempotency_key: str | None = None
+
+
+@record_type("voice.assistant.erase.v1")
+class EraseAssistantConversation(Record):
+    """The owner asked to erase the conversation; its key is already destroyed."""
+
+    conversation: str
 
 
 @record_type("voice.assistant.append_display.v1")
@@ -240,6 +256,13 @@ class AssistantHistorySummarised(Record):
     text: Sealed
 
 
+@record_type("voice.assistant.conversation_erased.v1")
+class AssistantConversationErased(Record):
+    """The conversation was erased (its key destroyed before): nothing is appended after."""
+
+    conversation: str
+
+
 @record_type("voice.assistant.expire_turn.v1")
 class ExpireAssistantTurn(Record):
     """The janitor of the worker owning the conversation found ``turn`` running past its
@@ -251,5 +274,6 @@ class ExpireAssistantTurn(Record):
 
 
 ASSISTANT_COMMANDS = (AssistantChat, AppendDisplay, AssistantReplyRecorded, AssistantTurnEnded,
-                      AssistantPatternRecorded, AssistantHistorySummarised, ExpireAssistantTurn)
+                      AssistantPatternRecorded, AssistantHistorySummarised, ExpireAssistantTurn,
+                      EraseAssistantConversation)
 """Record types the assistant sequencer takes off ``voice.commands``."""

@@ -220,6 +220,16 @@ class ContributionRecorded(Record):
     updated_at: str
 
 
+@record_type("voice.contribution.erased.v1")
+class ContributionErased(Record):
+    """Its author erased the contribution (its key destroyed first): every edge forgets it, and,
+    being the key's latest record, it is what compaction keeps. A disclosure-review step that
+    runs after it fails (the text no longer opens) and records nothing."""
+
+    contribution: str
+    issue: str
+
+
 # --- inboxes (commands on voice.commands and the log voice.inbox, key = recipient) -----------
 
 

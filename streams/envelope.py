@@ -3,7 +3,9 @@
 Headers: ``ce_specversion``, ``ce_id``, ``ce_type``, ``ce_source``, ``ce_time``, ``ce_subject``
 (written by the ``cloudevents`` library's Kafka binding) and ``content-type``; plus Voice's own
 ``voice_seq``, ``voice_tenant``, ``voice_correlation``, ``voice_causation``, which are plain Kafka
-headers (CloudEvents extension names may not contain ``_``). Key = the aggregate id.
+headers (CloudEvents extension names may not contain ``_``); and the W3C ``traceparent`` (with
+``tracestate``) of the span the record was produced in (``streams.tracing``). Key = the
+aggregate id.
 Value = the JSON of the record's pydantic model.
 
 ``decode`` raises ``DecodeError`` with a reason for anything it cannot turn back into a record;
@@ -24,6 +26,7 @@ from pydantic import ValidationError
 
 from schemas.base import Record, model_for
 from streams.free_text import fields_of
+from streams.tracing import TRACEPARENT, inject
 
 SPECVERSION = "1.0"
 CONTENT_TYPE = "application/json"
@@ -60,6 +63,9 @@ class Envelope:
     causation: str | None = None
     id: str = field(default_factory=lambda: uuid.uuid4().hex)
     time: datetime = field(default_factory=lambda: datetime.now(UTC))
+    traceparent: str | None = None
+    """The W3C trace context it was read with; None on a new envelope, whose ``encode``
+    takes the current span's (no header outside a trace)."""
 
     @property
     def type(self) -> str:
@@ -94,6 +100,10 @@ def encode(env: Envelope) -> tuple[bytes, bytes, Headers]:
     ):
         if value is not None:
             headers.append((name, str(value).encode()))
+    if env.traceparent is not None:
+        headers.append((TRACEPARENT, env.traceparent.encode()))
+    else:
+        headers += inject()
     return env.key.encode(), msg.value, headers
 
 
@@ -150,6 +160,8 @@ def decode(
             causation=str_or_none("voice_causation"),
             id=event.get_id(),
             time=event.get_time() or datetime.now(UTC),
+            # Never a reason to refuse a record: a bad trace context is only not continued.
+            traceparent=hmap[TRACEPARENT].decode("latin-1") if TRACEPARENT in hmap else None,
         )
     except (ValueError, UnicodeDecodeError) as exc:
         raise DecodeError(f"bad Voice header: {exc}") from None

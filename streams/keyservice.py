@@ -126,6 +126,10 @@ class ClusterKeyStore:
         self.sync()
         return self.ring.key(conversation, version)
 
+    def holds(self, conversation: str) -> bool:
+        """Whether the ring has the id (live or erased): then no call waits on the topic."""
+        return self.ring.state(conversation) != "absent"
+
     def current_version(self, conversation: str) -> int:
         """The version new content is sealed with."""
         if self.ring.state(conversation) == "absent":

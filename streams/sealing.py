@@ -15,6 +15,7 @@ must never reuse a nonce under one key.
 from __future__ import annotations
 
 import base64
+import contextlib
 import json
 import os
 import threading
@@ -42,6 +43,9 @@ class KeyNotFound(SealingError):
 
 class KeyErased(SealingError):
     """The conversation was erased: its data keys are destroyed, for good."""
+
+    retryable = False
+    """A workflow step failing on it fails at once: the key never comes back."""
 
 
 class OpenFailed(SealingError):
@@ -195,6 +199,23 @@ class Sealer:
         if not isinstance(payload, dict):
             raise OpenFailed(f"content {content_id!r} of {conversation!r} is not a JSON object")
         return payload
+
+    def check_live(self, conversation: str) -> None:
+        """``KeyErased`` unless the id's key is still live: for plaintext kept opened (a
+        cache), so that an erasure learnt from any process is obeyed by the next read."""
+        self._store.current_version(conversation)
+
+    def holds(self, conversation: str) -> bool:
+        """Whether the store already knows the id's key (or its erasure), so opening its
+        content asks nothing of the key service. A store without that notion always does."""
+        holds = getattr(self._store, "holds", None)
+        return True if holds is None else bool(holds(conversation))
+
+    def warm(self, conversation: str) -> None:
+        """Learn the id's key from the key service (blocking: call it off the event loop);
+        an id the service has no key for, or an erased one, is left for the opener to find."""
+        with contextlib.suppress(KeyNotFound, KeyErased):
+            self._store.current_version(conversation)
 
     def erase(self, conversation: str) -> None:
         """Destroy the id's keys in the store: every process drops them (docs/keys.md)."""

@@ -35,6 +35,7 @@ from schemas.workflow import (
 )
 from streams.envelope import DecodeError, Envelope, decode
 from streams.free_text import describe
+from streams.tracing import ids_of
 from telemetry.schema import DATABASE, column_names
 
 BLOB_THRESHOLD = 32 * 1024
@@ -184,7 +185,7 @@ def _undecodable_rows(raw: RawRecord, reason: str) -> Rows:
         "aggregate_key": _text(raw.key), "seq": None, "tenant": h.get("voice_tenant"),
         "correlation": h.get("voice_correlation"), "causation": h.get("voice_causation"),
         "time": datetime.fromtimestamp(ts / 1000, UTC) if ts else datetime.now(UTC),
-        "decode_error": reason,
+        "decode_error": reason, **_trace(None, None, h.get("traceparent")),
     })
     rows.add("events", row)
     return rows
@@ -199,7 +200,7 @@ def _decoded_rows(raw: RawRecord, env: Envelope, kinds: KindCache | None) -> Row
         "ce_type": env.type, "source": env.source, "subject": env.subject,
         "aggregate_key": env.key, "seq": env.seq, "tenant": env.tenant,
         "correlation": env.correlation, "causation": env.causation, "time": time,
-        "decode_error": None,
+        "decode_error": None, **_trace(None, None, env.traceparent),
     })
     rows.add("events", row)
     # A dead-lettered copy is the same fact as the original: count it once, in events only.
@@ -214,10 +215,12 @@ def _derived(rows: Rows, rec: Record, env: Envelope, time: datetime, kinds: Kind
     if isinstance(rec, ModelCallRecorded):
         # Every column but ``response``: that is content (sealed) and stays in events only.
         fields = rec.model_dump(exclude={"response"})
-        rows.add("model_calls", {**fields, **base})
+        rows.add("model_calls", {**fields, **base,
+                                 **_trace(rec.trace_id, rec.span_id, env.traceparent)})
     elif isinstance(rec, ToolCallRecorded):
         fields = rec.model_dump(exclude={"arguments", "result"})
-        rows.add("tool_calls", {**fields, **base, "operation_name": "execute_tool"})
+        rows.add("tool_calls", {**fields, **base, "operation_name": "execute_tool",
+                                **_trace(rec.trace_id, rec.span_id, env.traceparent)})
     else:
         step = _workflow_row(rec)
         if step is None:
@@ -227,6 +230,15 @@ def _derived(rows: Rows, rec: Record, env: Envelope, time: datetime, kinds: Kind
             kinds.learn(workflow, rec.kind)
         step.setdefault("kind", kinds.get(workflow) if kinds is not None else "")
         rows.add("workflow_steps", {**step, **base, "seq": env.seq})
+
+
+def _trace(trace_id: str | None, span_id: str | None, traceparent: str | None
+           ) -> dict[str, str | None]:
+    """The trace and span a record belongs to: the record's own ids when it has them, else
+    its ``traceparent`` header's (the engine produces each call's record inside its span)."""
+    if trace_id is None and span_id is None:
+        trace_id, span_id = ids_of(traceparent)
+    return {"trace_id": trace_id, "span_id": span_id}
 
 
 def _workflow_row(rec: Record) -> dict[str, Any] | None:

@@ -44,6 +44,9 @@ COLUMNS: dict[str, tuple[tuple[str, str], ...]] = {
         ("payload_blob_id", _NS),
         ("payload_bytes", "UInt64"),
         ("decode_error", _NS),
+        # Of the record's ``traceparent`` header: the span it was produced in (migration 2).
+        ("trace_id", _NS),
+        ("span_id", _NS),
     ),
     "event_blobs": (
         ("blob_id", "String"),
@@ -219,6 +222,8 @@ ORDER BY time""",
 # COLUMN IF NOT EXISTS). Statements are idempotent, so a crash mid-migration is re-run safely.
 MIGRATIONS: list[tuple[int, list[str]]] = [
     (1, [create_table_sql(t) for t in COLUMNS]),
+    (2, [f"ALTER TABLE {DATABASE}.events ADD COLUMN IF NOT EXISTS {name} Nullable(String)"
+         for name in ("trace_id", "span_id")]),
 ]
 
 

@@ -23,6 +23,7 @@ from api.assistant.deps import NOT_FOUND, AssistantDep, CursorDep, OwnedDep
 from api.assistant.models import AssistantTurnOut, ChatAccepted, ChatRequest, DisplayEventOut
 from api.assistant.views import (
     AssistantConversations,
+    AssistantConversationView,
     AssistantTurnView,
     AssistantViews,
     display_event,
@@ -45,7 +46,7 @@ from api.frame.deps import (
 from api.frame.model_registry import check_model
 from api.frame.models import CancelRequested, HeaderText, sse_event_schema
 from api.frame.quotas import TOO_MANY, AdmissionDep, quota, stream_slot
-from api.frame.sse import SSE_HEADERS, TOO_OLD, Feed, sse_bytes, sse_stream
+from api.frame.sse import SSE_HEADERS, TOO_OLD, Feed, StreamEnd, sse_bytes, sse_stream
 from schemas.assistant import AssistantChat, AssistantDisplayRecorded, ChatOptions, DatasetRef
 from streams.envelope import new_id
 from streams.sealing import KeyErased, Sealer
@@ -53,6 +54,8 @@ from streams.sealing import KeyErased, Sealer
 router = APIRouter(prefix="/api/v1/assistant", tags=["assistant"])
 
 _ID_IN_CONTEXT = re.compile(r"\bID:\s*([0-9a-fA-F]{32})\b")
+ERASED = "end; no such conversation"
+"""How a display stream ends once its conversation is gone (erased, on any edge)."""
 
 
 def display_stream(conversations: AssistantConversations, sealer: Sealer, conversation: str,
@@ -62,8 +65,16 @@ def display_stream(conversations: AssistantConversations, sealer: Sealer, conver
     ``until_done``'s ``done`` event when given, else once nothing runs and all is sent."""
 
     def render(rec: AssistantDisplayRecorded) -> ServerSentEvent:
-        return ServerSentEvent(event="display", id=str(rec.display_seq),
-                               data=display_event(sealer, conversation, rec.event))
+        try:
+            data = display_event(sealer, conversation, rec.event)
+        except KeyErased:  # erased by another edge, not yet on this edge's view
+            conversations.mark_erased(conversation)
+            raise StreamEnd(ERASED) from None
+        return ServerSentEvent(event="display", id=str(rec.display_seq), data=data)
+
+    def current() -> AssistantConversationView | None:
+        v = conversations.get(conversation)
+        return None if v is None or v.erased else v
 
     def ends_after(rec: AssistantDisplayRecorded, cursor: int) -> str | None:
         done = (until_done is not None and rec.event.type == "done"
@@ -71,15 +82,15 @@ def display_stream(conversations: AssistantConversations, sealer: Sealer, conver
         return f"end; turn done; resume with after={cursor}" if done else None
 
     def idle() -> bool:
-        v = conversations.get(conversation)
+        v = current()
         if v is None:
             return False
         return v.running is None if until_done is None else v.ended(until_done)
 
-    feed = Feed(view=lambda: conversations.get(conversation), render=render,
+    feed = Feed(view=current, render=render,
                 wait=lambda until, timeout: conversations.wait(
                     conversation, lambda _v: until(), timeout),
-                gone="end; no such conversation", ends_after=ends_after, idle=idle)
+                gone=ERASED, ends_after=ends_after, idle=idle)
     return sse_stream(feed, cursor, bound_s)
 
 

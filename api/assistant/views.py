@@ -1,11 +1,13 @@
 """What the edge derives from ``voice.assistant`` and ``voice.datasets`` (rebuilt at start).
 
 - Datasets: owner, counts, sealed metadata and the record's position (partition, offset), which
-  a chat turn hands to the worker so it can fetch exactly that record. Deduped by id.
+  a chat turn hands to the worker so it can fetch exactly that record. Deduped by id. An erased
+  one (``DatasetErased``) keeps its identity only, and is nobody's.
 - Assistant conversations: ``KeptEvents`` of ``api.frame.projection`` whose cursor is the
   display seq (the SSE ``id:``): records are deduped by the conversation's seq, the last
   ``kept`` display records are kept (sealed) for resume; besides, each turn's state and reply,
-  and the turn in progress.
+  and the turn in progress. An erased one (``AssistantConversationErased``, or this edge's
+  own erasure before the log says so) keeps its identity only, and is nobody's.
 
 Also here: how a display event looks to its owner (``display_event``).
 """
@@ -18,11 +20,13 @@ from typing import Any
 
 from api.frame.projection import AggregateView, KeptEvents, Projection, StreamProjection
 from schemas.assistant import (
+    AssistantConversationErased,
     AssistantConversationStarted,
     AssistantDisplayRecorded,
     AssistantReplyRecorded,
     AssistantTurnEnded,
     AssistantTurnRequested,
+    DatasetErased,
     DatasetRecorded,
     DisplayPayload,
     ImageRecorded,
@@ -48,9 +52,10 @@ class DatasetView(AggregateView):
     namespace: str | None = None
     media_type: str | None = None
     """Set for an uploaded image (``ImageRecorded``; no rows or columns), ``None`` for a CSV."""
+    erased: bool = False
 
     def owned_by(self, owner: str) -> bool:
-        return self.owner == owner
+        return self.owner == owner and not self.erased
 
 
 @dataclass
@@ -70,6 +75,7 @@ class AssistantConversationView(KeptEvents[AssistantDisplayRecorded]):
     display_seq: int = 0
     running: str | None = None
     turns: dict[str, AssistantTurnView] = field(default_factory=dict)
+    erased: bool = False
 
     @property
     def stream_name(self) -> str:
@@ -83,7 +89,14 @@ class AssistantConversationView(KeptEvents[AssistantDisplayRecorded]):
         return self.display_seq
 
     def owned_by(self, owner: str) -> bool:
-        return self.owner == owner
+        return self.owner == owner and not self.erased
+
+    def forget(self) -> None:
+        """Drop everything but identity: the conversation is erased."""
+        self.erased, self.running = True, None
+        self.events.clear()
+        self.live.clear()
+        self.turns.clear()
 
     def ended(self, turn: str) -> bool:
         """Whether ``turn`` has ended (replied, failed or cancelled)."""
@@ -96,6 +109,10 @@ class Datasets(Projection[DatasetView]):
 
     def apply(self, env: Envelope, partition: int, offset: int) -> None:
         rec = env.record
+        if isinstance(rec, DatasetErased):
+            # Compaction may have kept only the erasure: then there is nothing to forget.
+            self.mark_erased(rec.dataset_id)
+            return
         if isinstance(rec, ImageRecorded) and rec.image_id not in self.by_key:
             self.by_key[rec.image_id] = DatasetView(
                 dataset_id=rec.image_id, owner=rec.owner, tenant=env.tenant, rows=0, columns=0,
@@ -109,6 +126,13 @@ class Datasets(Projection[DatasetView]):
                 columns=rec.columns,
                 meta=rec.meta, partition=partition, offset=offset, namespace=rec.namespace)
             self.notify(rec.dataset_id)
+
+    def mark_erased(self, dataset_id: str) -> None:
+        """Forget a dataset's content now (its key is gone), before the log says so."""
+        view = self.by_key.get(dataset_id)
+        if view is not None and not view.erased:
+            view.erased = True
+            self.notify(dataset_id)
 
 
 class AssistantConversations(StreamProjection[AssistantConversationView]):
@@ -128,7 +152,11 @@ class AssistantConversations(StreamProjection[AssistantConversationView]):
                 return
         if not view.accept(env):
             return
-        if isinstance(rec, AssistantTurnRequested):
+        if isinstance(rec, AssistantConversationErased):
+            view.forget()
+        elif view.erased:
+            pass  # nothing of it is kept (the sequencer appends nothing after the erasure)
+        elif isinstance(rec, AssistantTurnRequested):
             view.turns[rec.turn] = AssistantTurnView(rec.turn)
             view.running = rec.turn
         elif isinstance(rec, AssistantDisplayRecorded):
@@ -142,6 +170,13 @@ class AssistantConversations(StreamProjection[AssistantConversationView]):
             if view.running == rec.turn:
                 view.running = None
         self.notify(env.key)
+
+    def mark_erased(self, conversation: str) -> None:
+        """Forget a conversation's content now (its key is gone), before the log says so."""
+        view = self.by_key.get(conversation)
+        if view is not None and not view.erased:
+            view.forget()
+            self.notify(conversation)
 
 
 class AssistantViews:

@@ -2,6 +2,7 @@
 roles, the caller's own resource (404 for anyone else's), views that must catch up with the
 log, and the byte limit of a text field."""
 
+import asyncio
 from collections.abc import Awaitable, Callable
 from typing import Annotated, Any, TypeVar
 
@@ -164,11 +165,16 @@ def owned_dependency(projection_of: Callable[..., Any], *, valid: Callable[[str]
         conversation: Annotated[str, Path(description=description)],
         projection: Annotated[Projection[Any], Depends(projection_of)],
         principal: ConverseDep,
+        sealer: SealerDep,
     ) -> Any:
         view = (await find_owned(projection, conversation, principal, what=what)
                 if valid(conversation) else None)
         if view is None:
             raise not_found(what, conversation)
+        if not sealer.holds(conversation):
+            # A key made on another host and not read here yet: learnt in a thread, so the
+            # route's opening never waits on the key topic on the event loop.
+            await asyncio.to_thread(sealer.warm, conversation)
         return view
 
     return owned

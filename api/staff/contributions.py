@@ -4,6 +4,12 @@ contribute to it, list those the caller follows (``/me/issues``).
 Nothing staff-only is answered here: no evidence, no investigations, no contribution that is
 not published, no author. A contribution's text is sealed under its own key before it is
 produced; its disclosure review starts at once and answers 202 with the contribution's id.
+
+Its author may erase it (``DELETE``), in the conversations' order: its key is destroyed first
+(text, flags and published text no longer open anywhere), then this edge forgets it, then
+``voice.contributions`` records the erasure (its key's latest record, what compaction keeps).
+Staff cannot erase one: they reject it in review; erasure is the author's right over their
+words. A review still waiting fails at its next step (the text no longer opens).
 """
 
 from __future__ import annotations
@@ -13,7 +19,7 @@ import secrets
 from datetime import UTC, datetime
 from typing import Annotated
 
-from fastapi import APIRouter
+from fastapi import APIRouter, Response
 from pydantic import AfterValidator, BaseModel
 
 from api.frame.auth import Principal
@@ -26,12 +32,15 @@ from api.frame.deps import (
     SettingsDep,
     check_text_size,
     known_or_404,
+    known_or_behind,
+    not_found,
 )
 from api.frame.models import NonBlank, RequestModel
 from api.staff.deps import NOT_FOUND, StaffViewsDep
 from api.staff.views import StaffViews
-from schemas.staff import ContributionRecorded, FollowIssue, UnfollowIssue
+from schemas.staff import ContributionErased, ContributionRecorded, FollowIssue, UnfollowIssue
 from schemas.workflow import WorkflowStarted
+from streams.sealing import KeyErased
 from streams.topics import CONTRIBUTIONS
 
 public = APIRouter(prefix="/issues", tags=["issues"])
@@ -99,7 +108,11 @@ async def published_contributions(issue: str, principal: PublicDep, views: Staff
     for c in sorted(views.contributions_of(v), key=lambda c: c.updated_at):
         if c.state != "published" or c.published_text is None:
             continue
-        text = sealer.open_text(c.contribution, "published", c.published_text)
+        try:
+            text = sealer.open_text(c.contribution, "published", c.published_text)
+        except KeyErased:  # erased through another edge, not yet on this edge's view
+            views.contributions.mark_erased(c.contribution)
+            continue
         out.append(PublishedContribution(contribution=c.contribution, text=text,
                                          published_at=c.updated_at))
     return out
@@ -167,3 +180,22 @@ async def contribute(issue: str, body: ContributionIn, principal: ContributorDep
             "text": sealed.model_dump(), "submitted_at": now, "tenant": principal.tenant}))
     return ContributionAccepted(contribution=contribution)
 
+
+
+@mine.delete("/{issue}/contributions/{contribution}", status_code=204, responses=NOT_FOUND)
+async def erase_contribution(issue: str, contribution: str, principal: ContributorDep,
+                             commands: CommandsDep, sealer: SealerDep, views: StaffViewsDep
+                             ) -> Response:
+    """Erase a contribution of the caller's (published or not): its key is destroyed first,
+    so its words no longer open anywhere, then the log records the erasure; it then answers
+    404 everywhere, as an unknown id does. Anyone else's, or another issue's: 404."""
+    await known_or_behind(views.contributions, contribution, "contribution")
+    c = views.contributions.authored(contribution, principal)
+    if c is None or c.issue != issue:
+        raise not_found("contribution", contribution)
+    await asyncio.to_thread(sealer.erase, contribution)
+    views.contributions.mark_erased(contribution)
+    env = commands.envelope(ContributionErased(contribution=contribution, issue=issue),
+                            contribution, correlation=contribution, id=f"{contribution}:erased")
+    await commands.record(CONTRIBUTIONS, env, "record the erasure")
+    return Response(status_code=204)

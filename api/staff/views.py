@@ -23,12 +23,14 @@ from typing import Any
 from api.frame.projection import (
     DEFAULT_KEPT,
     AggregateView,
+    Caller,
     KeptEvents,
     Projection,
     StreamProjection,
 )
 from api.frame.tail import LocatedHandler, RecordHandler
 from schemas.staff import (
+    ContributionErased,
     ContributionRecorded,
     DeliveryEnded,
     DevelopmentRecorded,
@@ -224,18 +226,35 @@ class Workflows(Projection[WorkflowView]):
 
 
 class Contributions(Projection[ContributionRecorded]):
-    """The latest record of each contribution (its state), by id, and its tenant."""
+    """The latest record of each contribution (its state), by id, and its tenant. An erased
+    one is forgotten, and stays so: a review step's record landing after its erasure (a race
+    the step's own check narrows but cannot close) does not bring it back."""
 
     def __init__(self) -> None:
         super().__init__()
         self.tenants: dict[str, str | None] = {}
+        self.erased: set[str] = set()
 
     def tenant_of(self, key: str) -> str | None:
         return self.tenants.get(key)
 
+    def authored(self, key: str, who: Caller) -> ContributionRecorded | None:
+        """The contribution if ``who`` wrote it, in its tenant (else None: 404)."""
+        c = self.in_tenant(key, who.tenant)
+        return c if c is not None and c.author == who.sub else None
+
+    def mark_erased(self, key: str) -> None:
+        """Forget a contribution now (its key is gone), before the log says so."""
+        self.erased.add(key)
+        if self.by_key.pop(key, None) is not None:
+            self.notify(key)
+
     def apply(self, env: Envelope) -> None:
         rec = env.record
-        if not isinstance(rec, ContributionRecorded):
+        if isinstance(rec, ContributionErased):
+            self.mark_erased(env.key)
+            return
+        if not isinstance(rec, ContributionRecorded) or env.key in self.erased:
             return
         current = self.by_key.get(env.key)
         if current is not None and current.state != "in_review" and rec.state == "in_review":

@@ -123,12 +123,25 @@ class KafkaDatasets:
         self._size = 0
         self._lock = threading.Lock()
 
+    def _evict(self, key: str) -> None:
+        with self._lock:
+            gone = self._cache.pop(key, None)
+            if gone is not None:
+                self._size -= len(gone.csv_text)
+
     def load(self, ref: DatasetRef) -> LoadedDataset:
         with self._lock:
             hit = self._cache.get(ref.dataset_id)
             if hit is not None:
                 self._cache.move_to_end(ref.dataset_id)
-                return hit
+        if hit is not None:
+            try:  # erased since it was opened? Then it is no longer there to read.
+                self.sealer.check_live(ref.dataset_id)
+            except SealingError as exc:
+                self._evict(ref.dataset_id)
+                raise DatasetUnavailable(f"dataset {ref.dataset_id!r} cannot be opened: "
+                                         f"{type(exc).__name__}") from None
+            return hit
         rec = fetch_record(self.settings, self.topic, ref.partition, ref.offset)
         if rec.dataset_id != ref.dataset_id:
             raise DatasetUnavailable(f"{self.topic}[{ref.partition}]@{ref.offset} holds "

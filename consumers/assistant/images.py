@@ -68,13 +68,26 @@ class KafkaImages:
         self._size = 0
         self._lock = threading.Lock()
 
+    def _evict(self, key: str) -> None:
+        with self._lock:
+            gone = self._cache.pop(key, None)
+            if gone is not None:
+                self._size -= len(gone.data)
+
     def load(self, ref: dict[str, Any]) -> LoadedImage:
         image_id = str(ref.get("image_id"))
         with self._lock:
             hit = self._cache.get(image_id)
             if hit is not None:
                 self._cache.move_to_end(image_id)
-                return hit
+        if hit is not None:
+            try:  # erased since it was opened? Then it is no longer there to read.
+                self.sealer.check_live(image_id)
+            except SealingError as exc:
+                self._evict(image_id)
+                raise DatasetUnavailable(f"image {image_id!r} cannot be opened: "
+                                         f"{type(exc).__name__}") from None
+            return hit
         rec = fetch_record(self.settings, self.topic, int(ref["partition"]), int(ref["offset"]),
                            kind=ImageRecorded)
         if rec.image_id != image_id:

@@ -16,6 +16,12 @@ chat); ``overdue`` names a running turn past it, for the worker's janitor to sub
 records one reply: display events, replies and ends of a turn that is not the running one
 (a late step, a re-run after the end) are ignored, and so is a second reply of the running
 turn (an attempt re-run after its worker died, whose reply has another effect key).
+
+``EraseAssistantConversation`` comes after the edge destroyed the conversation's key: it appends
+``AssistantConversationErased`` and ends the running turn's place (no end record: its words
+could not be sealed any more); from then on a chat is refused as for an unknown id and a turn's
+late output is ignored, so a turn still running when its chat was erased ends on its worker
+(its next seal or open fails with ``KeyErased``) and leaves nothing behind.
 """
 
 from __future__ import annotations
@@ -29,6 +35,7 @@ from schemas.assistant import (
     ASSISTANT_COMMANDS,
     AppendDisplay,
     AssistantChat,
+    AssistantConversationErased,
     AssistantConversationStarted,
     AssistantDisplayRecorded,
     AssistantHistorySummarised,
@@ -36,6 +43,7 @@ from schemas.assistant import (
     AssistantReplyRecorded,
     AssistantTurnEnded,
     AssistantTurnRequested,
+    EraseAssistantConversation,
     ExpireAssistantTurn,
 )
 from schemas.base import Record
@@ -59,6 +67,7 @@ class AssistantState(AggregateState):
     """When the running turn is past its deadline (ISO-8601)."""
     replied: bool = False
     """Whether the running turn's reply is recorded (a second one is ignored)."""
+    erased: bool = False
     commands: dict[str, dict[str, Any]] = field(default_factory=dict)
 
 
@@ -77,19 +86,22 @@ class AssistantSequencer(Aggregate[AssistantState]):
         self.turn_deadline_s = turn_deadline_s
 
     def acknowledges(self, cmd: Envelope) -> bool:
-        return isinstance(cmd.record, AssistantChat)
+        return isinstance(cmd.record, (AssistantChat, EraseAssistantConversation))
 
     def overdue(self, key: str, stored: dict[str, Any], now: datetime) -> list[Record]:
         """``ExpireAssistantTurn`` for the running turn if past its deadline at ``now`` (or
         without one), read from the stored state as it is (the janitor asks each pass)."""
         running, deadline = stored.get("running"), stored.get("deadline")
-        if running is None or (deadline is not None and datetime.fromisoformat(deadline) > now):
+        if running is None or stored.get("erased") or (
+                deadline is not None and datetime.fromisoformat(deadline) > now):
             return []
         return [ExpireAssistantTurn(conversation=key, turn=running)]
 
     def decide(self, state: AssistantState | None, cmd: Envelope) -> Decision[AssistantState]:
         """Apply one command; times come from the command, so a replay is identical."""
         rec = cmd.record
+        if isinstance(rec, EraseAssistantConversation):
+            return _erase(state, rec)
         if isinstance(rec, AssistantChat):
             decision = _chat(state, cmd, rec)
             if decision.ack is not None and decision.ack.outcome == "accepted" \
@@ -98,8 +110,8 @@ class AssistantSequencer(Aggregate[AssistantState]):
                                            ).isoformat()
                 decision.state.replied = False
             return decision
-        if state is None:  # a turn's output for a conversation this sequencer never opened
-            return Decision(None)
+        if state is None or state.erased:  # a turn's output for a conversation this
+            return Decision(state)             # sequencer never opened, or erased since
         records: tuple[Record, ...]
         if isinstance(rec, (AppendDisplay, AssistantReplyRecorded, AssistantTurnEnded,
                             ExpireAssistantTurn)) and rec.turn != state.running:
@@ -135,9 +147,23 @@ class AssistantSequencer(Aggregate[AssistantState]):
         return Decision(state, records)
 
 
+def _erase(state: AssistantState | None, rec: EraseAssistantConversation
+           ) -> Decision[AssistantState]:
+    if state is None or state.erased:
+        return Decision(state, ack=Ack.rejected("no such conversation"))
+    records = append(state, AssistantConversationErased(conversation=rec.conversation))
+    state.erased, state.running, state.deadline = True, None, None
+    state.commands.clear()  # idempotency memos: nothing is answered again for it
+    return Decision(state, records, Ack.accepted(state.seq))
+
+
 def _chat(state: AssistantState | None, cmd: Envelope, rec: AssistantChat
           ) -> Decision[AssistantState]:
     started: tuple[Record, ...] = ()
+    if state is not None and state.erased:
+        # An erased conversation answers as an unknown id does (create or not: its id is
+        # spent; the edge makes fresh ones).
+        return Decision(state, ack=Ack.rejected("no such conversation"))
     if state is None:
         if not rec.create:
             return Decision(None, ack=Ack.rejected("no such conversation"))

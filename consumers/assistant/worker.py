@@ -40,6 +40,7 @@ from consumers.workflows.engine import StepContext, StepDef, WorkflowDef, Workfl
 from consumers.workflows.runtime import Erased, StepError, failure_words
 from schemas.assistant import (
     AppendDisplay,
+    AssistantConversationErased,
     AssistantHistorySummarised,
     AssistantPatternRecorded,
     AssistantReplyRecorded,
@@ -117,6 +118,9 @@ class Assistant:
     # --- the log: transcripts, patterns, workflow starts --------------------------------------
 
     async def _on_log_record(self, env: Envelope, event: Any) -> None:
+        if isinstance(env.record, AssistantConversationErased):
+            self.transcripts.pop(env.key, None)  # positions of content no one can open
+            return
         transcript = Transcript.from_dict(self.transcripts.get(env.key))
         starts = transcript.apply(env, event.message.partition, event.message.offset,
                                   self.settings.assistant_history_bytes,

@@ -13,6 +13,8 @@ import json
 from dataclasses import dataclass, field
 from typing import Any
 
+from opentelemetry.trace import Span
+
 from consumers.engine.cancel import CancelToken
 from consumers.engine.display import DisplayFactory
 from consumers.engine.effects import EffectSink
@@ -29,6 +31,7 @@ from consumers.engine.envelopes import (
 )
 from consumers.engine.guard import LoopGuard
 from consumers.engine.sanitize import sanitize_json
+from consumers.engine.spans import tool_answered, tool_span
 from consumers.engine.tools import ProgressPump, ToolContext, ToolRegistry, execute
 from consumers.engine.types import Keys, TelemetryEffect, ToolCallEffect
 
@@ -96,8 +99,15 @@ async def apply_tool_effects(env: Ok, state: TurnState, display: DisplayFactory)
 
 async def dispatch_tool_use(use: dict[str, Any], iteration: int, state: TurnState,
                             dc: DispatchContext) -> dict[str, Any]:
-    """Run one tool_use block to its tool_result block, emitting every effect on the way."""
+    """Run one tool_use block to its tool_result block, emitting every effect on the way,
+    inside its ``execute_tool`` span (what the tool and its records do belongs to it)."""
     name, tool_use_id = str(use.get("name")), str(use.get("id"))
+    with tool_span(name, tool_use_id) as span:
+        return await _dispatch(use, name, tool_use_id, iteration, state, dc, span)
+
+
+async def _dispatch(use: dict[str, Any], name: str, tool_use_id: str, iteration: int,
+                    state: TurnState, dc: DispatchContext, span: Span) -> dict[str, Any]:
     args = use.get("input") if isinstance(use.get("input"), dict) else {}
     await _telemetry(dc, "tool_decision", {"tool": name, "tool_call_id": tool_use_id,
                                            "iteration": iteration})
@@ -119,6 +129,7 @@ async def dispatch_tool_use(use: dict[str, Any], iteration: int, state: TurnStat
         text = f"{text}\n\n{hint}"
     hint_kind = env.hint_kind if isinstance(env, Hint) else None
     err_kind = env.err_kind if isinstance(env, Err) else None
+    tool_answered(span, env.kind, err_kind)
     await _telemetry(dc, "contract_envelope", {
         "tool": name, "tool_call_id": tool_use_id, "envelope": env.kind, "hint_kind": hint_kind,
         "err_kind": err_kind, "duration_ms": duration, "executed": executed,

@@ -39,6 +39,7 @@ from consumers.engine.model import (
     with_current_state,
 )
 from consumers.engine.sanitize import sanitize_json
+from consumers.engine.spans import agent_span
 from consumers.engine.types import (
     AgentSpec,
     EndReason,
@@ -60,12 +61,13 @@ async def run_turn(spec: AgentSpec, turn_input: TurnInput, client: Any, sink: Ef
                    cancel: CancelToken | None = None) -> TurnResult:
     """Run one agent turn to its end; effects go to ``sink``, the outcome is returned once
     every effect is durable."""
-    try:
-        return await _Turn(spec, turn_input, client, sink, cancel or CancelToken()).run()
-    finally:
-        drain = getattr(sink, "drain", None)  # a sink without it is durable per emit
-        if drain is not None:
-            await drain()
+    with agent_span(spec.name, turn_input.turn_id, turn_input.conversation_id):
+        try:
+            return await _Turn(spec, turn_input, client, sink, cancel or CancelToken()).run()
+        finally:
+            drain = getattr(sink, "drain", None)  # a sink without it is durable per emit
+            if drain is not None:
+                await drain()
 
 
 def _text_of(content: Any) -> str:

@@ -22,6 +22,7 @@ from typing import Any, Protocol
 import anthropic
 
 from consumers.engine.effects import EffectSink
+from consumers.engine.spans import failed, model_answered, model_span
 from consumers.engine.types import AgentSpec, Keys, ModelCallEffect, TelemetryEffect, Usage
 
 STATE_MARKER = "[CURRENT_STATE]"
@@ -340,33 +341,40 @@ class ModelCaller:
             request = ModelRequest(model, system, messages, tools, max_tokens,
                                    {k: v for k, v in (sampling or {}).items()
                                     if k in SAMPLING_KEYS})
-            try:
-                response = await self.port.stream(request, callbacks)
-            except ModelError as exc:
+            # The call's span is current while it streams and while its record is emitted:
+            # the record's ``traceparent`` (and so the telemetry row) names this span.
+            with model_span(model, max_tokens, request.sampling, index > 0) as span:
+                try:
+                    response = await self.port.stream(request, callbacks)
+                except ModelError as exc:
+                    failed(span, exc.error_type)
+                    await self.sink.emit(ModelCallEffect(
+                        key=key, turn_id=self.turn_id, conversation_id=self.conversation_id,
+                        agent_name=agent_name, iteration=iteration, request_model=model,
+                        latency_ms=_ms(started), fallback_used=index > 0,
+                        error_type=exc.error_type, error_kind=exc.kind))
+                    if exc.fallback and index + 1 < len(chain):
+                        if on_fallback is not None:
+                            await on_fallback(model, chain[index + 1], exc)
+                        continue
+                    raise
+                self.calls += 1
+                cost, known = cost_usd(response.model or model, response.usage)
+                self.usage += response.usage
+                self.cost_usd += cost
+                u = response.usage
+                model_answered(span, response.model, u.total_input, u.output_tokens,
+                               response.stop_reason)
                 await self.sink.emit(ModelCallEffect(
                     key=key, turn_id=self.turn_id, conversation_id=self.conversation_id,
                     agent_name=agent_name, iteration=iteration, request_model=model,
-                    latency_ms=_ms(started), fallback_used=index > 0,
-                    error_type=exc.error_type, error_kind=exc.kind))
-                if exc.fallback and index + 1 < len(chain):
-                    if on_fallback is not None:
-                        await on_fallback(model, chain[index + 1], exc)
-                    continue
-                raise
-            self.calls += 1
-            cost, known = cost_usd(response.model or model, response.usage)
-            self.usage += response.usage
-            self.cost_usd += cost
-            u = response.usage
-            await self.sink.emit(ModelCallEffect(
-                key=key, turn_id=self.turn_id, conversation_id=self.conversation_id,
-                agent_name=agent_name, iteration=iteration, request_model=model,
-                response_model=response.model, input_tokens=u.total_input,
-                output_tokens=u.output_tokens, cache_read_input_tokens=u.cache_read_input_tokens,
-                cache_creation_input_tokens=u.cache_creation_input_tokens,
-                finish_reasons=[response.stop_reason] if response.stop_reason else [],
-                latency_ms=_ms(started), cost_usd=cost, price_known=known,
-                fallback_used=index > 0, response=response.to_dict()))
+                    response_model=response.model, input_tokens=u.total_input,
+                    output_tokens=u.output_tokens,
+                    cache_read_input_tokens=u.cache_read_input_tokens,
+                    cache_creation_input_tokens=u.cache_creation_input_tokens,
+                    finish_reasons=[response.stop_reason] if response.stop_reason else [],
+                    latency_ms=_ms(started), cost_usd=cost, price_known=known,
+                    fallback_used=index > 0, response=response.to_dict()))
             if not known and model not in self._unpriced:
                 self._unpriced.add(model)
                 await self.sink.emit(TelemetryEffect(

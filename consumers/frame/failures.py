@@ -18,6 +18,11 @@ which runs each record through a ``RecordGuard``, in this order:
    last commit. A record is never both unhandled and committed.
 
 It never swallows a failure without either a dead letter or a stop.
+
+A record that carries a W3C ``traceparent`` is handled inside a ``process {topic}`` span that
+continues its trace (``streams.tracing``), so what the handler produces and the model and tool
+calls it makes belong to the request that started it. A record without one (a timer's, a
+janitor's) starts no trace.
 """
 
 from __future__ import annotations
@@ -27,6 +32,7 @@ import contextlib
 import functools
 import logging
 from collections.abc import AsyncIterable, Awaitable, Callable, Iterator
+from contextlib import AbstractContextManager, nullcontext
 from typing import Any
 
 from consumers.frame.writer import Raw
@@ -34,6 +40,7 @@ from streams.dead_letters import send_dead_letter
 from streams.free_text import describe, trace_of
 from streams.producer import RecordProducer
 from streams.retry import RetryPolicy, Sleep, attempt
+from streams.tracing import continued, has_trace
 
 log = logging.getLogger(__name__)
 
@@ -117,10 +124,25 @@ async def consume(events: AsyncIterable[Any], topic: str, guard: RecordGuard,
         raw = Raw(topic, msg.partition, msg.offset, msg.key, msg.value, headers)
         with in_flight.handling(raw):
             try:
-                handled = await guard.run(raw, functools.partial(dispatch, raw, event))
+                with _span(raw):
+                    handled = await guard.run(raw, functools.partial(dispatch, raw, event))
             except Halt as exc:
                 log.critical("stopping: %s", exc)
                 await halt(exc)
                 return
             if not (manual_ack and handled):
                 event.ack()
+
+
+def _span(raw: Raw) -> AbstractContextManager[object]:
+    """The ``process`` span of a traced record (messaging semantic conventions)."""
+    if not has_trace(raw.headers):
+        return nullcontext()
+    attributes: dict[str, str | int] = {
+        "messaging.system": "kafka", "messaging.operation.type": "process",
+        "messaging.destination.name": raw.topic}
+    if raw.partition is not None:
+        attributes["messaging.destination.partition.id"] = str(raw.partition)
+    if raw.offset is not None:
+        attributes["messaging.kafka.offset"] = raw.offset
+    return continued(f"process {raw.topic}", raw.headers, attributes=attributes)

@@ -25,12 +25,13 @@ from typing import Any
 from consumers.staff.detectors import Flag, detect, merge_flags, redact
 from consumers.staff.steps import Agents, StepDelays, fenced_json
 from consumers.workflows.engine import Pause, StepContext, StepDef, WorkflowDef, WorkflowState
+from consumers.workflows.runtime import Erased
 from schemas.base import Sealed
 from schemas.staff import ContributionRecorded, ReviewSummary
 from schemas.workflow import WorkflowCommandReceived
 from streams.envelope import Envelope
 from streams.producer import Publisher
-from streams.sealing import Sealer
+from streams.sealing import KeyErased, Sealer
 from streams.topics import CONTRIBUTIONS
 
 KIND = "disclosure-review"
@@ -140,6 +141,12 @@ class Review:
         i = ctx.input
         flag = ctx.outputs.get("flag") or {}
         c = i["contribution"]
+        # Erased (its author's right) since the step began? Then the workflow fails here,
+        # before a record that would stand after the erasure on the log.
+        try:
+            self.sealer.check_live(c)
+        except KeyErased:
+            raise Erased("contribution", c) from None
         rec = ContributionRecorded(
             contribution=c, issue=i["issue"], author=i["author"],
             text=Sealed.model_validate(i["text"]), state=state,  # type: ignore[arg-type]

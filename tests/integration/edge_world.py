@@ -213,9 +213,13 @@ class Resources:
     chat: str
     chat_turn: str
     dataset: str
+    erasable_chat: str
+    """Another chat of the owner's, and an upload and a contribution, for the same reason."""
+    erasable_dataset: str
     issue: str
     contribution: str
     """In review, waiting for its (single) reviewer."""
+    erasable_contribution: str
     run: str
     """A research run that is done."""
     investigation: str
@@ -270,12 +274,17 @@ async def _participant_side(owner: Caller) -> dict[str, str]:
     chat = await owner.call("POST", "/api/v1/assistant/chat", 202, json={
         "message": "How many rows are there?", "data_refs": [dataset], "stream": False})
     chat_id, chat_turn = chat["conversation_id"], chat["turn"]
+    erasable_dataset = (await owner.call("POST", "/api/v1/assistant/files", 201, files={
+        "file": ("erase.csv", CSV, "text/csv")}))["dataset_id"]
+    erasable_chat = (await owner.call("POST", "/api/v1/assistant/chat", 202, json={
+        "message": "Nothing to keep.", "stream": False}))["conversation_id"]
     # A turn still running makes the next chat in it 409 (busy): the matrix's chat needs it idle.
     await owner.until(f"/api/v1/assistant/conversations/{chat_id}/turns/{chat_turn}",
                       lambda j: j["state"] != "Thinking", "the chat turn to end")
     return {"conversation": conversation, "turn": sent["turn"], "erasable": erasable,
             "chat": chat_id,
-            "chat_turn": chat_turn, "dataset": dataset}
+            "chat_turn": chat_turn, "dataset": dataset, "erasable_chat": erasable_chat,
+            "erasable_dataset": erasable_dataset}
 
 
 async def _issue_side(owner: Caller, staff: Caller, reviewer: Caller, operator: Caller,
@@ -289,6 +298,8 @@ async def _issue_side(owner: Caller, staff: Caller, reviewer: Caller, operator: 
                      json={"title": "Repairs ordered", "body": "The council ordered repairs."})
     contribution = (await owner.call("POST", f"/me/issues/{issue}/contributions", 202,
                                      json={"text": PLAIN}))["contribution"]
+    erasable_contribution = (await owner.call("POST", f"/me/issues/{issue}/contributions", 202,
+                                              json={"text": PLAIN}))["contribution"]
     run = (await staff.call("POST", f"/staff/issues/{issue}/research", 202))["run"]
     failed = await _failed_workflow(operator, forge)
     await reviewer.until("/staff/reviews", lambda items: any(
@@ -301,7 +312,8 @@ async def _issue_side(owner: Caller, staff: Caller, reviewer: Caller, operator: 
     notification = await owner.until("/me/inbox", lambda j: j["notifications"] and
                                       j["notifications"][0]["notification"],
                                       "the development to reach the owner's inbox")
-    return {"issue": issue, "contribution": contribution, "run": run,
+    return {"issue": issue, "contribution": contribution,
+            "erasable_contribution": erasable_contribution, "run": run,
             "investigation": done["suggestions"]["investigations"][0]["investigation"],
             "failed_workflow": failed, "notification": notification}
 

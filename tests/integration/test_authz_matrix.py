@@ -134,6 +134,10 @@ ROUTES: dict[tuple[str, str], Row] = {
         "converse", "owner", 200, CHAT, sse=True),
     ("POST", "/api/v1/assistant/conversations/{conversation}/turns/{turn}/cancel"): Row(
         "converse", "owner", 202, CHAT_TURN, phase="change"),
+    ("DELETE", "/api/v1/assistant/conversations/{conversation}"): Row(
+        "converse", "owner", 204, {"conversation": "erasable_chat"}, phase="erase"),
+    ("DELETE", "/api/v1/assistant/files/{file_id}"): Row(
+        "converse", "owner", 204, {"file_id": "erasable_dataset"}, phase="erase"),
     # --- issues as participants see them (api/staff/contributions, inbox) ---
     ("GET", "/issues/{issue}"): Row("issues.public", "tenant", 200, ISSUE),
     ("GET", "/issues/{issue}/contributions"): Row("issues.public", "tenant", 200, ISSUE),
@@ -145,6 +149,10 @@ ROUTES: dict[tuple[str, str], Row] = {
                                                  phase="change"),
     ("POST", "/me/issues/{issue}/contributions"): Row("contribute", "tenant", 202, ISSUE,
                                                       json=TEXT),
+    # Its author's alone: staff reject in review, they do not erase.
+    ("DELETE", "/me/issues/{issue}/contributions/{contribution}"): Row(
+        "contribute", "owner", 204, {"issue": "issue", "contribution": "erasable_contribution"},
+        phase="erase"),
     ("GET", "/me/inbox"): Row("issues.public", "caller", 200, shows=("notification", "owner")),
     ("GET", "/me/inbox/stream"): Row("issues.public", "caller", 200, sse=True,
                                      shows=("notification", "owner")),

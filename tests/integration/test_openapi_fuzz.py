@@ -69,7 +69,14 @@ the edge's 2 s wait for a conversation it does not know yet (``VIEW_WAIT_S``), w
 only then — at 1 s and 3 s, a loaded machine timed out waiting for it."""
 CHECKS = ("not_a_server_error", "status_code_conformance", "response_schema_conformance",
           "content_type_conformance")
-OWN_RESOURCE = {("DELETE", "/me/conversations/{conversation}"): {"conversation": "erasable"}}
+OWN_RESOURCE = {
+    ("DELETE", "/me/conversations/{conversation}"): {"conversation": "erasable"},
+    ("DELETE", "/api/v1/assistant/conversations/{conversation}"): {
+        "conversation": "erasable_chat"},
+    ("DELETE", "/api/v1/assistant/files/{file_id}"): {"file_id": "erasable_dataset"},
+    ("DELETE", "/me/issues/{issue}/contributions/{contribution}"): {
+        "issue": "issue", "contribution": "erasable_contribution"},
+}
 """Paths whose success destroys what they name get a resource of their own, so the operations
 tested after them still find the world's."""
 

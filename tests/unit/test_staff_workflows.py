@@ -17,7 +17,7 @@ from consumers.staff.research import Research, parse_suggestions
 from consumers.staff.review import Review, agent_flags, outcome
 from consumers.staff.steps import Agents, StepDelays, fenced_json
 from consumers.workflows.engine import Pause, StepContext
-from consumers.workflows.runtime import StepError
+from consumers.workflows.runtime import Erased, StepError
 from deploy.simulator import serve_simulator
 from schemas.base import Record, Sealed
 from schemas.staff import (
@@ -204,6 +204,21 @@ async def test_review_steps_pause_and_refuse_the_same_second_reviewer(parts) -> 
     assert (await step(ctx("c", "k", "s", inp, outputs, other)))["by"] == "rev2"
     unflagged = {"flag": {"flag_count": 0}, "review": out1}
     assert await step(ctx("c", "k", "s", inp, unflagged)) == {"skipped": True}
+
+
+async def test_a_review_after_its_contribution_was_erased_records_nothing(parts) -> None:  # noqa: ANN001
+    # Its record would stand after the erasure on the compacted topic, the words it carries
+    # unreadable but the contribution seemingly alive on an edge started later.
+    out, sealer, agents = parts
+    review = Review(out, sealer, agents, StepDelays())  # type: ignore[arg-type]
+    inp = review_input(sealer, "Ask Jane Porter about it.")
+    flagged = {"flag": {"flag_count": 0, "flag_kinds": [], "flags": None}}
+    sealer.erase("ctb-1")
+    first = {"review": {"by": "rev1", "decision": "approve"}}
+    with pytest.raises(Erased, match="contribution 'ctb-1' was erased") as caught:
+        await review.review_step(ctx("ctb-1", "k", "review", inp, flagged, first))
+    assert caught.value.retryable is False  # the workflow fails at once: it never comes back
+    assert out.records(CONTRIBUTIONS) == []
 
 
 async def test_publish_applies_the_redactions(parts) -> None:  # noqa: ANN001

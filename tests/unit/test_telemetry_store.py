@@ -21,7 +21,7 @@ from streams.sealing import MemoryKeyStore, Sealer
 from telemetry.endpoint import EndpointRefused, QueryServer, ask_endpoint
 from telemetry.query import SqlRefused, check_read_only, client_token, render, run_sql
 from telemetry.rows import BLOB_THRESHOLD, RawRecord, Rows, map_record
-from telemetry.schema import COLUMNS, VIEWS, column_names, ensure_schema
+from telemetry.schema import COLUMNS, VIEWS, column_names, create_table_sql, ensure_schema
 from telemetry.sink import TABLES
 from telemetry.store import (
     ClickHouseStore,
@@ -93,6 +93,22 @@ def test_schema_is_created_once_and_migrations_are_recorded(store):
     for view in VIEWS:
         res = store.query(f"SELECT * FROM voice.{view}")
         assert res.columns and res.rows == []  # empty, but the header is there
+
+
+def test_migration_2_adds_the_trace_columns_to_a_version_1_events_table(store):
+    # The store as version 1 left it: events without trace_id/span_id.
+    v1 = tuple(c for c in COLUMNS["events"] if c[0] not in ("trace_id", "span_id"))
+    store.command("DROP TABLE voice.events")
+    store.command(create_table_sql("events").replace(
+        ",\n  ".join(f"`{n}` {t}" for n, t in COLUMNS["events"]),
+        ",\n  ".join(f"`{n}` {t}" for n, t in v1)))
+    store.command("TRUNCATE TABLE voice.schema_migrations")
+    store.insert("voice.schema_migrations", ["version"], [[1]])
+    assert [d[0] for d in store.query("DESCRIBE TABLE voice.events").rows] == [n for n, _ in v1]
+    assert ensure_schema(store) == [2]
+    desc = store.query("DESCRIBE TABLE voice.events").rows
+    assert [(d[0], d[1]) for d in desc] == list(COLUMNS["events"])
+    assert ensure_schema(store) == []  # once
 
 
 def test_rows_round_trip_through_the_store(store):

@@ -1,0 +1,289 @@
+"""Streams per edge: how many idle SSE streams one edge holds, and how fast one event per
+conversation reaches 1,000 open streams.
+
+* ``sse.bare_idle_streams`` (baseline): a bare Starlette app under uvicorn, in a process of its
+  own, whose one route holds a stream open and writes a comment every 5 s; ``STREAMS`` such
+  streams are opened and its RSS growth is divided by their number. The floor of the
+  framework: the same server, the same ASGI stack, none of Voice.
+* ``sse.idle_streams``: the same number of conversation streams held open on one edge (the
+  edge's gateway bound lifted, so none ends while they are opened), spread over
+  ``IDLE_CONVERSATIONS`` conversations; its RSS growth per stream beside the baseline's.
+* ``sse.fanout``: ``FANOUT`` conversations, one stream open on each; then one record per
+  conversation (a turn's state) is produced straight onto the conversation log, in one burst,
+  as the sequencer writes it. Latency = the record's produce → its ``turn`` event read by that
+  conversation's client (both clocks this process's). Beside ``kafka.round_trip``.
+
+The clients are raw asyncio connections (an HTTP/1.1 GET and a reader per stream), so the
+client costs little beside the edge. Sizes: ``VOICE_BENCH_STREAMS`` (default 5,000) and
+``VOICE_BENCH_FANOUT`` (default 1,000).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import os
+import re
+import subprocess
+import sys
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import httpx
+from confluent_kafka import Producer
+
+from bench.harness import Context, Result, benchmark, latency_summary
+from bench.stack import Stack, start_stack
+from deploy.kafka_local import free_port
+from deploy.processes import wait_http_ready
+from schemas.conversation import TurnStateChanged
+from streams.envelope import Envelope, encode
+from streams.tokens import mint_token
+from streams.topics import CONVERSATIONS, topic_name
+
+STREAMS = int(os.environ.get("VOICE_BENCH_STREAMS", "5000"))
+FANOUT = int(os.environ.get("VOICE_BENCH_FANOUT", "1000"))
+IDLE_CONVERSATIONS = 50
+OPEN_AT_ONCE = 100
+"""Streams being opened at the same moment (a burst of new clients, not a flood)."""
+SETTLE_S = 3.0
+"""Quiet time after the last stream opened before the RSS is read (buffers settle)."""
+EVENT = re.compile(rb"event: ?(\w+)\r?\ndata: ?([^\r\n]*)")
+ID = re.compile(rb"^id: ?(\d+)", re.M)
+
+BARE_APP = '''
+import asyncio, sys
+import uvicorn
+from starlette.applications import Starlette
+from starlette.responses import PlainTextResponse, StreamingResponse
+from starlette.routing import Route
+
+async def frames():
+    yield b": open\\n\\n"
+    while True:
+        await asyncio.sleep(5)
+        yield b": keep-alive\\n\\n"
+
+async def stream(request):
+    return StreamingResponse(frames(), media_type="text/event-stream",
+                             headers={"Cache-Control": "no-cache"})
+
+async def health(request):
+    return PlainTextResponse("ok")
+
+app = Starlette(routes=[Route("/s", stream), Route("/health", health)])
+uvicorn.run(app, host="127.0.0.1", port=int(sys.argv[1]), log_level="warning",
+            backlog=4096, timeout_keep_alive=600)
+'''
+
+
+def rss_kib(pid: int) -> int:
+    """The process's resident set, KiB (Linux ``/proc``)."""
+    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+        if line.startswith("VmRSS:"):
+            return int(line.split()[1])
+    raise RuntimeError(f"no VmRSS for pid {pid}")
+
+
+class Stream:
+    """One held SSE stream: a raw connection, its reader noting what arrives."""
+
+    def __init__(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter,
+                 on_data: Callable[[Stream, bytes], None] | None = None) -> None:
+        self.reader, self.writer = reader, writer
+        self.on_data = on_data
+        self.buffer = b""
+        self.last_id = 0
+        self.task = asyncio.create_task(self._read())
+
+    async def _read(self) -> None:
+        with contextlib.suppress(ConnectionError, asyncio.CancelledError):
+            while chunk := await self.reader.read(65536):
+                if self.on_data is not None:
+                    self.on_data(self, chunk)
+
+    def close(self) -> None:
+        self.task.cancel()
+        self.writer.close()
+
+
+async def open_stream(port: int, path: str, token: str | None,
+                      on_data: Callable[[Stream, bytes], None] | None = None) -> Stream:
+    """GET ``path`` as an event stream; returns once the response's head says 200."""
+    reader, writer = await asyncio.open_connection("127.0.0.1", port)
+    auth = f"Authorization: Bearer {token}\r\n" if token else ""
+    writer.write(f"GET {path} HTTP/1.1\r\nHost: 127.0.0.1\r\n{auth}"
+                 "Accept: text/event-stream\r\n\r\n".encode())
+    head = await reader.readuntil(b"\r\n\r\n")
+    status = head.split(b" ", 2)[1]
+    if status != b"200":
+        writer.close()
+        raise RuntimeError(f"GET {path} answered {status.decode()}: {head[:200]!r}")
+    return Stream(reader, writer, on_data)
+
+
+async def open_all(paths: list[str], port: int, token: str | None,
+                   on_data: Callable[[Stream, bytes], None] | None = None) -> list[Stream]:
+    """A stream per path, ``OPEN_AT_ONCE`` being opened at a time."""
+    gate = asyncio.Semaphore(OPEN_AT_ONCE)
+
+    async def one(path: str) -> Stream:
+        async with gate:
+            return await open_stream(port, path, token, on_data)
+
+    return list(await asyncio.gather(*(one(p) for p in paths)))
+
+
+def held_streams_growth(pid: int, port: int, paths: list[str], token: str | None
+                        ) -> dict[str, Any]:
+    """Open a stream per path against the process ``pid``; its RSS growth per stream."""
+
+    async def run() -> dict[str, Any]:
+        before = rss_kib(pid)
+        t0 = time.perf_counter()
+        streams = await open_all(paths, port, token)
+        opened_s = time.perf_counter() - t0
+        await asyncio.sleep(SETTLE_S)
+        after = rss_kib(pid)
+        alive = sum(1 for s in streams if not s.task.done())
+        for s in streams:
+            s.close()
+        return {"streams": len(streams), "alive_after_settle": alive,
+                "rss_before_mib": round(before / 1024, 1), "rss_after_mib": round(after / 1024, 1),
+                "kib_per_stream": round((after - before) / len(streams), 2),
+                "open_s": round(opened_s, 2),
+                "opened_per_s": round(len(streams) / opened_s, 1)}
+
+    return asyncio.run(run())
+
+
+@benchmark("sse.bare_idle_streams")
+def bare_idle_streams(ctx: Context) -> Result:
+    """RSS growth per idle stream of a bare Starlette/uvicorn SSE route (the framework floor)."""
+    port = free_port()
+    proc = subprocess.Popen([sys.executable, "-c", BARE_APP, str(port)],
+                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    try:
+        wait_http_ready(f"http://127.0.0.1:{port}/health", proc=proc)
+        return held_streams_growth(proc.pid, port, ["/s"] * STREAMS, None)
+    finally:
+        proc.terminate()
+        proc.wait(10)
+
+
+def _conversations(st: Stack, token: str, n: int) -> list[str]:
+    """``n`` new conversations of the token's principal (20 created at a time)."""
+
+    async def run() -> list[str]:
+        gate = asyncio.Semaphore(20)
+        async with httpx.AsyncClient(base_url=st.edge_url, timeout=60,
+                                     headers={"Authorization": f"Bearer {token}"}) as client:
+            async def one() -> str:
+                async with gate:
+                    r = await client.post("/me/conversations")
+                    r.raise_for_status()
+                    return str(r.json()["conversation"])
+
+            return list(await asyncio.gather(*(one() for _ in range(n))))
+
+    return asyncio.run(run())
+
+
+def _edge_stack(ctx: Context, label: str) -> Stack:
+    """A stack whose edge holds streams for 10 min (the bound would end them while the last
+    ones open) and counts, but never refuses, streams per principal."""
+    return start_stack(ctx, label, workers=1, edge_env={"VOICE_GATEWAY_BOUND_S": "600"})
+
+
+@benchmark("sse.idle_streams", baseline="sse.bare_idle_streams", compare=("kib_per_stream",))
+def idle_streams(ctx: Context) -> Result:
+    """RSS growth per idle conversation stream held by one edge (target ≤ 30 KiB)."""
+    st = _edge_stack(ctx, "idle")
+    try:
+        token = mint_token(st.settings, "bench-idle", "participant")
+        conversations = _conversations(st, token, IDLE_CONVERSATIONS)
+        paths = [f"/me/conversations/{conversations[i % len(conversations)]}/stream?after=0"
+                 for i in range(STREAMS)]
+        port = int(st.edge_url.rsplit(":", 1)[1])
+        return {**held_streams_growth(st.procs["edge"].pid, port, paths, token),
+                "conversations": len(conversations)}
+    finally:
+        st.close()
+
+
+async def _until(pred: Callable[[], bool], timeout: float, what: str) -> None:
+    deadline = time.monotonic() + timeout
+    while not pred():
+        if time.monotonic() > deadline:
+            raise TimeoutError(f"{what} within {timeout:g} s")
+        await asyncio.sleep(0.05)
+
+
+@benchmark("sse.fanout", baseline="kafka.round_trip", compare=("p50_ms", "p99_ms"))
+def fanout(ctx: Context) -> Result:
+    """One record per conversation, produced in a burst → each of 1,000 open streams has it."""
+    st = _edge_stack(ctx, "fanout")
+    try:
+        token = mint_token(st.settings, "bench-fanout", "participant")
+        conversations = _conversations(st, token, FANOUT)
+        port = int(st.edge_url.rsplit(":", 1)[1])
+        arrived: dict[str, float] = {}
+        of_stream: dict[int, str] = {}
+
+        def on_data(stream: Stream, chunk: bytes) -> None:
+            now = time.time()
+            stream.buffer += chunk
+            frames = stream.buffer.split(b"\n\n")
+            stream.buffer = frames.pop()
+            for frame in frames:
+                if (m := ID.search(frame)) is not None:
+                    stream.last_id = max(stream.last_id, int(m.group(1)))
+                if (e := EVENT.search(frame)) is not None and e.group(1) == b"turn":
+                    arrived.setdefault(of_stream[id(stream)], now)
+
+        async def run() -> tuple[dict[str, float], float]:
+            paths = [f"/me/conversations/{c}/stream?after=0" for c in conversations]
+            streams = await open_all(paths, port, token, on_data)
+            for c, s in zip(conversations, streams, strict=True):
+                of_stream[id(s)] = c
+            topic = topic_name(st.settings, CONVERSATIONS)
+            producer = Producer({"bootstrap.servers": st.settings.bootstrap, "linger.ms": 0,
+                                 "acks": "all", "enable.idempotence": True})
+            producer.list_topics(topic, timeout=10)  # metadata (and its producer id) first
+            await asyncio.sleep(SETTLE_S)  # every stream past its (empty) backlog
+            # Encoded first, produced from a thread: the clients' loop keeps reading meanwhile.
+            records = []
+            for c, s in zip(conversations, streams, strict=True):
+                env = Envelope(record=TurnStateChanged(conversation=c, turn=f"{c}:turn-1",
+                                                       state="Replied"),
+                               # seq 1 is the conversation's start (no SSE event)
+                               key=c, source="/voice/sequencer", seq=max(s.last_id, 1) + 1,
+                               tenant="default")
+                records.append((c, encode(env)))
+            sent: dict[str, float] = {}
+
+            def burst() -> None:
+                for c, (key, value, headers) in records:
+                    sent[c] = time.time()
+                    producer.produce(topic, value, key, headers=headers)
+                    producer.poll(0)
+                producer.flush(30)
+
+            t0 = time.perf_counter()
+            await asyncio.to_thread(burst)
+            burst_s = time.perf_counter() - t0
+            await _until(lambda: len(arrived) == len(conversations), 60, "every turn event")
+            for s in streams:
+                s.close()
+            return {c: arrived[c] - sent[c] for c in conversations}, burst_s
+
+        latencies, burst_s = asyncio.run(run())
+    finally:
+        st.close()
+    return {**latency_summary(list(latencies.values())), "streams": len(latencies),
+            "burst_produce_s": round(burst_s, 3),
+            "note": "one record per conversation, all produced in one burst; each latency is "
+                    "that record's produce call → its turn event read by its stream's client"}
+
