@@ -146,6 +146,8 @@ class WorkflowRuntime:
         self.topic = topic_name(settings, WORKFLOWS)
         self.crash = CrashPoints.parse(settings.test_crash_at)
         self._answers: set[asyncio.Future[Any]] = set()
+        self._handing_over = False
+        """Between ``release_leases`` and the next ``keep_only``: hold no record."""
 
     def register(self, wf: WorkflowDef) -> None:
         self.defs[wf.kind] = wf
@@ -215,7 +217,10 @@ class WorkflowRuntime:
                 previous = self._held.pop(workflow, None)
                 if previous is not None and (previous[1], previous[2]) != (tp, offset):
                     previous[0]()  # an earlier record: the lease moves to this one
-                self._held[workflow] = (ack, tp, offset)
+                if self._handing_over:
+                    ack()  # the table is the lease now (``release_leases``)
+                else:
+                    self._held[workflow] = (ack, tp, offset)
                 self._spawn(t.state)
                 return
             held = self._held.pop(workflow, None)
@@ -399,14 +404,33 @@ class WorkflowRuntime:
             out.append(workflow)
         return out
 
+    def release_leases(self) -> None:
+        """Before this worker hands its partitions over (a rebalance, a shutdown): acknowledge
+        every held lease record, so that the handover can wait for the records in flight and
+        flush the table's changelog (``consumers.frame.context.VoiceApp``) — a held record
+        would make that wait last as long as its step.
+
+        The steps go on running. From here the table is their lease: a worker that gets their
+        partition finds them running with no task of its own and probes them (``unheld`` →
+        ``LeaseCheck`` → ``worker_lost``); a step's late outcome for a superseded attempt is
+        ignored (``_outcome``); ``keep_only`` stops them here if their partition went elsewhere.
+        """
+        self._handing_over = True  # a record in flight that starts a step holds nothing
+        for ack, _tp, _offset in self._held.values():
+            ack()
+        self._held.clear()
+
     def keep_only(self, assigned: set[Any]) -> None:
-        """After a rebalance: stop steps whose partition went elsewhere (its owner resumes them)."""
-        for workflow, (_ack, tp, _offset) in list(self._held.items()):
-            if tp is not None and tp not in assigned:
-                task = self.tasks.pop(workflow, None)
-                if task is not None:
-                    task.cancel()
-                self._held.pop(workflow, None)
-                self.cancels.pop(workflow, None)
-
-
+        """After a rebalance: stop the steps whose workflow's partition went elsewhere (its
+        next owner resumes them); ``assigned`` holds topic-partitions (``.topic``,
+        ``.partition``)."""
+        self._handing_over = False
+        mine = {tp.partition for tp in assigned if tp.topic == self.topic}
+        for workflow in list(self.tasks):
+            if partition_of(workflow, self.settings.topic_partitions) in mine:
+                continue
+            task = self.tasks.pop(workflow, None)
+            if task is not None:
+                task.cancel()
+            self._held.pop(workflow, None)
+            self.cancels.pop(workflow, None)
