@@ -22,13 +22,12 @@ from collections.abc import Awaitable, Callable
 from datetime import UTC, datetime
 from typing import Any, Protocol
 
-import faust
-
 from consumers.engine.runner import AgentRunner
 from consumers.frame.aggregate import Ack, Aggregate
 from consumers.frame.bounded import BoundedTable
 from consumers.frame.failures import Halt, RawDispatch, RecordGuard, consume
 from consumers.frame.follow import Apply, Follower
+from consumers.frame.handover import VoiceApp
 from consumers.frame.janitor import Janitor
 from consumers.frame.logrefs import KafkaLogReader
 from consumers.frame.writer import Raw, Writer, acknowledgement
@@ -46,6 +45,9 @@ from streams.topics import ACKS, COMMANDS, WORKFLOWS, TopicSpec, topic_name
 
 log = logging.getLogger(__name__)
 
+UNFETCHED_CHECK_S = 2.0
+"""How often the worker checks that it reads every partition assigned to it."""
+
 Dispatch = Callable[[Envelope, Any], Awaitable[None]]
 SOURCE = "/voice/worker"
 
@@ -59,9 +61,9 @@ class Product(Protocol):
         """Add tables, aggregates, workflows and consumers (once, before the app runs)."""
 
 
-def faust_app(settings: VoiceSettings) -> faust.App:
+def faust_app(settings: VoiceSettings) -> VoiceApp:
     """The worker's Faust app (one per process; its group id comes from the settings)."""
-    return faust.App(
+    return VoiceApp(
         f"{settings.group_prefix}-{settings.topic_prefix}worker".replace(".", "-"),
         broker=f"kafka://{settings.bootstrap}",
         store="memory://",
@@ -78,12 +80,9 @@ def faust_app(settings: VoiceSettings) -> faust.App:
         broker_session_timeout=10,
         broker_heartbeat_interval=2,
         broker_max_poll_interval=settings.worker_max_poll_interval_s,
-        # A running workflow step holds its record unacknowledged (its lease) until the step's
-        # outcome record is consumed. Faust's default waits for every unacknowledged record
-        # before a rebalance, while consuming nothing — so a rebalance during a step (a worker
-        # joining, a broker pause expiring the session) waited forever. Without the wait, the
-        # committed offset still stops below a held lease, and the runtime lets go of the steps
-        # of revoked partitions (``keep_only``) and resumes redelivered ones.
+        # A handover waits for the records in flight, so that their table writes reach the
+        # changelog before the next owner recovers it — ``VoiceApp``'s own bounded wait (the
+        # held leases of running steps released first), not Faust's, which has no bound.
         stream_wait_empty=False,
     )
 
@@ -104,6 +103,7 @@ class WorkerContext:
         self.on_shutdown(self.log_reader.close)
         self.runtime = WorkflowRuntime(settings, self.table("workflows"), self.publisher,
                                        self.sealer)
+        self.app.before_handover.append(self.runtime.release_leases)
         self.writer = Writer(self.publisher, topic_name(settings, COMMANDS))
         self.janitor = Janitor(settings.topic_partitions)
         """Ends the turns of this worker's aggregates that are past their deadline."""
@@ -223,7 +223,7 @@ class WorkerContext:
             # Never acknowledged by the stream: ``consume`` acknowledges a record once it is
             # handled or dead-lettered, and never one that is neither.
             await consume(stream.noack().events(), name, guard, dispatch, manual_ack,
-                          self._halt)
+                          self._halt, self.app.in_flight)
 
         agent.__name__ = agent_name
         self.app.agent(topic, name=agent_name)(agent)
@@ -277,6 +277,10 @@ class WorkerContext:
                     await self.publisher.send(COMMANDS, env)
             except Exception:  # the next pass tries again; the timer must not die
                 log.exception("the janitor's pass failed")
+
+        @self.app.timer(UNFETCHED_CHECK_S)
+        async def _fetch_check() -> None:
+            self.app.resume_unfetched()
 
         @self.app.on_partitions_assigned.connect
         async def _assigned(app: Any, assigned: set[Any], **kw: Any) -> None:  # noqa: ARG001

@@ -28,9 +28,10 @@ janitor's) starts no trace.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import functools
 import logging
-from collections.abc import AsyncIterable, Awaitable, Callable
+from collections.abc import AsyncIterable, Awaitable, Callable, Iterator
 from contextlib import AbstractContextManager, nullcontext
 from typing import Any
 
@@ -44,6 +45,29 @@ from streams.tracing import continued, has_trace
 log = logging.getLogger(__name__)
 
 RawDispatch = Callable[[Raw, Any], Awaitable[None]]
+
+
+class InFlight:
+    """The records an agent of this worker is handling right now (not those waiting in a
+    buffer): a handover waits until there are none, so that every table write of a handled
+    record is in the changelog before the partition's next owner recovers it."""
+
+    def __init__(self) -> None:
+        self._records: dict[int, Raw] = {}
+
+    @contextlib.contextmanager
+    def handling(self, raw: Raw) -> Iterator[None]:
+        """Count ``raw`` as in flight for the ``with`` block."""
+        key = id(raw)
+        self._records[key] = raw
+        try:
+            yield
+        finally:
+            del self._records[key]
+
+    def records(self) -> list[Raw]:
+        """The records in flight now."""
+        return list(self._records.values())
 
 
 class Halt(Exception):
@@ -88,22 +112,26 @@ class RecordGuard:
 
 async def consume(events: AsyncIterable[Any], topic: str, guard: RecordGuard,
                   dispatch: RawDispatch, manual_ack: bool,
-                  halt: Callable[[Halt], Awaitable[object]]) -> None:
+                  halt: Callable[[Halt], Awaitable[object]],
+                  in_flight: InFlight | None = None) -> None:
     """The body of one agent: every Faust event of ``topic`` through ``guard`` (module
-    docstring); ``events`` must not acknowledge by itself (``stream.noack().events()``)."""
+    docstring), each counted in ``in_flight`` while it is handled; ``events`` must not
+    acknowledge by itself (``stream.noack().events()``)."""
+    in_flight = in_flight or InFlight()
     async for event in events:
         msg = event.message
         headers = list(msg.headers.items()) if isinstance(msg.headers, dict) else msg.headers
         raw = Raw(topic, msg.partition, msg.offset, msg.key, msg.value, headers)
-        try:
-            with _span(raw):
-                handled = await guard.run(raw, functools.partial(dispatch, raw, event))
-        except Halt as exc:
-            log.critical("stopping: %s", exc)
-            await halt(exc)
-            return
-        if not (manual_ack and handled):
-            event.ack()
+        with in_flight.handling(raw):
+            try:
+                with _span(raw):
+                    handled = await guard.run(raw, functools.partial(dispatch, raw, event))
+            except Halt as exc:
+                log.critical("stopping: %s", exc)
+                await halt(exc)
+                return
+            if not (manual_ack and handled):
+                event.ack()
 
 
 def _span(raw: Raw) -> AbstractContextManager[object]:

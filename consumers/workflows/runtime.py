@@ -84,6 +84,24 @@ def failure_words(sealer: TextSealer, state: WorkflowState) -> str:
     return f"{state.last_error}: {words}" if words else str(state.last_error)
 
 
+def outcome_transition(wf: WorkflowDef, state: WorkflowState, rec: StepOutcome,
+                       max_attempts: int) -> Transition | None:
+    """The transition a step's reported outcome makes (None when superseded). Pure: the
+    runtime applies it, and a replay folds a recorded workflow with it (``deploy.rerun_steps``)."""
+    if state.status != "running" or state.attempt != rec.attempt \
+            or state.step_index != rec.step_index:
+        return None  # superseded: a later attempt or another owner took over
+    if rec.status == "paused":
+        t = engine.step_paused(wf, state, Pause(rec.waiting_for or "command"))
+    elif rec.status == "failed":
+        t = engine.step_failed(wf, state, rec.error, rec.error_type or "Error", rec.retryable,
+                               max_attempts, rec.sealed_error, rec.sealed_by)
+    else:
+        t = engine.step_succeeded(wf, state, rec.output)
+    commands.settle(wf, t)  # the commands that waited for this state
+    return t
+
+
 class StepError(Exception):
     """A step's failure; ``retryable=False`` fails the workflow without more attempts."""
 
@@ -128,6 +146,8 @@ class WorkflowRuntime:
         self.topic = topic_name(settings, WORKFLOWS)
         self.crash = CrashPoints.parse(settings.test_crash_at)
         self._answers: set[asyncio.Future[Any]] = set()
+        self._handing_over = False
+        """Between ``release_leases`` and the next ``keep_only``: hold no record."""
 
     def register(self, wf: WorkflowDef) -> None:
         self.defs[wf.kind] = wf
@@ -197,7 +217,10 @@ class WorkflowRuntime:
                 previous = self._held.pop(workflow, None)
                 if previous is not None and (previous[1], previous[2]) != (tp, offset):
                     previous[0]()  # an earlier record: the lease moves to this one
-                self._held[workflow] = (ack, tp, offset)
+                if self._handing_over:
+                    ack()  # the table is the lease now (``release_leases``)
+                else:
+                    self._held[workflow] = (ack, tp, offset)
                 self._spawn(t.state)
                 return
             held = self._held.pop(workflow, None)
@@ -211,20 +234,7 @@ class WorkflowRuntime:
         return state is None or state.tenant is None or env.tenant == state.tenant
 
     def _outcome(self, state: WorkflowState, rec: StepOutcome) -> Transition | None:
-        if state.status != "running" or state.attempt != rec.attempt \
-                or state.step_index != rec.step_index:
-            return None  # superseded: a later attempt or another owner took over
-        wf = self.defs[state.kind]
-        if rec.status == "paused":
-            t = engine.step_paused(wf, state, Pause(rec.waiting_for or "command"))
-        elif rec.status == "failed":
-            t = engine.step_failed(wf, state, rec.error, rec.error_type or "Error",
-                                   rec.retryable, self.settings.step_attempts,
-                                   rec.sealed_error, rec.sealed_by)
-        else:
-            t = engine.step_succeeded(wf, state, rec.output)
-        commands.settle(wf, t)  # the commands that waited for this state
-        return t
+        return outcome_transition(self.defs[state.kind], state, rec, self.settings.step_attempts)
 
     async def _apply(self, t: Transition, correlation: str) -> None:
         s = t.state
@@ -394,14 +404,33 @@ class WorkflowRuntime:
             out.append(workflow)
         return out
 
+    def release_leases(self) -> None:
+        """Before this worker hands its partitions over (a rebalance, a shutdown): acknowledge
+        every held lease record, so that the handover can wait for the records in flight and
+        flush the table's changelog (``consumers.frame.context.VoiceApp``) — a held record
+        would make that wait last as long as its step.
+
+        The steps go on running. From here the table is their lease: a worker that gets their
+        partition finds them running with no task of its own and probes them (``unheld`` →
+        ``LeaseCheck`` → ``worker_lost``); a step's late outcome for a superseded attempt is
+        ignored (``_outcome``); ``keep_only`` stops them here if their partition went elsewhere.
+        """
+        self._handing_over = True  # a record in flight that starts a step holds nothing
+        for ack, _tp, _offset in self._held.values():
+            ack()
+        self._held.clear()
+
     def keep_only(self, assigned: set[Any]) -> None:
-        """After a rebalance: stop steps whose partition went elsewhere (its owner resumes them)."""
-        for workflow, (_ack, tp, _offset) in list(self._held.items()):
-            if tp is not None and tp not in assigned:
-                task = self.tasks.pop(workflow, None)
-                if task is not None:
-                    task.cancel()
-                self._held.pop(workflow, None)
-                self.cancels.pop(workflow, None)
-
-
+        """After a rebalance: stop the steps whose workflow's partition went elsewhere (its
+        next owner resumes them); ``assigned`` holds topic-partitions (``.topic``,
+        ``.partition``)."""
+        self._handing_over = False
+        mine = {tp.partition for tp in assigned if tp.topic == self.topic}
+        for workflow in list(self.tasks):
+            if partition_of(workflow, self.settings.topic_partitions) in mine:
+                continue
+            task = self.tasks.pop(workflow, None)
+            if task is not None:
+                task.cancel()
+            self._held.pop(workflow, None)
+            self.cancels.pop(workflow, None)

@@ -7,22 +7,12 @@ from __future__ import annotations
 
 import signal
 import time
-from pathlib import Path
+from collections.abc import Callable
 
 import httpx
 import pytest
 
-from deploy.kafka_local import LocalKafka, free_port
-from streams.tokens import mint_token
-from streams.topics import create_topics
-from tests.support import (
-    spawn_voice,
-    stop,
-    unique_settings,
-    wait_group_stable,
-    wait_http_ready,
-    worker_group,
-)
+from tests.faults.conftest import OwnStack
 
 pytestmark = [pytest.mark.integration, pytest.mark.faults]
 
@@ -30,67 +20,53 @@ BOUND_S = 6.0
 
 
 def test_a_paused_broker_gets_503_within_the_bound_and_nothing_is_lost(
-        own_broker: LocalKafka, tmp_path: Path, simulator_url: str) -> None:
-    settings = unique_settings(own_broker.bootstrap, tmp_path, gateway_bound_s=BOUND_S)
-    create_topics(settings)
-    port = free_port()
-    worker = spawn_voice(settings, "worker", log=tmp_path / "worker.log",
-                         ANTHROPIC_API_KEY="simulator", ANTHROPIC_BASE_URL=simulator_url)
-    edge = spawn_voice(settings, "edge", "--port", str(port), log=tmp_path / "edge.log")
-    url = f"http://127.0.0.1:{port}"
-    auth = {"Authorization": f"Bearer {mint_token(settings, 'alice', 'participant')}"}
-    client = httpx.Client(base_url=url, headers=auth, timeout=BOUND_S * 3)
+        own_stack: Callable[[float], OwnStack]) -> None:
+    stack = own_stack(BOUND_S)
+    client, url, own_broker = stack.client, stack.url, stack.broker
     assert own_broker.process is not None
+    cnv = client.post("/me/conversations").json()["conversation"]
+    accepted: list[str] = []
+
+    def send(text: str) -> httpx.Response:
+        r = client.post(f"/me/conversations/{cnv}/messages", json={"text": text})
+        if r.status_code == 202:
+            accepted.append(text)
+        return r
+
+    assert send("The streetlight on Elm Road is broken.").status_code == 202
+
+    own_broker.process.send_signal(signal.SIGSTOP)
     try:
-        wait_http_ready(f"{url}/readyz", proc=edge, timeout=90)
-        wait_group_stable(settings, worker_group(settings))
-        cnv = client.post("/me/conversations").json()["conversation"]
-        accepted: list[str] = []
-
-        def send(text: str) -> httpx.Response:
-            r = client.post(f"/me/conversations/{cnv}/messages", json={"text": text})
-            if r.status_code == 202:
-                accepted.append(text)
-            return r
-
-        assert send("The streetlight on Elm Road is broken.").status_code == 202
-
-        own_broker.process.send_signal(signal.SIGSTOP)
-        try:
-            for n in range(3):
-                began = time.monotonic()
-                r = send(f"Paused {n}: the bins were not collected.")
-                took = time.monotonic() - began
-                assert r.status_code == 503, r.text
-                assert took < BOUND_S, f"answered after {took:.1f}s, over the {BOUND_S}s bound"
-                assert int(r.headers["Retry-After"]) > 0
-            assert httpx.get(f"{url}/healthz", timeout=2).status_code == 200
-        finally:
-            own_broker.process.send_signal(signal.SIGCONT)
-
-        deadline = time.monotonic() + 90
-        while (r := send("Resumed: the crossing by the school is unsafe.")).status_code != 202:
-            assert time.monotonic() < deadline, f"the edge did not recover: {r.status_code} " \
-                                                f"{r.text}"
-            time.sleep(1)
-
-        def terminal() -> dict | None:
-            view = client.get(f"/me/conversations/{cnv}").json()
-            states = [t["state"] for t in view["turns"]]
-            return view if states and "Thinking" not in states else None
-
-        deadline = time.monotonic() + 90
-        while (view := terminal()) is None:
-            assert time.monotonic() < deadline, "a turn did not end"
-            time.sleep(1)
-        said = [m["text"] for m in view["messages"] if m["role"] == "participant"]
-        # Each 202 is on the log once; a 503'd message may or may not be (the client retries
-        # it with an idempotency key), but never twice.
-        assert all(said.count(t) == 1 for t in accepted), said
-        assert len(said) == len(set(said))
-        assert len(view["turns"]) == len(said)
-        assert worker.poll() is None and edge.poll() is None
+        for n in range(3):
+            began = time.monotonic()
+            r = send(f"Paused {n}: the bins were not collected.")
+            took = time.monotonic() - began
+            assert r.status_code == 503, r.text
+            assert took < BOUND_S, f"answered after {took:.1f}s, over the {BOUND_S}s bound"
+            assert int(r.headers["Retry-After"]) > 0
+        assert httpx.get(f"{url}/healthz", timeout=2).status_code == 200
     finally:
-        client.close()
-        stop(edge)
-        stop(worker)
+        own_broker.process.send_signal(signal.SIGCONT)
+
+    deadline = time.monotonic() + 90
+    while (r := send("Resumed: the crossing by the school is unsafe.")).status_code != 202:
+        assert time.monotonic() < deadline, f"the edge did not recover: {r.status_code} " \
+                                            f"{r.text}"
+        time.sleep(1)
+
+    def terminal() -> dict | None:
+        view = client.get(f"/me/conversations/{cnv}").json()
+        states = [t["state"] for t in view["turns"]]
+        return view if states and "Thinking" not in states else None
+
+    deadline = time.monotonic() + 90
+    while (view := terminal()) is None:
+        assert time.monotonic() < deadline, "a turn did not end"
+        time.sleep(1)
+    said = [m["text"] for m in view["messages"] if m["role"] == "participant"]
+    # Each 202 is on the log once; a 503'd message may or may not be (the client retries
+    # it with an idempotency key), but never twice.
+    assert all(said.count(t) == 1 for t in accepted), said
+    assert len(said) == len(set(said))
+    assert len(view["turns"]) == len(said)
+    assert stack.alive()

@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import os
 import time
-from collections import Counter
 
 import httpx
 import pytest
@@ -19,18 +18,27 @@ import pytest
 from deploy.processes import stop, worker_group
 from streams.settings import VoiceSettings
 from streams.tokens import mint_token
-from tests.faults.traffic import SteadyPosts, audit, timeline, turns_terminal, wait_members
+from tests.faults.traffic import (
+    SteadyPosts,
+    assert_within_bound,
+    resend_and_audit,
+    timeline,
+    wait_members,
+)
 
 pytestmark = [pytest.mark.integration, pytest.mark.faults,
               # Its own bounded waits (the load, the group settling four times, resends up to
               # 180 s, every turn terminal up to 300 s) add up past the suite's default.
               pytest.mark.timeout(900),
-              # Issue 12 stays open on this: on the final tree of 2026-12-01 it ran past its
-              # bounds on a loaded machine (availability during the storm is poor, recovery
-              # slow); kept out of CI until that is fixed, so it says so rather than flakes.
+              # Issue 12 stays open on this: with the handover fixes it passed 2 runs of 4 on a
+              # loaded 2-core machine (2026-12-01); in a failing one a partition (commands[1])
+              # was no longer consumed after the storm though assigned and in Faust's fetch
+              # set, so its turns never ended. Kept out of CI until that is found,
+              # so it says so rather than flakes.
               pytest.mark.skipif(os.environ.get("VOICE_TEST_STORM") != "1",
-                                 reason="fault 4 (rebalance storm) runs with VOICE_TEST_STORM=1 "
-                                        "until issue 12's storm availability is fixed")]
+                                 reason="fault 4 (rebalance storm) runs with VOICE_TEST_STORM=1: "
+                                        "a partition is intermittently left unconsumed after "
+                                        "the storm (issue 12, docs/reliability.md fault 4)")]
 
 CONVERSATIONS = 6
 
@@ -47,13 +55,19 @@ def test_workers_one_three_one_under_load_leave_no_gap_duplicate_or_unreplied_tu
 
     group = worker_group(settings)
 
+    changes: list[tuple[str, float]] = []  # each change, and seconds until the group settled
+
     def join() -> None:
+        began = time.monotonic()
         extra.append(start_worker(wait=False, VOICE_QUOTA_TENANT_TOKENS_PER_DAY="0"))
         wait_members(settings, group, 1 + len(extra))
+        changes.append((f"join->{1 + len(extra)}", round(time.monotonic() - began, 1)))
 
     def leave() -> None:
+        began = time.monotonic()
         stop(extra.pop(0))
         wait_members(settings, group, 1 + len(extra))
+        changes.append((f"leave->{1 + len(extra)}", round(time.monotonic() - began, 1)))
 
     def pause() -> None:
         time.sleep(3)
@@ -66,17 +80,9 @@ def test_workers_one_three_one_under_load_leave_no_gap_duplicate_or_unreplied_tu
         load = SteadyPosts(client, cnvs, rate=10, seconds=10)
         answers = load.run(during=[(3.0, join), (0, pause), (0, join), (0, pause),
                                    (0, leave), (0, pause), (0, leave), (0, pause)])
-        statuses = Counter(a.status for a in answers)
-        assert set(statuses) <= {202, 503}, (statuses, timeline(answers))
-        late = [a for a in answers if a.took >= bound]
-        assert not late, f"{len(late)} answers over the {bound}s bound: {late[:3]}"
-        assert all(int(a.retry_after or 0) > 0 for a in answers if a.status == 503)
-
-        load.resend_refused(deadline_s=180)
-        turns = {a.turn for a in load.answers if a.turn}
-        logs = turns_terminal(settings, turns, timeout=300)
-        ends = audit({c: logs[c] for c in cnvs}, load.answers)
-        assert ends == Counter({"Replied": len(turns)}), ends
+        print(f"changes {changes}; {timeline(answers)}")
+        assert_within_bound(answers, bound)
+        resend_and_audit(settings, load, cnvs)
         assert first.poll() is None, "the first worker stayed up"
         assert not extra
     finally:

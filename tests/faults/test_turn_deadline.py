@@ -8,9 +8,8 @@ deadline can end these turns.
 
 from __future__ import annotations
 
-import socket
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from typing import Any
 
 import httpx
@@ -27,16 +26,6 @@ pytestmark = [pytest.mark.integration, pytest.mark.faults]
 
 DEADLINE_S = 6
 ASSISTANT_BASE = "/api/v1/assistant"
-
-
-@pytest.fixture
-def held_model() -> Iterator[str]:
-    """A model endpoint that accepts connections and never answers."""
-    sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
-    sock.bind(("127.0.0.1", 0))
-    sock.listen(64)
-    yield f"http://127.0.0.1:{sock.getsockname()[1]}"
-    sock.close()
 
 
 def test_turns_past_their_deadline_end_once_and_the_assistant_takes_the_next_message(

@@ -16,8 +16,7 @@ the previous one's turn; a last worker, armed for nothing, resumes the last. The
 
 from __future__ import annotations
 
-import socket
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from typing import Any
 
 import httpx
@@ -39,16 +38,6 @@ POINTS = ("before_turn_over", "before_step", "model_call", "after_reply")
 and no later worker should inherit a turn it would fail too."""
 KILLED = -9
 ASSISTANT_BASE = "/api/v1/assistant"
-
-
-@pytest.fixture
-def held_model() -> Iterator[str]:
-    """A model endpoint that accepts connections and never answers."""
-    sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
-    sock.bind(("127.0.0.1", 0))
-    sock.listen(64)
-    yield f"http://127.0.0.1:{sock.getsockname()[1]}"
-    sock.close()
 
 
 def crash_env(point: str, conversation: str, held_model: str) -> dict[str, str]:

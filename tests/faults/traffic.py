@@ -215,3 +215,27 @@ def audit(logs: dict[str, list[Envelope]], accepted: list[Answer]) -> Counter[st
     assert set(replies.values()) <= {1}, "a turn replied twice"
     return Counter(e.record.state for e in records if isinstance(e.record, TurnStateChanged)
                    and e.record.state != "Thinking")
+
+
+def assert_within_bound(answers: list[Answer], bound_s: float) -> Counter[int]:
+    """Every answer is ``202``, or ``503`` with ``Retry-After``, within ``bound_s``; returns
+    the count of each status."""
+    statuses = Counter(a.status for a in answers)
+    assert set(statuses) <= {202, 503}, (statuses, timeline(answers))
+    late = [a for a in answers if a.took >= bound_s]
+    assert not late, f"{len(late)} answers over the {bound_s}s bound: {late[:3]}"
+    assert all(int(a.retry_after or 0) > 0 for a in answers if a.status == 503)
+    return statuses
+
+
+def resend_and_audit(settings: VoiceSettings, load: SteadyPosts, conversations: list[str],
+                     resend_s: float = 180, terminal_s: float = 300) -> int:
+    """Send every refused message again (as a client following ``Retry-After``) until each is
+    accepted, wait for every turn to end, and ``audit`` the log: every turn ``Replied`` once.
+    Returns the number of turns."""
+    load.resend_refused(deadline_s=resend_s)
+    turns = {a.turn for a in load.answers if a.turn}
+    logs = turns_terminal(settings, turns, timeout=terminal_s)
+    ends = audit({c: logs[c] for c in conversations}, load.answers)
+    assert ends == Counter({"Replied": len(turns)}), ends
+    return len(turns)

@@ -418,3 +418,38 @@ def test_the_worker_stops_without_acking_when_not_even_the_dead_letter_goes() ->
     run_agent(ctx, "voice_commands_agent", ev)
     assert ev.acks == [] and len(halts) == 1 and isinstance(halts[0], Halt)
     assert "t.voice.commands[0]@6 could be neither processed" in str(halts[0])
+
+
+def test_a_record_counts_as_in_flight_while_it_is_handled_and_not_after() -> None:
+    """What a worker's handover waits for (``VoiceApp``): the records being handled — a held
+    one (the workflow lease) is not, once its handler returned; a failing one is until it is
+    dead-lettered."""
+    from consumers.frame.failures import InFlight
+
+    producer = FakeProducer()
+    guard = RecordGuard("a", lambda: producer, RetryPolicy(2, 0, 0), Sleeps())
+    in_flight = InFlight()
+    during: list[list[int | None]] = []
+
+    async def dispatch(r: Raw, _event: Any) -> None:
+        during.append([x.offset for x in in_flight.records()])
+        if r.value == b"poison":
+            raise ValueError("cannot apply")
+
+    evs = [event(0, value=b"ok"), event(1, value=b"poison"), event(2, value=b"held")]
+    asyncio.run(consume(events_of(*evs), "t", guard, dispatch, True, _no_halt, in_flight))
+    assert during == [[0], [1], [1], [2]]
+    assert in_flight.records() == [] and evs[2].acks == []
+
+
+def test_a_partition_assigned_but_left_out_of_the_fetch_is_found() -> None:
+    """What ``VoiceApp.resume_unfetched`` puts back after a rebalance (fault 4): assigned
+    stream partitions neither fetched nor held back for a full buffer; changelogs are the
+    recovery's to read."""
+    from faust.types import TP
+
+    from consumers.frame.handover import unfetched
+
+    a0, a1, a2, cl = TP("t.c", 0), TP("t.c", 1), TP("t.c", 2), TP("t.c-changelog", 1)
+    assert unfetched({a0, a1, a2, cl}, {"t.c-changelog"}, {a0}, {a2}) == {a1}
+    assert unfetched({a0, cl}, {"t.c-changelog"}, {a0}, set()) == set()

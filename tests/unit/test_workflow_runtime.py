@@ -115,3 +115,58 @@ async def test_a_workflow_carries_its_tenant_and_ignores_another_tenants_command
     assert table["w1"]["status"] == "failed"
     await rt.handle(retry("t1", "r-own"), lambda: None, "tp0", 4)
     assert table["w1"]["status"] == "running"
+
+
+async def test_a_handover_releases_the_leases_and_keeps_only_the_steps_of_our_partitions(
+        ) -> None:
+    """Before a handover the held records are acknowledged (so Faust can wait for the records
+    in flight and flush the table, fault 4); the steps run on, and after the rebalance only
+    those of partitions still ours keep running."""
+    from faust.types import TP
+
+    from consumers.workflows.runtime import partition_of
+
+    release = asyncio.Event()
+
+    async def step(ctx: StepContext) -> dict[str, Any]:
+        await release.wait()
+        return {"ok": True}
+
+    settings = VoiceSettings(topic_partitions=3)
+    producer = FakeProducer()
+    rt = WorkflowRuntime(settings, {}, Publisher(settings, lambda: producer))  # type: ignore[arg-type, return-value]
+    rt.register(WorkflowDef("k", (StepDef("s", step),)))
+    acks = Acks()
+    # Two workflows on two different partitions.
+    names = iter(f"w{n}" for n in range(100))
+    ours = next(w for w in names if partition_of(w, 3) == 0)
+    theirs = next(w for w in names if partition_of(w, 3) == 1)
+    for offset, w in enumerate((ours, theirs)):
+        await rt.handle(Envelope(record=WorkflowStarted(workflow=w, kind="k"), key=w,
+                                 source="/t", seq=1), acks(w), f"tp{partition_of(w, 3)}",
+                        offset)
+    await asyncio.sleep(0)
+    assert acks.done == [] and set(rt.tasks) == {ours, theirs}
+
+    rt.release_leases()
+    assert sorted(acks.done) == sorted([ours, theirs]), "every held record acknowledged"
+    assert set(rt.tasks) == {ours, theirs}, "the steps run on through the handover"
+    # A record in flight during the handover that starts a step holds nothing either (the
+    # handover waits for every record in flight to be acknowledged).
+    late = next(w for w in names if partition_of(w, 3) == 0)
+    await rt.handle(Envelope(record=WorkflowStarted(workflow=late, kind="k"), key=late,
+                             source="/t", seq=1), acks(late), "tp0", 7)
+    assert acks.done[-1] == late and late in rt.tasks
+
+    theirs_task = rt.tasks[theirs]
+    rt.keep_only({TP(rt.topic, 0), TP("t.voice.commands", 1)})
+    await asyncio.sleep(0)
+    assert set(rt.tasks) == {ours, late} and theirs_task.cancelled()
+    release.set()
+    for _ in range(20):
+        await asyncio.sleep(0)
+    outcome = next(e for e in producer.sent
+                   if e.type == "voice.workflow.step_outcome.v1" and e.key == ours)
+    await rt.handle(outcome, acks("outcome"), "tp0", 9)
+    assert acks.done[-1] == "outcome" and ours not in rt.tasks
+    assert [e.type for e in producer.sent][-1] == "voice.workflow.completed.v1"

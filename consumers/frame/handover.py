@@ -1,0 +1,94 @@
+"""Handing partitions over between workers (a rebalance, a worker stopping) without losing what
+was being handled, and without a partition left unread afterwards.
+
+``VoiceApp`` is Faust's app with two changes, both for fault 4 of issue 12 (a rebalance storm):
+
+1. **Before a handover** it runs ``before_handover`` (the workflow runtime lets go of its held
+   leases) and waits — at most ``HANDOVER_WAIT_S`` — for the records its agents are handling
+   (``consumers.frame.failures.InFlight``). Faust then flushes the producer (the tables'
+   changelogs), commits, and only then rejoins or leaves the group. Without the wait a handler
+   still running after the handover wrote its table after the flush; the partition's next
+   owner, recovering the changelog, never saw it, and a turn whose ``WorkflowStarted`` offset
+   was committed stayed ``Thinking`` in no owner's table. Faust's own wait
+   (``stream_wait_empty=True``) waits for every record not acknowledged — a running step's held
+   lease, and a record its conductor could not hand to a suspended agent, which never is — and
+   it swallows cancellation, so it has no bound.
+2. **After a rebalance** ``unfetched`` finds partitions assigned to this worker that Faust's
+   fetcher has left out of its set (seen after a storm: one partition never read again while
+   the worker ran on) and ``resume_unfetched`` puts them back, with a warning.
+
+It must never acknowledge a record itself: it only waits, and tells Faust what to fetch.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from collections.abc import Callable, Iterable
+from typing import Any
+
+import faust
+
+from consumers.frame.failures import InFlight
+
+log = logging.getLogger(__name__)
+
+HANDOVER_WAIT_S = 10.0
+"""At most this long a handover waits for the records in flight (then goes on as Faust's
+``stream_wait_empty=False`` would: their next owner processes them again, deduped)."""
+HANDOVER_POLL_S = 0.1
+UNFETCHED_GRACE_S = 10.0
+"""A partition left out of the fetch this long after the group settled is resumed."""
+
+
+class VoiceApp(faust.App):
+    """Faust's app with a bounded handover wait and a fetch check (module docstring)."""
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self.before_handover: list[Callable[[], None]] = []
+        self.in_flight = InFlight()
+        """The records this worker's agents are handling (``consumers.frame.failures``)."""
+        self._unfetched_since: dict[Any, float] = {}
+
+    async def _consumer_wait_empty(self, consumer: Any, logger: Any) -> None:  # noqa: ARG002
+        for fn in self.before_handover:
+            fn()
+        deadline = time.monotonic() + HANDOVER_WAIT_S
+        while (left := self.in_flight.records()) and time.monotonic() < deadline:
+            await asyncio.sleep(HANDOVER_POLL_S)
+        if left:
+            log.warning("a handover went on after %.0f s with records in flight (their next "
+                        "owner processes them again): %s", HANDOVER_WAIT_S,
+                        ", ".join(f"{r.topic}[{r.partition}]@{r.offset}" for r in left[:5]))
+        await consumer.commit()
+
+    def resume_unfetched(self, now: float | None = None) -> list[Any]:
+        """Resume the partitions ``unfetched`` has seen left out for ``UNFETCHED_GRACE_S``;
+        returns them. Does nothing while a rebalance or a recovery runs."""
+        now = time.monotonic() if now is None else now
+        if self.rebalancing or self.in_recovery:
+            self._unfetched_since.clear()
+            return []
+        consumer = self.consumer
+        left_out = unfetched(consumer.assignment(), self.tables.changelog_topics,
+                             consumer._get_active_partitions(), consumer._buffered_partitions)
+        self._unfetched_since = {tp: self._unfetched_since.get(tp, now) for tp in left_out}
+        due = [tp for tp, since in self._unfetched_since.items()
+               if now - since >= UNFETCHED_GRACE_S]
+        if due:
+            log.warning("resuming partitions assigned here but left out of the fetch: %s",
+                        ", ".join(f"{tp.topic}[{tp.partition}]" for tp in due))
+            consumer.resume_partitions(due)
+            for tp in due:
+                del self._unfetched_since[tp]
+        return due
+
+
+def unfetched(assigned: Iterable[Any], changelogs: Iterable[str], active: Iterable[Any],
+              buffered: Iterable[Any]) -> set[Any]:
+    """Assigned stream partitions (not changelogs, which recovery reads) that the fetcher
+    neither reads (``active``) nor holds back for a full buffer (``buffered``)."""
+    logs = set(changelogs)
+    return {tp for tp in assigned if tp.topic not in logs} - set(active) - set(buffered)
