@@ -16,6 +16,9 @@ was being handled, and without a partition left unread afterwards.
 2. **After a rebalance** ``unfetched`` finds partitions assigned to this worker that Faust's
    fetcher has left out of its set (seen after a storm: one partition never read again while
    the worker ran on) and ``resume_unfetched`` puts them back, with a warning.
+3. **Its consumer** does not let a record fetched before a rebalance move the read offset
+   after it (``consumers.frame.stale_records``: that dropped the records the new generation
+   read again, and stopped the partition's commit for good).
 
 It must never acknowledge a record itself: it only waits, and tells Faust what to fetch.
 """
@@ -31,6 +34,7 @@ from typing import Any
 import faust
 
 from consumers.frame.failures import InFlight
+from consumers.frame.stale_records import guard_stale_records
 
 log = logging.getLogger(__name__)
 
@@ -43,7 +47,8 @@ UNFETCHED_GRACE_S = 10.0
 
 
 class VoiceApp(faust.App):
-    """Faust's app with a bounded handover wait and a fetch check (module docstring)."""
+    """Faust's app with a bounded handover wait, a fetch check and a stale-record guard
+    (module docstring)."""
 
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
@@ -51,6 +56,12 @@ class VoiceApp(faust.App):
         self.in_flight = InFlight()
         """The records this worker's agents are handling (``consumers.frame.failures``)."""
         self._unfetched_since: dict[Any, float] = {}
+
+    def _new_consumer(self) -> Any:
+        consumer = super()._new_consumer()
+        guard_stale_records(consumer, lambda: self.consumer_generation_id,
+                            lambda: self.tables.changelog_topics)
+        return consumer
 
     async def _consumer_wait_empty(self, consumer: Any, logger: Any) -> None:  # noqa: ARG002
         for fn in self.before_handover:
@@ -92,3 +103,4 @@ def unfetched(assigned: Iterable[Any], changelogs: Iterable[str], active: Iterab
     neither reads (``active``) nor holds back for a full buffer (``buffered``)."""
     logs = set(changelogs)
     return {tp for tp in assigned if tp.topic not in logs} - set(active) - set(buffered)
+
