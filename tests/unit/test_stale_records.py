@@ -106,3 +106,24 @@ def test_only_the_update_after_the_stale_record_is_ignored() -> None:
     offsets[TP0] = 859
     assert offsets[TP0] == 859
     assert offsets[TP(TOPIC, 1)] is None
+
+
+def test_a_commit_stuck_behind_records_never_handled_is_found() -> None:
+    """What ``VoiceApp.reread_holes`` reads again (fault 4, seen with Faust's commit at 279
+    and ``acked`` from 282, nothing unacknowledged): not a record being handled, not a gap
+    Faust skips, not a changelog, not the off-by-one Faust commits past anyway."""
+    from intervaltree import IntervalTree
+
+    from consumers.frame.handover import holes
+
+    a, b, cl = TP(TOPIC, 1), TP(TOPIC, 2), TP(CHANGELOG, 1)
+    committed = {a: 279, b: 279, cl: 5}
+    acked = {a: [282, 283], b: [280, 281], cl: [9]}
+    assert holes({a, b, cl}, {CHANGELOG}, committed, acked, {}, {}) == {a: (279, 282)}
+    assert holes({a}, set(), committed, acked, {}, {a: {280}}) == {}, "being handled"
+    assert holes({a}, set(), committed, acked, {}, {a: {300}}) == {a: (279, 282)}
+    gap = IntervalTree()
+    gap.addi(279, 282)
+    assert holes({a}, set(), committed, acked, {a: gap}, {}) == {}, "a gap Faust skips"
+    assert holes({a}, set(), {a: None}, acked, {}, {}) == {}
+    assert holes({a}, set(), committed, {a: []}, {}, {}) == {}
