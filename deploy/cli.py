@@ -292,13 +292,39 @@ def replay_conversation(conversation: str = typer.Argument(..., help="cnv-…"),
         _rerun(settings, turns_of(settings, conversation))
 
 
+@replay_app.command("assistant")
+def replay_assistant(chat: str = typer.Argument(..., help="The assistant chat's id"),
+                     rerun: bool = RerunOpt) -> None:
+    """Print, in order, the assistant chat's records (display events as its SSE clients
+    saw them); with --rerun, re-run each of its turns from the log."""
+    from deploy.replay import records
+    from deploy.rerun_assistant import replay_assistant as replay
+    from deploy.rerun_assistant import turns_of_chat
+    from streams.sealing import sealer_for
+    from streams.topics import ASSISTANT
+
+    settings = _settings()
+    envs = records(settings, ASSISTANT, chat)
+    sealer = sealer_for(settings)
+    try:
+        for block in replay(envs, chat, sealer):
+            typer.echo(block)
+    finally:
+        sealer.close()
+    if rerun:
+        _rerun(settings, turns_of_chat(envs))
+
+
 @replay_app.command("workflow")
-def replay_workflow(workflow: str = typer.Argument(..., help="e.g. cnv-…:turn-3"),
+def replay_workflow(workflow: str = typer.Argument(..., help="e.g. cnv-…:turn-3, a research "
+                                                  "run-…, a contribution, iss-…:dev-1"),
                     rerun: bool = RerunOpt,
-                    export: Path = typer.Option(None, "--export", help="Also write the turn's "
-                                                "records and key to FILE (tests/histories/).")
+                    export: Path = typer.Option(None, "--export", help="Also write the "
+                                                "workflow's records and keys to FILE "
+                                                "(tests/histories/).")
                     ) -> None:
-    """Print a workflow's lifecycle and its agent's records, in order."""
+    """Print a workflow's lifecycle and its agent's records, in order; with --rerun, re-run
+    it (participant or assistant turn, research, disclosure review, update delivery)."""
     from deploy.replay import replay_workflow as replay
 
     settings = _settings()

@@ -110,13 +110,36 @@ def _open(sealer: Sealer, conversation: str, env: Envelope, field: str, sealed: 
 
 async def rerun_workflow(settings: VoiceSettings, workflow: str,
                          sealer: Sealer | None = None) -> list[str]:
-    """Run a recorded turn again in a fresh engine with the model responses and tool results
-    served from the log; returns the divergences (empty when the re-run matches)."""
-    conversation = turn_conversation(workflow) or workflow
-    with _sealing(settings, sealer) as opener:
-        return await rerun_turn(settings, workflow, records(settings, WORKFLOWS, workflow),
-                                records(settings, AGENT, workflow), opener,
-                                records(settings, CONVERSATIONS, conversation))
+    """Run a recorded workflow again with the model responses and tool results served from
+    the log, from exactly what its exported history would hold; returns the divergences
+    (empty when the re-run matches). ``sealer`` replaces the keys read from the key service."""
+    import asyncio
+    import dataclasses
+
+    from deploy.histories import Recorded, record_workflow
+
+    rec = Recorded.from_doc(await asyncio.to_thread(record_workflow, settings, workflow))
+    if sealer is not None:
+        rec = dataclasses.replace(rec, sealer=sealer)
+    return await rerun_recorded(settings, rec)
+
+
+async def rerun_recorded(settings: VoiceSettings, rec: Any) -> list[str]:
+    """Re-run a recorded workflow (``deploy.histories.Recorded``) by its kind: a participant
+    turn, an assistant turn, or a research, disclosure-review or update-delivery workflow."""
+    from consumers.assistant.transcript import TURN_KIND
+    from deploy.rerun_assistant import rerun_assistant_turn
+    from deploy.rerun_steps import STAFF_KINDS, rerun_steps
+
+    if rec.kind == TURN_KIND:
+        return await rerun_assistant_turn(settings, rec)
+    if rec.kind in STAFF_KINDS:
+        return await rerun_steps(settings, rec)
+    if rec.kind != "conversation-turn":
+        return [f"workflow {rec.workflow!r} is a {rec.kind!r}: replay re-runs conversation and "
+                f"assistant turns and {', '.join(STAFF_KINDS)} workflows"]
+    return await rerun_turn(settings, rec.workflow, rec.of(WORKFLOWS), rec.of(AGENT),
+                            rec.sealer, rec.of(CONVERSATIONS))
 
 
 def turn_history(sealer: Sealer, inp: dict[str, Any], conversation_log: list[Envelope]
@@ -158,7 +181,7 @@ async def rerun_turn(settings: VoiceSettings, workflow: str, lifecycle: list[Env
     if started is None:
         return [f"no workflow {workflow!r} on the log"]
     if started.kind != KIND:
-        return [f"workflow {workflow!r} is a {started.kind!r}: only agent turns are re-run"]
+        return [f"workflow {workflow!r} is a {started.kind!r}, not a participant turn"]
     done = [e.record for e in lifecycle if isinstance(e.record, StepSucceeded)]
     if not done:
         return [f"workflow {workflow!r} has no successful step to compare with"]

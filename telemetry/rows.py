@@ -1,5 +1,10 @@
-"""Kafka record → telemetry rows: one ``events`` row always, plus a row in the table of what it
-records (model call, tool call, workflow step) and an ``event_blobs`` row for a big payload.
+"""Kafka record → telemetry rows in Python: one ``events`` row always, plus a row in the table of
+what it records (model call, tool call, workflow step) and an ``event_blobs`` row for a big
+payload.
+
+The sink no longer maps records here: ClickHouse derives the same rows from the raw records
+(``telemetry.derive``). This mapping stays as the reference the derivation is held to
+(``tests/unit/test_telemetry_derive.py``) and as the ``telemetry.raw_insert`` bench baseline.
 
 Mapping never raises: a record ``streams.envelope.decode`` refuses (or one whose mapping fails)
 still becomes an ``events`` row with ``ce_type = 'undecodable'`` and the reason, so the sink
@@ -36,10 +41,8 @@ from schemas.workflow import (
 from streams.envelope import DecodeError, Envelope, decode
 from streams.free_text import describe
 from streams.tracing import ids_of
+from telemetry.derive import BLOB_THRESHOLD
 from telemetry.schema import DATABASE, column_names
-
-BLOB_THRESHOLD = 32 * 1024
-"""Payloads of this many bytes or more go to ``event_blobs``; the ``events`` row points there."""
 
 UNDECODABLE = "undecodable"
 

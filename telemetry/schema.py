@@ -14,9 +14,14 @@ No table is partitioned: a ReplacingMergeTree only merges duplicates within one 
 
 from __future__ import annotations
 
+from telemetry.derive import (
+    DATABASE,
+    DERIVATIONS,
+    landing_table_sql,
+    materialized_view_sql,
+)
 from telemetry.store import TelemetryStore
 
-DATABASE = "voice"
 DEDUP_WINDOW = 10_000
 """Recent insert blocks per table whose tokens the engine remembers."""
 
@@ -224,6 +229,8 @@ MIGRATIONS: list[tuple[int, list[str]]] = [
     (1, [create_table_sql(t) for t in COLUMNS]),
     (2, [f"ALTER TABLE {DATABASE}.events ADD COLUMN IF NOT EXISTS {name} Nullable(String)"
          for name in ("trace_id", "span_id")]),
+    # The sink inserts raw records into a Null table; views derive every table (issue 14).
+    (3, [landing_table_sql()] + [materialized_view_sql(t) for t in DERIVATIONS]),
 ]
 
 

@@ -2,14 +2,18 @@
 
 Order, always: **flush batch → insert → commit offsets.**
 
-* Records are mapped to rows (``telemetry.rows``) as they arrive and held in one batch.
+* Each record is checked as it arrives (``telemetry.envelopes.verdict``: a valid Voice record
+  or the reason it is not) and held, raw, in one columnar batch. ClickHouse does the parsing:
+  a flush is one Arrow insert into ``voice.envelopes``, whose materialized views
+  (``telemetry.derive``) write ``events``, ``event_blobs`` and the derived tables.
 * The batch is flushed when it holds ``telemetry_batch_rows`` records or its oldest record has
   waited ``telemetry_flush_ms``, whichever comes first.
-* A flush inserts every table's rows; only after every insert succeeded does the sink commit
-  the batch's offsets, synchronously (``enable.auto.commit`` is off). A crash anywhere before the
+* Only after the insert (and with it every view's) succeeded does the sink commit the batch's
+  offsets, synchronously (``enable.auto.commit`` is off). A crash anywhere before the
   commit means the records are read again — at least once, never lost.
 * Reading again never duplicates rows. A retried insert of the same batch carries the same
-  ``insert_deduplication_token`` (a hash of the batch's offset ranges), which the engine drops;
+  ``insert_deduplication_token`` (a hash of the batch's offset ranges), which every view's
+  table drops;
   rows re-read in differently cut batches after a crash share their table's ReplacingMergeTree
   sorting key (Kafka position or event id) and collapse, and the views read with ``FINAL``.
 * ClickHouse unavailable: the sink pauses every assigned partition, retries the same batch with
@@ -36,9 +40,10 @@ import hashlib
 import logging
 import signal
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterable
 from typing import Any
 
+import pyarrow as pa
 from confluent_kafka import Consumer, KafkaException, TopicPartition
 
 from streams.dead_letters import send_dead_letter
@@ -46,8 +51,10 @@ from streams.producer import RecordProducer
 from streams.retry import RetryPolicy
 from streams.settings import VoiceSettings
 from streams.topics import TOPICS, record_specs, topic_name
-from telemetry.rows import KindCache, RawRecord, Rows, fallback_rows, map_record
-from telemetry.schema import DATABASE, column_names, ensure_schema
+from telemetry.derive import LANDING
+from telemetry.envelopes import Columns, Verdict, one, verdict
+from telemetry.rows import KindCache, RawRecord
+from telemetry.schema import DATABASE, ensure_schema
 from telemetry.store import (
     TelemetrySettings,
     TelemetryStore,
@@ -59,8 +66,14 @@ from telemetry.store import (
 
 log = logging.getLogger(__name__)
 
-# Tables in insert order; events first so a partial failure leaves the raw log most complete.
 TABLES = ("events", "event_blobs", "model_calls", "tool_calls", "workflow_steps")
+"""The tables the sink fills: all of them through ``voice.envelopes`` and its views."""
+LANDING_TABLE = f"{DATABASE}.{LANDING}"
+
+
+class RowsRefused(Exception):
+    """A batch holds a value its columns cannot take; the store would refuse it, so it is
+    treated as the store's refusal (isolated record by record)."""
 
 
 class InsertFailed(Exception):
@@ -95,43 +108,47 @@ def _token(ranges: dict[tuple[str, int], list[int]]) -> str:
     return "voice-telemetry-" + hashlib.sha256(spec.encode()).hexdigest()[:40]
 
 
-def _ranges(raws: Sequence[RawRecord]) -> dict[tuple[str, int], list[int]]:
+def _ranges(cols: Columns, rows: Iterable[int]) -> dict[tuple[str, int], list[int]]:
     out: dict[tuple[str, int], list[int]] = {}
-    for raw in raws:
-        r = out.setdefault((raw.topic, raw.partition), [raw.offset, raw.offset])
-        r[0], r[1] = min(r[0], raw.offset), max(r[1], raw.offset)
+    topic, partition, offset = cols.topic, cols.partition, cols.offset
+    for i in rows:
+        o = offset[i]
+        r = out.setdefault((topic[i], partition[i]), [o, o])
+        if o < r[0]:
+            r[0] = o
+        elif o > r[1]:
+            r[1] = o
     return out
-
-
-def _undecodable_reason(rows: Rows) -> str | None:
-    """The reason a record's rows say it is undecodable, or None."""
-    names = column_names("events")
-    for row in rows.tables.get("events", ()):
-        if row[names.index("ce_type")] == "undecodable":
-            return str(row[names.index("decode_error")] or "undecodable")
-    return None
 
 
 class _Batch:
     def __init__(self) -> None:
-        self.rows = Rows()
-        self.items: list[tuple[RawRecord, Rows]] = []
-        """Each record with its rows, in arrival order (to find the ones a store refuses)."""
-        self.records = 0
-        self.ranges: dict[tuple[str, int], list[int]] = {}  # (topic, partition) → [first, last]
+        self.cols = Columns()
+        """The records, in arrival order, as ``voice.envelopes`` takes them."""
         self.started: float | None = None
         self.dead: list[tuple[RawRecord, str]] = []
         """Records to dead-letter before the commit, with the reason."""
         self.refusals = 0
         """Inserts of this batch the store refused (answered, and said no)."""
         self.inserted = False
+        self._ranges: dict[tuple[str, int], list[int]] | None = None
 
-    def add(self, raw: RawRecord, rows: Rows, now: float) -> None:
-        self.rows.extend(rows)
-        self.items.append((raw, rows))
-        self.records += 1
-        r = self.ranges.setdefault((raw.topic, raw.partition), [raw.offset, raw.offset])
-        r[0], r[1] = min(r[0], raw.offset), max(r[1], raw.offset)
+    @property
+    def records(self) -> int:
+        return len(self.cols)
+
+    @property
+    def ranges(self) -> dict[tuple[str, int], list[int]]:
+        """(topic, partition) → [first, last] offset (computed once the batch is complete)."""
+        if self._ranges is None:
+            self._ranges = _ranges(self.cols, range(len(self.cols)))
+        return self._ranges
+
+    def add(self, topic: str, partition: int, offset: int, key: bytes | None,
+            value: bytes | None, headers: Any, kafka_ms: int | None, verdict: Verdict,
+            now: float) -> None:
+        self.cols.add(topic, partition, offset, key, value, headers, kafka_ms, verdict)
+        self._ranges = None
         if self.started is None:
             self.started = now
 
@@ -246,12 +263,15 @@ class Sink:
             # Not a record: a missing topic, a transient broker error. librdkafka recovers.
             log.warning("telemetry consumer: %s", err)
             return 0
-        raw = RawRecord.from_message(msg)
-        rows = map_record(raw, self._kinds)
-        self._batch.add(raw, rows, self._clock())
-        reason = _undecodable_reason(rows) if raw.topic in self.sole_reader else None
-        if reason is not None:
-            self._batch.dead.append((raw, f"telemetry: {reason}"))
+        # The one per-record step in Python: is it a Voice record? ClickHouse parses the rest.
+        topic, key, value, headers = msg.topic(), msg.key(), msg.value(), msg.headers()
+        v = verdict(topic, key, value, headers, self._kinds)
+        ts_type, ts = msg.timestamp()
+        batch = self._batch
+        batch.add(topic, msg.partition(), msg.offset(), key, value, headers,
+                  ts if ts_type and ts > 0 else None, v, self._clock())
+        if v.error is not None and topic in self.sole_reader:
+            batch.dead.append((batch.cols.raw(batch.records - 1), f"telemetry: {v.error}"))
         return 1
 
     # -- flushing ----------------------------------------------------------------------------
@@ -302,12 +322,13 @@ class Sink:
         return batch.records
 
     def _store(self, batch: _Batch) -> None:
-        """Insert the batch's rows (once); after repeated refusals, isolate what is refused."""
+        """Insert the batch's records (once); after repeated refusals, isolate what is
+        refused."""
         if batch.inserted:
             return
         try:
             t0 = time.perf_counter()
-            self._insert(batch.rows, batch.token())
+            self._insert(batch.cols, None, batch.token())
             log.debug("inserted %d records in %.1f ms", batch.records,
                       (time.perf_counter() - t0) * 1000)
         except Exception as exc:
@@ -327,37 +348,36 @@ class Sink:
         as an ``undecodable`` row with the store's reason and queued for its dead-letter
         topic. An unavailable store stops it (raised): the next attempt starts over, and the
         halves already in are deduplicated by their tokens."""
+        cols = batch.cols
         refused: list[tuple[RawRecord, Exception]] = []
 
-        def insert(items: list[tuple[RawRecord, Rows]]) -> None:
-            rows = Rows()
-            for _raw, r in items:
-                rows.extend(r)
+        def insert(rows: list[int]) -> None:
             try:
-                self._insert(rows, _token(_ranges([raw for raw, _r in items])))
+                self._insert(cols, rows, _token(_ranges(cols, rows)))
             except Exception as exc:
                 if unavailable(exc):
                     raise
-                if len(items) == 1:
-                    refused.append((items[0][0], exc))
+                if len(rows) == 1:
+                    refused.append((cols.raw(rows[0]), exc))
                     return
-                halve(items)
+                halve(rows)
 
-        def halve(items: list[tuple[RawRecord, Rows]]) -> None:
-            half = len(items) // 2
-            insert(items[:half])
-            insert(items[half:])
+        def halve(rows: list[int]) -> None:
+            half = len(rows) // 2
+            insert(rows[:half])
+            insert(rows[half:])
 
-        if len(batch.items) > 1:
-            halve(batch.items)  # the whole batch was just refused
+        if batch.records > 1:
+            halve(list(range(batch.records)))  # the whole batch was just refused
         else:
-            refused.append((batch.items[0][0], refusal))
+            refused.append((cols.raw(0), refusal))
         dead, skipped = [], 0
         for raw, exc in refused:
             reason = f"telemetry: the store refused its rows: {store_error(exc)}"
             log.error("%s[%s]@%s: %s", raw.topic, raw.partition, raw.offset, reason)
             try:  # what the analyst sees of it: the record's place, headers and the reason
-                self._insert(fallback_rows(raw, reason), _token(_ranges([raw])) + "-refused")
+                token = _token({(raw.topic, raw.partition): [raw.offset, raw.offset]})
+                self.store.insert_arrow(LANDING_TABLE, one(raw, reason), token=token + "-refused")
             except Exception as fallback:
                 if unavailable(fallback):
                     raise
@@ -381,11 +401,14 @@ class Sink:
             log.warning("dead-lettered %s[%s]@%s: %s", raw.topic, raw.partition, raw.offset,
                         reason)
 
-    def _insert(self, rows: Rows, token: str) -> None:
-        for table in TABLES:
-            data = rows.tables.get(table)
-            if data:
-                self.store.insert(f"{DATABASE}.{table}", column_names(table), data, token=token)
+    def _insert(self, cols: Columns, rows: list[int] | None, token: str) -> None:
+        """One insert into ``voice.envelopes``; its views write every table in the same call."""
+        try:
+            data = cols.arrow(rows)
+        except (pa.ArrowException, OverflowError) as exc:
+            # A value no column can hold (a seq past Int64): the store's refusal, found early.
+            raise RowsRefused(f"{type(exc).__name__}: a value does not fit its column") from exc
+        self.store.insert_arrow(LANDING_TABLE, data, token=token)
 
     def _commit(self, batch: _Batch) -> None:
         try:

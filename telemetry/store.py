@@ -127,6 +127,10 @@ class TelemetryStore(Protocol):
     ) -> None:
         """Insert rows; the same ``token`` twice inserts once (deduplication window)."""
 
+    def insert_arrow(self, table: str, data: Any, token: str | None = None) -> None:
+        """Insert an Arrow table (columns by name) with the views it feeds; the same ``token``
+        twice inserts once, in the table and in every view's target."""
+
     def query(self, sql: str) -> QueryResult:
         """Rows of a query."""
 
@@ -179,6 +183,17 @@ class ClickHouseStore:
         settings = {"insert_deduplication_token": token} if token else None
         with self._lock:
             self._client.insert(table, list(rows), column_names=list(columns), settings=settings)
+
+    def insert_arrow(self, table: str, data: Any, token: str | None = None) -> None:
+        if not data.num_rows:
+            return
+        # Dependent views deduplicate too, or a retried block would reach their tables twice
+        # (the landing table is Null: it keeps no block to compare with).
+        settings: dict[str, Any] = {"deduplicate_blocks_in_dependent_materialized_views": 1}
+        if token:
+            settings["insert_deduplication_token"] = token
+        with self._lock:
+            self._client.insert_arrow(table, data, settings=settings)
 
     def query(self, sql: str) -> QueryResult:
         with self._lock:

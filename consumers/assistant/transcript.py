@@ -199,6 +199,25 @@ class Transcript:
         return lead_with_stored(history, seqs, stored, omitted_through, READ_SETTING)
 
     @staticmethod
+    def open_turn(sealer: Sealer, conversation: str, ref: dict[str, Any],
+                  records: dict[str, list[Envelope]]
+                  ) -> tuple[dict[str, Any], list[dict[str, Any]], list[int], list[Pattern]]:
+        """What an assistant turn reads, opened from the records its input's ``log`` (``ref``)
+        names: (request, history, the last seq of each history message, patterns). The
+        worker's step and a re-run (``voice replay assistant --rerun``) both open it here."""
+        request = Transcript.open_request(sealer, conversation, records["request"][0])
+        history, seqs = Transcript.open_history(
+            sealer, conversation, records["transcript"], records.get("summary", ()),
+            int(ref.get("omitted_through") or 0))
+        return request, history, seqs, Transcript.open_patterns(sealer, conversation,
+                                                                records["patterns"])
+
+    @staticmethod
+    def turn_records(ref: dict[str, Any]) -> tuple[str, ...]:
+        """The names of ``ref`` a turn reads (no summary in inputs of older workers)."""
+        return ("request", "transcript", "patterns", *(("summary",) if "summary" in ref else ()))
+
+    @staticmethod
     def open_patterns(sealer: Sealer, conversation: str, envs: Sequence[Envelope]
                       ) -> list[Pattern]:
         out = []

@@ -22,6 +22,7 @@ from consumers.assistant.sqlbox import SqlBox
 from consumers.assistant.tools import DatasetTools, TurnDatasets
 from consumers.assistant.toolset import turn_tools
 from consumers.engine import (
+    AgentSpec,
     CancelToken,
     DisplayChunk,
     DisplayEvent,
@@ -96,19 +97,16 @@ class ConversationSink:
         return None
 
 
-async def run_assistant_turn(settings: AssistantSettings, *, conversation: str, turn: str,
-                             owner: str, attempt: int, request: dict[str, Any],
-                             options: dict[str, Any], refs: list[DatasetRef],
-                             history: list[dict[str, Any]], patterns: list[Pattern],
-                             source: DatasetSource, box: SqlBox, client: Any,
-                             sink: EffectSink, cancel: CancelToken | None = None,
-                             tenant: str | None = None, images: ImageSource | None = None
-                             ) -> tuple[TurnResult, list[Suggestion]]:
-    """One turn of the assistant over opened content; returns the result and the patterns it
-    was given as suggested context. ``patterns`` are its conversation's and those its tenant
-    learned elsewhere (``Pattern.conversation`` says which). The tools see ``tenant`` and the
-    capabilities the edge recorded in ``options`` (none when it recorded none). Images the
-    request and its history name are read from ``images`` and shown as image blocks."""
+async def prepare_assistant_turn(settings: AssistantSettings, *, conversation: str, turn: str,
+                                 owner: str, attempt: int, request: dict[str, Any],
+                                 options: dict[str, Any], refs: list[DatasetRef],
+                                 history: list[dict[str, Any]], patterns: list[Pattern],
+                                 source: DatasetSource, box: SqlBox, tenant: str | None = None,
+                                 images: ImageSource | None = None
+                                 ) -> tuple[AgentSpec, TurnInput, list[Suggestion]]:
+    """The spec, input and suggested patterns of one assistant turn over opened content: what
+    ``run_assistant_turn`` runs, and what ``voice replay assistant --rerun`` runs again with
+    the recorded model and tool results (one place builds them, so a re-run asks the same)."""
     suggestions = ([] if options.get("data_isolation")
                    else rank(patterns, str(request.get("message", "")),
                              conversation=conversation))
@@ -128,5 +126,25 @@ async def run_assistant_turn(settings: AssistantSettings, *, conversation: str, 
         skip_history=bool(options.get("skip_history")),
         inference_params=dict(options.get("inference_params") or {}), tenant=tenant,
         capabilities=frozenset(options.get("capabilities") or ()))
-    result = await run_turn(assistant_spec(settings, tools), turn_input, client, sink, cancel)
+    return assistant_spec(settings, tools), turn_input, suggestions
+
+
+async def run_assistant_turn(settings: AssistantSettings, *, conversation: str, turn: str,
+                             owner: str, attempt: int, request: dict[str, Any],
+                             options: dict[str, Any], refs: list[DatasetRef],
+                             history: list[dict[str, Any]], patterns: list[Pattern],
+                             source: DatasetSource, box: SqlBox, client: Any,
+                             sink: EffectSink, cancel: CancelToken | None = None,
+                             tenant: str | None = None, images: ImageSource | None = None
+                             ) -> tuple[TurnResult, list[Suggestion]]:
+    """One turn of the assistant over opened content; returns the result and the patterns it
+    was given as suggested context. ``patterns`` are its conversation's and those its tenant
+    learned elsewhere (``Pattern.conversation`` says which). The tools see ``tenant`` and the
+    capabilities the edge recorded in ``options`` (none when it recorded none). Images the
+    request and its history name are read from ``images`` and shown as image blocks."""
+    spec, turn_input, suggestions = await prepare_assistant_turn(
+        settings, conversation=conversation, turn=turn, owner=owner, attempt=attempt,
+        request=request, options=options, refs=refs, history=history, patterns=patterns,
+        source=source, box=box, tenant=tenant, images=images)
+    result = await run_turn(spec, turn_input, client, sink, cancel)
     return result, suggestions

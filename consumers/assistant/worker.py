@@ -142,15 +142,10 @@ class Assistant:
         it made (if any) and how the turn ended."""
         inp = ctx.input
         conversation, turn, tenant = inp["conversation"], inp["turn"], inp.get("tenant")
-        with_summary = "summary" in (inp.get("log") or {})  # not in inputs of older workers
-        records = await self._read(inp, "request", "transcript", "patterns",
-                                   *(("summary",) if with_summary else ()))
+        records = await self._read(inp, *Transcript.turn_records(inp.get("log") or {}))
         try:
-            request = Transcript.open_request(self.sealer, conversation, records["request"][0])
-            history, seqs = Transcript.open_history(
-                self.sealer, conversation, records["transcript"], records.get("summary", ()),
-                int(inp["log"].get("omitted_through") or 0))
-            patterns = Transcript.open_patterns(self.sealer, conversation, records["patterns"])
+            request, history, seqs, patterns = Transcript.open_turn(
+                self.sealer, conversation, inp["log"], records)
         except KeyErased:
             raise Erased("conversation", conversation) from None
         if not (inp.get("options") or {}).get("data_isolation"):

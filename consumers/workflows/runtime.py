@@ -84,6 +84,24 @@ def failure_words(sealer: TextSealer, state: WorkflowState) -> str:
     return f"{state.last_error}: {words}" if words else str(state.last_error)
 
 
+def outcome_transition(wf: WorkflowDef, state: WorkflowState, rec: StepOutcome,
+                       max_attempts: int) -> Transition | None:
+    """The transition a step's reported outcome makes (None when superseded). Pure: the
+    runtime applies it, and a replay folds a recorded workflow with it (``deploy.rerun_steps``)."""
+    if state.status != "running" or state.attempt != rec.attempt \
+            or state.step_index != rec.step_index:
+        return None  # superseded: a later attempt or another owner took over
+    if rec.status == "paused":
+        t = engine.step_paused(wf, state, Pause(rec.waiting_for or "command"))
+    elif rec.status == "failed":
+        t = engine.step_failed(wf, state, rec.error, rec.error_type or "Error", rec.retryable,
+                               max_attempts, rec.sealed_error, rec.sealed_by)
+    else:
+        t = engine.step_succeeded(wf, state, rec.output)
+    commands.settle(wf, t)  # the commands that waited for this state
+    return t
+
+
 class StepError(Exception):
     """A step's failure; ``retryable=False`` fails the workflow without more attempts."""
 
@@ -216,20 +234,7 @@ class WorkflowRuntime:
         return state is None or state.tenant is None or env.tenant == state.tenant
 
     def _outcome(self, state: WorkflowState, rec: StepOutcome) -> Transition | None:
-        if state.status != "running" or state.attempt != rec.attempt \
-                or state.step_index != rec.step_index:
-            return None  # superseded: a later attempt or another owner took over
-        wf = self.defs[state.kind]
-        if rec.status == "paused":
-            t = engine.step_paused(wf, state, Pause(rec.waiting_for or "command"))
-        elif rec.status == "failed":
-            t = engine.step_failed(wf, state, rec.error, rec.error_type or "Error",
-                                   rec.retryable, self.settings.step_attempts,
-                                   rec.sealed_error, rec.sealed_by)
-        else:
-            t = engine.step_succeeded(wf, state, rec.output)
-        commands.settle(wf, t)  # the commands that waited for this state
-        return t
+        return outcome_transition(self.defs[state.kind], state, rec, self.settings.step_attempts)
 
     async def _apply(self, t: Transition, correlation: str) -> None:
         s = t.state

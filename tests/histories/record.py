@@ -1,8 +1,12 @@
-"""Re-record the histories in this folder: ``.venv/bin/python tests/histories/record.py``.
+"""Re-record the histories in this folder: ``.venv/bin/python tests/histories/record.py
+[conversations] [products]`` (both when neither is named).
 
-Starts a local broker, the simulator and a worker, plays three test conversations, and exports
-each turn with ``deploy.histories.export_history``. The keys in these files open only these
-test conversations.
+Starts a local broker, the simulator, a worker and an edge. ``conversations`` plays three test
+conversations (``01``–``03``); ``products`` plays, through the edge, an assistant chat turn over
+an uploaded CSV (three tool calls: describe, query, map), a research run, a disclosure review
+of a flagged contribution (two reviewers) and an update delivery to a follower (``04``–``07``).
+Each workflow is exported with ``deploy.histories.export_history``. The keys in these files
+open only these test aggregates.
 """
 
 from __future__ import annotations
@@ -35,7 +39,7 @@ from streams.topics import COMMANDS, CONVERSATIONS, create_topics, topic_name  #
 OUT = Path(__file__).resolve().parent
 
 
-def main() -> None:
+def main(parts: set[str]) -> None:
     tmp = Path(tempfile.mkdtemp())
     broker = LocalKafka(data_dir=tmp / "kafka", port=free_port())
     broker.start()
@@ -50,8 +54,15 @@ def main() -> None:
         procs.append(spawn_voice(s, "worker", log=tmp / "worker.log",
                                  ANTHROPIC_API_KEY="simulator",
                                  ANTHROPIC_BASE_URL=f"http://127.0.0.1:{port}"))
+        edge_port = free_port()
+        procs.append(spawn_voice(s, "edge", "--port", str(edge_port), log=tmp / "edge.log"))
         wait_group_stable(s, worker_group(s))
-        play(s)
+        edge = f"http://127.0.0.1:{edge_port}"
+        wait_http_ready(f"{edge}/readyz", proc=procs[-1])
+        if "conversations" in parts:
+            play(s)
+        if "products" in parts:
+            play_products(s, edge)
     finally:
         for p in procs:
             stop(p)
@@ -111,5 +122,71 @@ def play(s: VoiceSettings) -> None:
     export_history(s, f"{b}:turn-2", OUT / "03_could_not_interpret.json")
 
 
+def wait_ended(s: VoiceSettings, workflow: str) -> None:
+    """Until the workflow's lifecycle on the log has ended (what a history must hold)."""
+    from tests.integration.test_staff_helpers import workflow_log
+    from tests.support import wait_for
+
+    wait_for(lambda: any(e.type in ("voice.workflow.completed.v1", "voice.workflow.failed.v1")
+                         for e in workflow_log(s, workflow)), timeout=90, what=f"{workflow} ended")
+
+
+def play_products(s: VoiceSettings, edge: str) -> None:
+    """An assistant turn, a research run, a review and a delivery, through the edge."""
+    import httpx
+
+    from tests.integration.test_staff_helpers import Api
+
+    api = Api(edge, s)
+    csv = b"state,lights_out\nCA,3\nNY,5\n"
+    upload = httpx.post(f"{edge}/api/v1/assistant/files", files={
+        "file": ("lights.csv", csv, "text/csv")}, headers=api.headers("ann", "participant"),
+        timeout=30)
+    dataset = api.ok(upload, 201)["dataset_id"]
+    chat = api.ok(api.post("/api/v1/assistant/chat", "ann", "participant", {
+        "message": "Show the lights out in California on a map.", "data_refs": [dataset],
+        "stream": False}), 202)
+    api.until(f"/api/v1/assistant/conversations/{chat['conversation_id']}/turns/{chat['turn']}",
+              "ann", "participant", lambda j: j["state"] != "Thinking", what="the chat turn")
+    wait_ended(s, chat["turn"])
+    export_history(s, chat["turn"], OUT / "04_assistant_chat_turn.json")
+
+    issue = api.open_issue("Streetlights on Elm Road are broken", "Crime rose at night.", [
+        "Three streetlights on Elm Road are broken since March.",
+        "The streetlights on Elm Road are not broken; they were repaired in April."])
+    run = api.ok(api.post(f"/staff/issues/{issue}/research", "sam", "staff"), 202)["run"]
+    api.until(f"/staff/research/{run}", "sam", "staff", lambda j: j["state"] != "Running",
+              what="the research run")
+    wait_ended(s, run)
+    export_history(s, run, OUT / "05_research_run.json")
+
+    text = "I met Jane Porter at jane@example.org; the lights on Elm Road are broken."
+    contribution = api.ok(api.post(f"/me/issues/{issue}/contributions", "ann", "participant",
+                                   {"text": text}), 202)["contribution"]
+
+    def waiting(step: str) -> None:
+        api.until("/staff/reviews", "rev1", "reviewer", lambda items: any(
+            i["contribution"] == contribution and i["waiting_for"] == step for i in items),
+            what=f"the review to wait for {step}", state="waiting")
+
+    def review(by: str, decision: str) -> None:
+        api.ok(api.post(f"/staff/contributions/{contribution}/review", by, "reviewer",
+                        {"decision": decision}), 202)
+
+    waiting("review")
+    review("rev1", "approve")
+    waiting("second_review")
+    review("rev2", "redact")
+    wait_ended(s, contribution)
+    export_history(s, contribution, OUT / "06_disclosure_review.json")
+
+    api.ok(api.post(f"/me/issues/{issue}/follow", "bob", "participant"))
+    api.ok(api.post(f"/staff/issues/{issue}/developments", "sam", "staff",
+                    {"title": "Repairs ordered", "body": "The council ordered repairs."}), 202)
+    development = f"{issue}:dev-1"
+    wait_ended(s, development)
+    export_history(s, development, OUT / "07_update_delivery.json")
+
+
 if __name__ == "__main__":
-    main()
+    main(set(sys.argv[1:]) or {"conversations", "products"})

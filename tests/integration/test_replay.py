@@ -84,3 +84,52 @@ def test_replay_of_an_erased_conversation_shows_it_erased(settings: VoiceSetting
     assert "speed" not in shown.stdout
     assert not any(isinstance(e.record, TurnStateChanged) and e.record.state == "Thinking"
                    and "speed" in str(e.record) for e in log_of(settings, CONVERSATIONS, cnv))
+
+
+def test_an_assistant_turn_and_a_research_run_rerun_without_divergence(
+        settings: VoiceSettings, start_worker, start_edge) -> None:  # noqa: ANN001
+    """Issue 13 (5): replay covers the assistant and the staff workflows too: a chat turn that
+    called three tools and a research run re-run from the log with no divergence."""
+    import httpx
+
+    from tests.integration.test_staff_helpers import Api, workflow_log
+
+    start_worker()
+    api = Api(start_edge(), settings)
+    upload = httpx.post(f"{api.url}/api/v1/assistant/files", files={
+        "file": ("lights.csv", b"state,lights_out\nCA,3\nNY,5\n", "text/csv")},
+        headers=api.headers("ann", "participant"), timeout=30)
+    dataset = api.ok(upload, 201)["dataset_id"]
+    chat = api.ok(api.post("/api/v1/assistant/chat", "ann", "participant", {
+        "message": "Show the lights out in California on a map.", "data_refs": [dataset],
+        "stream": False}), 202)
+    chat_id, turn = chat["conversation_id"], chat["turn"]
+    ended = api.until(f"/api/v1/assistant/conversations/{chat_id}/turns/{turn}", "ann",
+                      "participant", lambda j: j["state"] != "Thinking", timeout=90,
+                      what="the chat turn")
+    assert ended["state"] == "Replied", ended
+
+    shown = voice(settings, "replay", "assistant", chat_id, "--rerun")
+    assert shown.returncode == 0, shown.stdout + shown.stderr
+    out = shown.stdout
+    assert "voice.assistant.turn_requested.v1" in out and "California on a map" in out
+    assert "event: display" in out and '"type": "done"' in out
+    assert "re-ran 1 turn(s): 0 diverged" in out
+    ran = voice(settings, "replay", "workflow", turn)
+    assert ran.returncode == 0, ran.stderr
+    assert ran.stdout.count("voice.agent.tool_call.v1") == 3, ran.stdout
+
+    issue = api.open_issue("Streetlights on Elm Road are broken", "Crime rose at night.", [
+        "Three streetlights on Elm Road are broken since March.",
+        "The streetlights on Elm Road are not broken; they were repaired in April."])
+    run = api.ok(api.post(f"/staff/issues/{issue}/research", "sam", "staff"), 202)["run"]
+    done = api.until(f"/staff/research/{run}", "sam", "staff",
+                     lambda j: j["state"] != "Running", timeout=90, what="the research run")
+    assert done["state"] == "Done", done
+    wait_for(lambda: any(e.type == "voice.workflow.completed.v1"
+                         for e in workflow_log(settings, run)), timeout=60,
+             what="the run's completion on the log")
+    rerun = voice(settings, "replay", "workflow", run, "--rerun")
+    assert rerun.returncode == 0, rerun.stdout + rerun.stderr
+    assert "voice.workflow.step_succeeded.v1" in rerun.stdout
+    assert "re-ran 1 turn(s): 0 diverged" in rerun.stdout

@@ -190,6 +190,11 @@ class FailingStore:
             raise ConnectionError("ClickHouse unavailable")
         return self.inner.insert(*a, **kw)
 
+    def insert_arrow(self, *a, **kw):  # noqa: ANN002, ANN003, ANN201
+        if self.down:
+            raise ConnectionError("ClickHouse unavailable")
+        return self.inner.insert_arrow(*a, **kw)
+
     def close(self) -> None:
         self.inner.close()
 

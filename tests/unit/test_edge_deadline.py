@@ -20,8 +20,9 @@ from schemas.system import CommandAcknowledged
 from tests.unit.test_edge_input import AckingProducer, TenantTail, client, edge
 
 BOUND_S = 1.5
-SLACK_S = 0.4
-"""For the test client and a busy machine; the regressions took 1.4 s longer, or forever."""
+SLACK_S = 1.0
+"""For the test client and a busy machine (0.4 s failed once at load 15); the regressions took
+1.4 s longer, or forever, so they still fail."""
 
 
 class LaggingTail(TenantTail):
