@@ -281,6 +281,7 @@ class WorkerContext:
         @self.app.timer(UNFETCHED_CHECK_S)
         async def _fetch_check() -> None:
             self.app.resume_unfetched()
+            await self.app.reread_holes()
 
         @self.app.on_partitions_assigned.connect
         async def _assigned(app: Any, assigned: set[Any], **kw: Any) -> None:  # noqa: ARG001

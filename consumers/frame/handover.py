@@ -16,6 +16,12 @@ was being handled, and without a partition left unread afterwards.
 2. **After a rebalance** ``unfetched`` finds partitions assigned to this worker that Faust's
    fetcher has left out of its set (seen after a storm: one partition never read again while
    the worker ran on) and ``resume_unfetched`` puts them back, with a warning.
+3. **A commit stuck for good** behind records read but never handled (``holes``; the cause
+   found is item 4, this catches any other) is repaired by ``reread_holes``: the partition is
+   sought back to its committed offset, with a warning naming the offsets.
+4. **Its consumer** does not let a record fetched before a rebalance move the read offset
+   after it (``consumers.frame.stale_records``: that dropped the records the new generation
+   read again, and stopped the partition's commit for good).
 
 It must never acknowledge a record itself: it only waits, and tells Faust what to fetch.
 """
@@ -31,6 +37,7 @@ from typing import Any
 import faust
 
 from consumers.frame.failures import InFlight
+from consumers.frame.stale_records import guard_stale_records
 
 log = logging.getLogger(__name__)
 
@@ -40,10 +47,13 @@ HANDOVER_WAIT_S = 10.0
 HANDOVER_POLL_S = 0.1
 UNFETCHED_GRACE_S = 10.0
 """A partition left out of the fetch this long after the group settled is resumed."""
+HOLE_GRACE_S = 15.0
+"""A partition whose commit is stuck behind records never handled this long is read again."""
 
 
 class VoiceApp(faust.App):
-    """Faust's app with a bounded handover wait and a fetch check (module docstring)."""
+    """Faust's app with a bounded handover wait, a fetch check and a stale-record guard
+    (module docstring)."""
 
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
@@ -51,6 +61,13 @@ class VoiceApp(faust.App):
         self.in_flight = InFlight()
         """The records this worker's agents are handling (``consumers.frame.failures``)."""
         self._unfetched_since: dict[Any, float] = {}
+        self._holes_since: dict[Any, tuple[tuple[int, int], float]] = {}
+
+    def _new_consumer(self) -> Any:
+        consumer = super()._new_consumer()
+        guard_stale_records(consumer, lambda: self.consumer_generation_id,
+                            lambda: self.tables.changelog_topics)
+        return consumer
 
     async def _consumer_wait_empty(self, consumer: Any, logger: Any) -> None:  # noqa: ARG002
         for fn in self.before_handover:
@@ -63,6 +80,37 @@ class VoiceApp(faust.App):
                         "owner processes them again): %s", HANDOVER_WAIT_S,
                         ", ".join(f"{r.topic}[{r.partition}]@{r.offset}" for r in left[:5]))
         await consumer.commit()
+
+    async def reread_holes(self, now: float | None = None) -> list[Any]:
+        """Seek back to its committed offset each partition ``holes`` has seen stuck for
+        ``HOLE_GRACE_S`` (its records are read and handled again, deduped, as after a
+        rebalance); returns them. Does nothing while a rebalance or a recovery runs."""
+        now = time.monotonic() if now is None else now
+        if self.rebalancing or self.in_recovery:
+            self._holes_since.clear()
+            return []
+        c = self.consumer
+        unacked: dict[Any, set[int]] = {}
+        for m in list(c._unacked_messages):
+            unacked.setdefault(m.tp, set()).add(m.offset)
+        found = holes(c.assignment(), self.tables.changelog_topics, dict(c._committed_offset),
+                      {tp: list(a) for tp, a in c._acked.items()}, dict(c._gap), unacked)
+        self._holes_since = {tp: (found[tp], self._holes_since[tp][1])
+                             if tp in self._holes_since and self._holes_since[tp][0] == found[tp]
+                             else (found[tp], now) for tp in found}
+        due = [tp for tp, (_, since) in self._holes_since.items() if now - since >= HOLE_GRACE_S]
+        for tp in due:
+            done, first = self._holes_since.pop(tp)[0]
+            log.warning("%s[%s]: offsets %s..%s were read but never handled (the commit stays "
+                        "at %s); reading again from there", tp.topic, tp.partition, done,
+                        first - 1, done)
+            c._acked.pop(tp, None)
+            c._acked_index.pop(tp, None)
+            try:
+                await c.seek(tp, done)
+            except Exception:  # a rebalance took it meanwhile: its next owner reads it
+                log.exception("reading %s[%s] again failed", tp.topic, tp.partition)
+        return due
 
     def resume_unfetched(self, now: float | None = None) -> list[Any]:
         """Resume the partitions ``unfetched`` has seen left out for ``UNFETCHED_GRACE_S``;
@@ -92,3 +140,29 @@ def unfetched(assigned: Iterable[Any], changelogs: Iterable[str], active: Iterab
     neither reads (``active``) nor holds back for a full buffer (``buffered``)."""
     logs = set(changelogs)
     return {tp for tp in assigned if tp.topic not in logs} - set(active) - set(buffered)
+
+
+
+def holes(assigned: Iterable[Any], changelogs: Iterable[str], committed: dict[Any, int | None],
+          acked: dict[Any, list[int]], gaps: dict[Any, Any],
+          unacked: dict[Any, set[int]]) -> dict[Any, tuple[int, int]]:
+    """Assigned stream partitions whose commit can never move again: Faust commits only a run
+    of acknowledged offsets starting next to the committed one, and here the offsets from the
+    committed one up to the first acknowledged are neither acknowledged, nor being handled
+    (``unacked``), nor a gap Faust skips — records read over and never handled. Returns each
+    with ``(committed, first acknowledged)``."""
+    logs = set(changelogs)
+    found = {}
+    for tp in assigned:
+        done, offsets = committed.get(tp), acked.get(tp)
+        if tp.topic in logs or done is None or not offsets or min(offsets) - done <= 1:
+            continue
+        first = min(offsets)
+        if any(done <= o < first for o in unacked.get(tp, ())):
+            continue
+        gap = gaps.get(tp)
+        if gap and gap.overlaps(done, first):
+            continue
+        found[tp] = (done, first)
+    return found
+

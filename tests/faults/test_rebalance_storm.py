@@ -9,7 +9,6 @@ requested once, ends once and is replied once; the first worker stays up through
 
 from __future__ import annotations
 
-import os
 import time
 
 import httpx
@@ -29,16 +28,7 @@ from tests.faults.traffic import (
 pytestmark = [pytest.mark.integration, pytest.mark.faults,
               # Its own bounded waits (the load, the group settling four times, resends up to
               # 180 s, every turn terminal up to 300 s) add up past the suite's default.
-              pytest.mark.timeout(900),
-              # Issue 12 stays open on this: with the handover fixes it passed 2 runs of 4 on a
-              # loaded 2-core machine (2026-12-01); in a failing one a partition (commands[1])
-              # was no longer consumed after the storm though assigned and in Faust's fetch
-              # set, so its turns never ended. Kept out of CI until that is found,
-              # so it says so rather than flakes.
-              pytest.mark.skipif(os.environ.get("VOICE_TEST_STORM") != "1",
-                                 reason="fault 4 (rebalance storm) runs with VOICE_TEST_STORM=1: "
-                                        "a partition is intermittently left unconsumed after "
-                                        "the storm (issue 12, docs/reliability.md fault 4)")]
+              pytest.mark.timeout(900)]
 
 CONVERSATIONS = 6
 

@@ -1,0 +1,129 @@
+"""A record fetched before a rebalance and handed over after it (issue 12, fault 4).
+
+Drives Faust's own fetch loop (``Consumer._drain_messages``) on a real, unstarted consumer,
+with a scripted ``getmany``: the loop holds record 859 of generation 1 while the partition is
+sought back to its committed offset 854 in generation 2, then fetches 854..860 again. Without
+the guard, 854..858 are dropped (below the read offset the stale record left) and the
+partition's commit can never pass 854.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import AsyncIterator
+from typing import Any
+
+from faust.types import TP
+from faust.types.tuples import ConsumerMessage
+
+from consumers.frame.handover import VoiceApp
+from consumers.frame.stale_records import ReadOffsets, guard_stale_records
+
+TOPIC = "t.voice.conversations"
+CHANGELOG = "t.voice-table-changelog"
+TP0 = TP(TOPIC, 0)
+
+
+def message(offset: int, generation: int, topic: str = TOPIC) -> ConsumerMessage:
+    return ConsumerMessage(topic, 0, offset, 0.0, 0, [], b"k", b"v", None, 1, 1, TP(topic, 0),
+                           generation_id=generation)
+
+
+def run_fetch_loop(guarded: bool, batches: list[list[ConsumerMessage]],
+                   changelogs: frozenset[str] = frozenset()) -> tuple[list[int], Any]:
+    """Faust's fetch loop over ``batches``: generation 1 is the first batch's, the rest are
+    generation 2, each after a seek to 854. Returns the offsets handed over."""
+    app = VoiceApp("stale-records-test", broker="kafka://127.0.0.1:1", store="memory://",
+                   web_enabled=False)
+    consumer = app.consumer
+    assert isinstance(consumer._read_offset, ReadOffsets), "VoiceApp installs the guard"
+    handed: list[int] = []
+
+    async def deliver(msg: ConsumerMessage) -> None:
+        handed.append(msg.offset)
+
+    consumer.callback = deliver
+    if guarded:
+        guard_stale_records(consumer, lambda: app.consumer_generation_id, lambda: changelogs)
+    else:
+        from collections import defaultdict
+        consumer._read_offset = defaultdict(lambda: None)
+    fetcher = type("Fetcher", (), {})()
+    fetcher._stopped = asyncio.Event()
+
+    async def getmany(timeout: float) -> AsyncIterator[tuple[TP, ConsumerMessage]]:  # noqa: ARG001
+        if not batches:
+            fetcher._stopped.set()
+            return
+        batch = batches.pop(0)
+        for msg in batch:
+            yield msg.tp, msg
+            # after the first record handed over: the rebalance (generation 2, sought back)
+            if app.consumer_generation_id == 1:
+                app.consumer_generation_id = 2
+                consumer._read_offset.update({TP0: 854})
+
+    consumer.getmany = getmany
+    consumer._commit_every = None
+    app.consumer_generation_id = 1
+
+    async def main() -> None:
+        await asyncio.wait_for(consumer._drain_messages(fetcher), timeout=30)
+
+    # Faust's services schedule on their own loop (``wait_first``): run the loop there.
+    consumer.loop.run_until_complete(main())
+    return handed, consumer
+
+
+def test_a_record_of_the_old_generation_does_not_drop_the_records_read_again() -> None:
+    """The regression: unguarded, Faust hands over the stale 859 (the stream would skip it)
+    and then drops 854..858, read again after the seek — they are never handled; guarded,
+    859 is held back and 854..860 are all handed over, in order."""
+    again = [message(o, 2) for o in range(854, 861)]
+
+    handed, _ = run_fetch_loop(False, [[message(858, 1), message(859, 1)], list(again)])
+    assert handed == [858, 859, 859, 860], "Faust alone drops 854..858 (the bug)"
+
+    handed, consumer = run_fetch_loop(True, [[message(858, 1), message(859, 1)], list(again)])
+    assert handed == [858, 854, 855, 856, 857, 858, 859, 860]
+    assert consumer._read_offset[TP0] == 860
+
+
+def test_a_changelog_record_is_handed_over_whatever_its_generation() -> None:
+    """Table recovery reads the changelogs and seeks them itself: the guard leaves them be."""
+    log_tp = TP(CHANGELOG, 0)
+    handed, consumer = run_fetch_loop(
+        True, [[message(5, 1, CHANGELOG), message(6, 1, CHANGELOG)]], frozenset({CHANGELOG}))
+    assert handed == [5, 6]
+    assert consumer._read_offset[log_tp] == 6
+
+
+def test_only_the_update_after_the_stale_record_is_ignored() -> None:
+    offsets = ReadOffsets({TP0: 854})
+    offsets.stale(TP0, 859)
+    offsets[TP0] = 859
+    assert offsets[TP0] == 854
+    offsets[TP0] = 859
+    assert offsets[TP0] == 859
+    assert offsets[TP(TOPIC, 1)] is None
+
+
+def test_a_commit_stuck_behind_records_never_handled_is_found() -> None:
+    """What ``VoiceApp.reread_holes`` reads again (fault 4, seen with Faust's commit at 279
+    and ``acked`` from 282, nothing unacknowledged): not a record being handled, not a gap
+    Faust skips, not a changelog, not the off-by-one Faust commits past anyway."""
+    from intervaltree import IntervalTree
+
+    from consumers.frame.handover import holes
+
+    a, b, cl = TP(TOPIC, 1), TP(TOPIC, 2), TP(CHANGELOG, 1)
+    committed = {a: 279, b: 279, cl: 5}
+    acked = {a: [282, 283], b: [280, 281], cl: [9]}
+    assert holes({a, b, cl}, {CHANGELOG}, committed, acked, {}, {}) == {a: (279, 282)}
+    assert holes({a}, set(), committed, acked, {}, {a: {280}}) == {}, "being handled"
+    assert holes({a}, set(), committed, acked, {}, {a: {300}}) == {a: (279, 282)}
+    gap = IntervalTree()
+    gap.addi(279, 282)
+    assert holes({a}, set(), committed, acked, {a: gap}, {}) == {}, "a gap Faust skips"
+    assert holes({a}, set(), {a: None}, acked, {}, {}) == {}
+    assert holes({a}, set(), committed, {a: []}, {}, {}) == {}
