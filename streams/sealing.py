@@ -215,7 +215,7 @@ class Sealer:
         """Learn the id's key from the key service (blocking: call it off the event loop);
         an id the service has no key for, or an erased one, is left for the opener to find."""
         with contextlib.suppress(KeyNotFound, KeyErased):
-            self._store.current_version(conversation)
+            self.check_live(conversation)
 
     def erase(self, conversation: str) -> None:
         """Destroy the id's keys in the store: every process drops them (docs/keys.md)."""
