@@ -24,6 +24,7 @@ import asyncio
 import contextlib
 import os
 import re
+import signal
 import subprocess
 import sys
 import time
@@ -45,6 +46,8 @@ from streams.topics import CONVERSATIONS, topic_name
 
 STREAMS = int(os.environ.get("VOICE_BENCH_STREAMS", "5000"))
 FANOUT = int(os.environ.get("VOICE_BENCH_FANOUT", "1000"))
+FANOUT_SPREAD_S = float(os.environ.get("VOICE_BENCH_FANOUT_SPREAD_S", "2"))
+"""``sse.fanout_steady``: the records are produced evenly over this long."""
 IDLE_CONVERSATIONS = 50
 OPEN_AT_ONCE = 100
 """Streams being opened at the same moment (a burst of new clients, not a flood)."""
@@ -221,10 +224,30 @@ async def _until(pred: Callable[[], bool], timeout: float, what: str) -> None:
         await asyncio.sleep(0.05)
 
 
-@benchmark("sse.fanout", baseline="kafka.round_trip", compare=("p50_ms", "p99_ms"))
-def fanout(ctx: Context) -> Result:
-    """One record per conversation, produced in a burst → each of 1,000 open streams has it."""
-    st = _edge_stack(ctx, "fanout")
+@contextlib.contextmanager
+def _profiled(pid: int, label: str) -> Any:
+    """With ``VOICE_BENCH_PYSPY`` (the path of a py-spy binary), sample process ``pid`` while
+    the block runs into ``<VOICE_BENCH_PYSPY_OUT or /tmp>/<label>.txt`` (collapsed stacks)."""
+    spy = os.environ.get("VOICE_BENCH_PYSPY")
+    if not spy:
+        yield
+        return
+    out = Path(os.environ.get("VOICE_BENCH_PYSPY_OUT", "/tmp")) / f"{label}.txt"
+    proc = subprocess.Popen([spy, "record", "--pid", str(pid), "--rate", "250", "--format",
+                             "raw", "--threads", "-o", str(out)],
+                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    time.sleep(1.0)  # py-spy attached before the block starts
+    try:
+        yield
+    finally:
+        proc.send_signal(signal.SIGINT)
+        proc.wait(30)
+
+
+def _fanout(ctx: Context, label: str, spread_s: float) -> Result:
+    """One record per conversation of ``FANOUT``, produced evenly over ``spread_s`` (0: one
+    burst); latency = produce call → its turn event read by its stream's client."""
+    st = _edge_stack(ctx, label)
     try:
         token = mint_token(st.settings, "bench-fanout", "participant")
         conversations = _conversations(st, token, FANOUT)
@@ -265,16 +288,23 @@ def fanout(ctx: Context) -> Result:
             sent: dict[str, float] = {}
 
             def burst() -> None:
-                for c, (key, value, headers) in records:
+                start = time.perf_counter()
+                for i, (c, (key, value, headers)) in enumerate(records):
+                    if spread_s > 0:  # the i-th record at its share of the spread
+                        if (ahead := start + spread_s * i / len(records)
+                                - time.perf_counter()) > 0:
+                            time.sleep(ahead)
                     sent[c] = time.time()
                     producer.produce(topic, value, key, headers=headers)
                     producer.poll(0)
                 producer.flush(30)
 
-            t0 = time.perf_counter()
-            await asyncio.to_thread(burst)
-            burst_s = time.perf_counter() - t0
-            await _until(lambda: len(arrived) == len(conversations), 60, "every turn event")
+            with _profiled(st.procs["edge"].pid, f"sse.{label}"):
+                t0 = time.perf_counter()
+                await asyncio.to_thread(burst)
+                burst_s = time.perf_counter() - t0
+                await _until(lambda: len(arrived) == len(conversations), 60,
+                             "every turn event")
             for s in streams:
                 s.close()
             return {c: arrived[c] - sent[c] for c in conversations}, burst_s
@@ -283,7 +313,21 @@ def fanout(ctx: Context) -> Result:
     finally:
         st.close()
     return {**latency_summary(list(latencies.values())), "streams": len(latencies),
-            "burst_produce_s": round(burst_s, 3),
+            "burst_produce_s": round(burst_s, 3), "spread_s": spread_s}
+
+
+@benchmark("sse.fanout", baseline="kafka.round_trip", compare=("p50_ms", "p99_ms"))
+def fanout(ctx: Context) -> Result:
+    """One record per conversation, produced in a burst → each of 1,000 open streams has it."""
+    return {**_fanout(ctx, "fanout", 0.0),
             "note": "one record per conversation, all produced in one burst; each latency is "
                     "that record's produce call → its turn event read by its stream's client"}
+
+
+@benchmark("sse.fanout_steady", baseline="kafka.round_trip", compare=("p50_ms", "p99_ms"))
+def fanout_steady(ctx: Context) -> Result:
+    """One record per conversation, spread evenly over ``FANOUT_SPREAD_S`` → each stream."""
+    return {**_fanout(ctx, "fanout_steady", FANOUT_SPREAD_S),
+            "note": f"one record per conversation, produced evenly over {FANOUT_SPREAD_S:g} s "
+                    "(a steady rate, not a burst); latency as sse.fanout"}
 
