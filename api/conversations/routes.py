@@ -12,7 +12,7 @@ from __future__ import annotations
 import asyncio
 import re
 import secrets
-from collections.abc import AsyncIterator, Iterator
+from collections.abc import Iterator
 from contextlib import contextmanager
 from typing import Annotated
 
@@ -21,12 +21,17 @@ from fastapi.sse import EventSourceResponse, ServerSentEvent
 
 from api.conversations import render
 from api.conversations.models import (
+    AgentMessageEvent,
     ConversationCreated,
     ConversationOut,
     ConversationSummary,
+    DeltaEvent,
     MessageAccepted,
     MessageIn,
     MessageOut,
+    ParticipantMessageEvent,
+    ProposalEvent,
+    TurnEvent,
     TurnOut,
 )
 from api.conversations.views import ConversationView, ConversationViews
@@ -45,9 +50,16 @@ from api.frame.deps import (
     not_found,
     owned_dependency,
 )
-from api.frame.models import CancelRequested, HeaderText
+from api.frame.models import CancelRequested, HeaderText, sse_event_schema
 from api.frame.quotas import TOO_MANY, quota, stream_slot
-from api.frame.sse import TOO_OLD, Feed, StreamEnd, cursor_dependency, sse_stream
+from api.frame.sse import (
+    TOO_OLD,
+    Feed,
+    StreamEnd,
+    cursor_dependency,
+    event_stream,
+    sse_stream,
+)
 from schemas.conversation import EraseConversation, MessageRecorded, SendMessage, StartConversation
 from streams.envelope import Envelope, new_id
 from streams.sealing import KeyErased, Sealer
@@ -226,10 +238,21 @@ async def erase_conversation(
     return Response(status_code=204)
 
 
-@router.get("/{conversation}/stream", response_class=EventSourceResponse,
-            dependencies=[stream_slot()], responses={**NOT_FOUND, **TOO_OLD, **TOO_MANY})
+STREAM_EVENTS = {200: {
+    "description": "The conversation's events after the cursor, then live ones.",
+    "content": {"text/event-stream": {"schema": {"oneOf": [
+        sse_event_schema("message", ParticipantMessageEvent),
+        sse_event_schema("message", AgentMessageEvent),
+        sse_event_schema("proposal", ProposalEvent),
+        sse_event_schema("turn", TurnEvent),
+        sse_event_schema("delta", DeltaEvent)]}}}}}
+
+
+@router.get("/{conversation}/stream", response_class=Response, response_model=None,
+            dependencies=[stream_slot()],
+            responses={**STREAM_EVENTS, **NOT_FOUND, **TOO_OLD, **TOO_MANY})
 async def stream(view: OwnedDep, cursor: CursorDep, settings: SettingsDep, views: ViewsDep,
-                 sealer: SealerDep) -> AsyncIterator[ServerSentEvent]:
+                 sealer: SealerDep) -> EventSourceResponse:
     """Events: ``message`` (participant's or agent's), ``proposal``, ``turn``; ``id:`` = seq.
     While a turn runs, ``delta`` events (no ``id:``) carry its reply as the model writes it."""
     conversation = view.conversation
@@ -255,5 +278,4 @@ async def stream(view: OwnedDep, cursor: CursorDep, settings: SettingsDep, views
 
     feed = Feed(view=current, render=render_event, gone=erased, render_live=render_delta,
                 wait=lambda until, timeout: views.wait(conversation, lambda _v: until(), timeout))
-    async for sse in sse_stream(feed, cursor, settings.gateway_bound_s):
-        yield sse
+    return event_stream(sse_stream(feed, cursor, settings.gateway_bound_s))

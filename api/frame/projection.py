@@ -55,11 +55,23 @@ class CursorTooOld(Exception):
         self.oldest = oldest
 
 
+def _expire(fut: asyncio.Future[None]) -> None:
+    """A wait's timer: end it unwoken (``Changes.wait`` then checks its deadline)."""
+    if not fut.done():
+        fut.set_result(None)
+
+
 class Changes:
-    """Futures waiting per key, woken together when the key changes."""
+    """Futures waiting per key, woken together when the key changes.
+
+    A wait is one future and one timer on the loop (not ``asyncio.wait``, whose set, callbacks
+    and extra future per call were a tenth of the edge loop under a fan-out burst); the
+    waiters of a key are an insertion-ordered dict, so a wait that ends unwoken leaves in
+    O(1) and a key's waiters wake in the order they came.
+    """
 
     def __init__(self) -> None:
-        self._waiters: dict[str, list[asyncio.Future[None]]] = {}
+        self._waiters: dict[str, dict[asyncio.Future[None], None]] = {}
 
     def notify(self, key: str) -> None:
         for fut in self._waiters.pop(key, ()):
@@ -75,17 +87,18 @@ class Changes:
             if remaining <= 0:
                 return False
             fut: asyncio.Future[None] = loop.create_future()
-            self._waiters.setdefault(key, []).append(fut)
+            self._waiters.setdefault(key, {})[fut] = None
+            timer = loop.call_at(deadline, _expire, fut)
             try:
-                await asyncio.wait({fut}, timeout=remaining)
+                await fut
             finally:
-                if not fut.done():
-                    fut.cancel()
-                    waiters = self._waiters.get(key)
-                    if waiters is not None and fut in waiters:
-                        waiters.remove(fut)
-                        if not waiters:
-                            del self._waiters[key]
+                timer.cancel()
+                # Still registered when the timer (or a cancellation) ended it, not a notify.
+                waiters = self._waiters.get(key)
+                if waiters is not None and fut in waiters:
+                    del waiters[fut]
+                    if not waiters:
+                        del self._waiters[key]
         return True
 
     def waiting(self, key: str) -> int:

@@ -3,7 +3,7 @@
 Every edge process reads all partitions of ``voice.acks`` (from the end: it only waits on its
 own commands) and of ``voice.conversations`` (from the beginning: the views it serves are
 derived from the log). A thread polls with confluent-kafka and hands decoded records to the
-event loop; nothing on a request path polls Kafka.
+event loop, one hand-over per poll; nothing on a request path polls Kafka.
 
 A record the tail cannot use is skipped, logged (``topic[partition]@offset`` and why) and
 counted in ``skipped`` (``/readyz`` shows the counts): one the codec refuses, or one a view's
@@ -36,6 +36,11 @@ log = logging.getLogger(__name__)
 RecordHandler = Callable[[Envelope], None]
 LocatedHandler = Callable[[Envelope, int, int], None]
 """A handler that also gets the record's partition and offset."""
+Read = tuple[str, int, int, bytes | None, bytes | None, list[tuple[str, bytes]] | None]
+"""One record as polled: topic, partition, offset, key, value, headers."""
+Step = tuple[tuple[str, int, int] | None, Callable[..., Any], tuple[Any, ...]]
+"""One record's work on the loop: where it was read (None: bookkeeping that cannot fail),
+the handler, its arguments."""
 
 
 class AckTimeout(Exception):
@@ -145,11 +150,8 @@ class EdgeTail:
                 # full batch or its timeout); then drain what else is already fetched.
                 first = consumer.poll(0.1)
                 msgs = [first, *consumer.consume(num_messages=500, timeout=0)] if first else []
-                for msg in msgs:
-                    if msg.error():
-                        continue
-                    self._handle(msg.topic(), msg.partition(), msg.offset(), msg.key(),
-                                 msg.value(), msg.headers())
+                self._hand_over([(m.topic(), m.partition(), m.offset(), m.key(), m.value(),
+                                  m.headers()) for m in msgs if not m.error()])
                 if not self.caught_up.is_set():
                     self._check_caught_up(consumer)
         finally:
@@ -161,28 +163,42 @@ class EdgeTail:
         if all(end == 0 or positions[tp] >= end for tp, end in self._ends.items()):
             self.caught_up.set()
 
+    def _hand_over(self, records: list[Read]) -> None:
+        """Decode one poll's records here, then apply them all with one hand-over to the
+        loop: each hand-over wakes the loop through its self-pipe, and a burst of a thousand
+        records handed over one by one was a thousand wakes (docs/benchmarks.md)."""
+        steps = [self._handle(*read) for read in records]
+        if steps:
+            assert self._loop is not None
+            self._loop.call_soon_threadsafe(self._apply_all, steps)
+
     def _handle(self, topic: str, partition: int, offset: int, key: bytes | None,
-                value: bytes | None, headers: list[tuple[str, bytes]] | None) -> None:
-        assert self._loop is not None
+                value: bytes | None, headers: list[tuple[str, bytes]] | None) -> Step:
+        """Decode one record (on the tail's thread); the step that applies it on the loop."""
         try:
             env = decode(key, value, headers)
         except DecodeError as exc:  # the writer side dead-letters it; the edge skips it
             log.info("edge skips %s[%s]@%s: %s", topic, partition, offset, exc.reason)
             # Counted on the loop, like every other change of ``skipped``.
-            self._loop.call_soon_threadsafe(self.skipped.update, [(topic, "undecodable")])
-            return
+            return None, self.skipped.update, ([(topic, "undecodable")],)
         where = (topic, partition, offset)
         if topic == self.acks_topic:
-            self._loop.call_soon_threadsafe(self._apply, where, self._resolve, env)
-        elif topic in self.more:
-            self._loop.call_soon_threadsafe(self._apply, where, self.more[topic], env)
-        elif topic in self.live:
-            self._loop.call_soon_threadsafe(self._apply, where, self.live[topic], env)
-        elif topic in self.located:
-            self._loop.call_soon_threadsafe(self._apply, where, self.located[topic], env,
-                                            partition, offset)
-        else:
-            self._loop.call_soon_threadsafe(self._apply, where, self.on_conversation, env)
+            return where, self._resolve, (env,)
+        if topic in self.more:
+            return where, self.more[topic], (env,)
+        if topic in self.live:
+            return where, self.live[topic], (env,)
+        if topic in self.located:
+            return where, self.located[topic], (env, partition, offset)
+        return where, self.on_conversation, (env,)
+
+    def _apply_all(self, steps: list[Step]) -> None:
+        """Apply one poll's records on the loop, in the order they were read."""
+        for where, handler, args in steps:
+            if where is None:
+                handler(*args)
+            else:
+                self._apply(where, handler, *args)
 
     def _apply(self, where: tuple[str, int, int], handler: Callable[..., None],
                *args: Any) -> None:

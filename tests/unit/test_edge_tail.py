@@ -33,11 +33,13 @@ def test_a_record_a_view_cannot_apply_is_skipped_counted_and_the_tail_goes_on() 
                         more={ISSUES: lambda env: None})
         tail._loop = asyncio.get_running_loop()  # what start() sets; no thread here
         conv = "t.voice.conversations"
-        tail._handle(conv, 0, 0, *record(1))
-        tail._handle(conv, 0, 1, b"k", b"\xff", [])            # undecodable
-        tail._handle(conv, 0, 2, *record(2, owner="poison"))   # the view raises
-        tail._handle(conv, 0, 3, *record(3))
-        tail._handle("t.voice.issues", 1, 5, b"k", b"\x00", None)
+        # One poll's records, handed over to the loop at once.
+        tail._hand_over([(conv, 0, 0, *record(1)),
+                         (conv, 0, 1, b"k", b"\xff", []),             # undecodable
+                         (conv, 0, 2, *record(2, owner="poison")),    # the view raises
+                         (conv, 0, 3, *record(3))])
+        tail._hand_over([("t.voice.issues", 1, 5, b"k", b"\x00", None)])
+        tail._hand_over([])                                          # an empty poll: nothing
         await asyncio.sleep(0)
         return tail
 
