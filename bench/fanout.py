@@ -36,7 +36,7 @@ import httpx
 from confluent_kafka import Producer
 
 from bench.harness import Context, Result, benchmark, latency_summary
-from bench.stack import Stack, start_stack
+from bench.stack import Stack, cpu_seconds, start_stack
 from deploy.kafka_local import free_port
 from deploy.processes import wait_http_ready
 from schemas.conversation import TurnStateChanged
@@ -299,21 +299,30 @@ def _fanout(ctx: Context, label: str, spread_s: float) -> Result:
                     producer.poll(0)
                 producer.flush(30)
 
-            with _profiled(st.procs["edge"].pid, f"sse.{label}"):
+            edge = st.procs["edge"].pid
+            with _profiled(edge, f"sse.{label}"):
+                cpu0 = cpu_seconds(edge)
                 t0 = time.perf_counter()
                 await asyncio.to_thread(burst)
                 burst_s = time.perf_counter() - t0
                 await _until(lambda: len(arrived) == len(conversations), 60,
                              "every turn event")
+                cpu1 = cpu_seconds(edge)
+            edge_cpu_ms = None if cpu0 is None or cpu1 is None else (cpu1 - cpu0) * 1000
             for s in streams:
                 s.close()
-            return {c: arrived[c] - sent[c] for c in conversations}, burst_s
+            return {c: arrived[c] - sent[c] for c in conversations}, burst_s, edge_cpu_ms
 
-        latencies, burst_s = asyncio.run(run())
+        latencies, burst_s, edge_cpu_ms = asyncio.run(run())
     finally:
         st.close()
+    # The edge's CPU from the first produce to the last arrival (its tail, loop and writes):
+    # the figure that carries over from this loaded machine; the clock ones do not.
+    cpu = {} if edge_cpu_ms is None else {
+        "edge_cpu_ms": round(edge_cpu_ms), "edge_cpu_us_per_event":
+            round(edge_cpu_ms * 1000 / len(latencies), 1)}
     return {**latency_summary(list(latencies.values())), "streams": len(latencies),
-            "burst_produce_s": round(burst_s, 3), "spread_s": spread_s}
+            "burst_produce_s": round(burst_s, 3), "spread_s": spread_s, **cpu}
 
 
 @benchmark("sse.fanout", baseline="kafka.round_trip", compare=("p50_ms", "p99_ms"))
