@@ -1,0 +1,147 @@
+"""The pieces of the edge's fan-out that issue 14 made cheaper, held to what they must still do
+(docs/benchmarks.md, "Streams per edge"): a key's waiters (one future and one timer each),
+the stream response that watches for the client's going with one plain task, and the wire
+bytes of an event."""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import AsyncIterator
+
+import pytest
+from fastapi.sse import ServerSentEvent
+from pydantic import BaseModel
+from starlette.types import Message
+
+from api.frame.projection import Changes
+from api.frame.sse import EventStream, sse_bytes
+
+# --- a key's waiters ---------------------------------------------------------------------------
+
+
+async def test_a_notify_wakes_every_waiter_of_its_key_and_no_other() -> None:
+    changes = Changes()
+    moved = {"a": False, "b": False}
+    waits = [asyncio.create_task(changes.wait(k, lambda k=k: moved[k], 5))
+             for k in ("a", "a", "b")]
+    await asyncio.sleep(0)
+    assert changes.waiting("a") == 2 and changes.waiting("b") == 1
+    moved["a"] = True
+    changes.notify("a")
+    assert await asyncio.gather(*waits[:2]) == [True, True]
+    assert changes.waiting("a") == 0 and not waits[2].done()
+    changes.notify("b")  # woken, but its predicate does not hold: it waits again
+    await asyncio.sleep(0.01)
+    assert not waits[2].done() and changes.waiting("b") == 1
+    waits[2].cancel()
+    with pytest.raises(asyncio.CancelledError):
+        await waits[2]
+    assert changes.waiting("b") == 0, "a cancelled wait leaves nothing behind"
+
+
+async def test_a_wait_times_out_leaves_nothing_behind_and_keeps_its_deadline() -> None:
+    changes = Changes()
+    loop = asyncio.get_running_loop()
+    started = loop.time()
+    wait = asyncio.create_task(changes.wait("k", lambda: False, 0.2))
+    for _ in range(3):  # woken for nothing: the deadline stays the first one
+        await asyncio.sleep(0.03)
+        changes.notify("k")
+    assert await wait is False
+    assert 0.2 <= loop.time() - started < 2.0
+    assert changes.waiting("k") == 0
+    assert await changes.wait("k", lambda: True, 0) is True  # holds already: no wait
+
+
+# --- the stream response ------------------------------------------------------------------------
+
+
+class Client:
+    """An ASGI server's side of one stream: what was sent, and a disconnect on demand."""
+
+    def __init__(self) -> None:
+        self.sent: list[Message] = []
+        self.gone = asyncio.Event()
+
+    async def receive(self) -> Message:
+        await self.gone.wait()
+        return {"type": "http.disconnect"}
+
+    async def send(self, message: Message) -> None:
+        self.sent.append(message)
+
+    def bodies(self) -> list[bytes]:
+        return [m["body"] for m in self.sent if m["type"] == "http.response.body"]
+
+
+SCOPE = {"type": "http", "asgi": {"spec_version": "2.3"}}
+
+
+async def test_a_stream_ends_quietly_when_its_client_goes_and_closes_its_events() -> None:
+    closed = asyncio.Event()
+
+    async def endless() -> AsyncIterator[bytes]:
+        try:
+            yield b": open\n\n"
+            while True:
+                await asyncio.sleep(3600)
+        finally:
+            closed.set()
+
+    client = Client()
+    response = asyncio.create_task(EventStream(endless())(SCOPE, client.receive, client.send))
+    while not client.bodies():
+        await asyncio.sleep(0.01)
+    client.gone.set()
+    await asyncio.wait_for(response, 5)  # returns: the client's going is no error
+    assert client.bodies() == [b": open\n\n"]
+    await asyncio.wait_for(closed.wait(), 5)
+    assert client.sent[0]["status"] == 200
+
+
+async def test_a_stream_still_ends_when_the_server_cancels_it() -> None:
+    async def endless() -> AsyncIterator[bytes]:
+        yield b": open\n\n"
+        await asyncio.sleep(3600)
+
+    client = Client()
+    response = asyncio.create_task(EventStream(endless())(SCOPE, client.receive, client.send))
+    while not client.bodies():
+        await asyncio.sleep(0.01)
+    response.cancel()  # the server stops: that cancellation is not taken back
+    with pytest.raises(asyncio.CancelledError):
+        await response
+
+
+async def test_a_stream_that_ends_by_itself_ends_the_response() -> None:
+    async def two() -> AsyncIterator[bytes]:
+        yield b"a"
+        yield b"b"
+
+    client = Client()
+    await asyncio.wait_for(EventStream(two())(SCOPE, client.receive, client.send), 5)
+    assert client.bodies() == [b"a", b"b", b""]
+
+
+# --- the wire bytes ------------------------------------------------------------------------------
+
+
+class Turn(BaseModel):
+    seq: int
+    text: str | None = None
+
+
+async def test_event_bytes_match_fastapis_framing_for_models_dicts_raw_data_and_comments(
+) -> None:
+    async def events() -> AsyncIterator[ServerSentEvent]:
+        yield ServerSentEvent(event="turn", id="3", data=Turn(seq=3, text="é"))
+        yield ServerSentEvent(event="d", data={"a": "é", "b": [1, 2]})
+        yield ServerSentEvent(event="r", id="4", raw_data='{"seq":4}')
+        yield ServerSentEvent(comment="keep-alive")
+
+    out = [b async for b in sse_bytes(events())]
+    assert out == [
+        'event: turn\ndata: {"seq":3,"text":"é"}\nid: 3\n\n'.encode(),
+        'event: d\ndata: {"a":"é","b":[1,2]}\n\n'.encode(),
+        b'event: r\ndata: {"seq":4}\nid: 4\n\n',
+        b": keep-alive\n\n"]
