@@ -58,6 +58,7 @@ from api.frame.sse import (
     StreamEnd,
     cursor_dependency,
     event_stream,
+    serialized,
     sse_stream,
 )
 from schemas.conversation import EraseConversation, MessageRecorded, SendMessage, StartConversation
@@ -264,10 +265,16 @@ async def stream(view: OwnedDep, cursor: CursorDep, settings: SettingsDep, views
 
     def render_event(env: Envelope) -> ServerSentEvent | None:
         try:
-            return render.sse_event(sealer, env)
+            sse = render.sse_event(sealer, env)
         except KeyErased:  # erased by another edge, not yet on this edge's view
             views.mark_erased(conversation)
             raise StreamEnd(erased) from None
+        return None if sse is None else serialized(sse)
+
+    def render_shared(env: Envelope) -> ServerSentEvent | None:
+        # Every stream of a conversation is its owner's: one rendering serves them all.
+        v = current()
+        return render_event(env) if v is None else v.render_once(env, render_event)
 
     def render_delta(env: Envelope) -> ServerSentEvent | None:
         try:
@@ -276,6 +283,6 @@ async def stream(view: OwnedDep, cursor: CursorDep, settings: SettingsDep, views
             views.mark_erased(conversation)
             raise StreamEnd(erased) from None
 
-    feed = Feed(view=current, render=render_event, gone=erased, render_live=render_delta,
+    feed = Feed(view=current, render=render_shared, gone=erased, render_live=render_delta,
                 wait=lambda until, timeout: views.wait(conversation, lambda _v: until(), timeout))
     return event_stream(sse_stream(feed, cursor, settings.gateway_bound_s))

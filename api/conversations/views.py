@@ -76,6 +76,7 @@ class ConversationView(KeptEvents[Envelope]):
         """Drop everything but identity: the conversation is erased."""
         self.erased = True
         self.events.clear()
+        self.rendered.clear()
         self.live.clear()
         self.content.clear()
         self.turns.clear()

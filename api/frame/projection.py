@@ -28,7 +28,12 @@ from streams.envelope import Envelope
 DEFAULT_KEPT = 10_000
 """Events kept per stream for resume when the settings do not say (``VOICE_EDGE_EVENTS_KEPT``)."""
 
+RENDERED_KEPT = 4
+"""Rendered events a view keeps for its streams: the newest few, which every live stream of
+it sends within moments of each other (a stream further behind renders its own)."""
+
 E = TypeVar("E")
+R = TypeVar("R")
 V = TypeVar("V")
 K = TypeVar("K", bound="KeptEvents[Any]")
 
@@ -176,6 +181,27 @@ class KeptEvents(AggregateView, Generic[E]):
                 break
             out.append(event)
         out.reverse()
+        return out
+
+    # --- rendered once per view, shared by every stream of it
+
+    rendered: dict[int, Any] = field(default_factory=dict)
+    """The last ``RENDERED_KEPT`` events as rendered for clients, by cursor (see
+    ``render_once``); forgotten with the view's content."""
+
+    def render_once(self, event: E, render: Callable[[E], R]) -> R:
+        """``render(event)``, computed once for every stream of this view: a burst of events
+        to many streams of one aggregate renders (opens, validates, serialises) each event
+        once, not once per stream. Only for a rendering that is the same for every reader
+        of the view (a conversation's streams are all its owner's)."""
+        cursor = self.cursor_of(event)
+        if cursor in self.rendered:
+            out: R = self.rendered[cursor]
+            return out
+        out = render(event)  # raises (``StreamEnd``) before anything is kept
+        self.rendered[cursor] = out
+        if len(self.rendered) > RENDERED_KEPT:  # the oldest: streams move forward together
+            del self.rendered[next(iter(self.rendered))]
         return out
 
     # --- transient events: streamed to whoever is connected, never part of the log's order

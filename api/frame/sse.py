@@ -196,6 +196,16 @@ def sse_data(sse: ServerSentEvent) -> str | None:
     return json.dumps(sse.data, ensure_ascii=False, separators=(",", ":"))
 
 
+def serialized(sse: ServerSentEvent) -> ServerSentEvent:
+    """``sse`` with its data as JSON text (``raw_data``): serialised once, however many
+    streams send it."""
+    data = sse_data(sse)
+    if data is None or sse.raw_data is not None:
+        return sse
+    return ServerSentEvent(raw_data=data, event=sse.event, id=sse.id, retry=sse.retry,
+                           comment=sse.comment)
+
+
 def sse_bytes(events: AsyncIterator[ServerSentEvent]) -> AsyncIterator[bytes]:
     """The wire bytes of ``events``, for a route that returns its ``EventSourceResponse``
     itself: the same framing FastAPI gives a generator."""

@@ -13,8 +13,11 @@ from fastapi.sse import ServerSentEvent
 from pydantic import BaseModel
 from starlette.types import Message
 
-from api.frame.projection import Changes
-from api.frame.sse import EventStream, sse_bytes
+from api.conversations.views import ConversationViews
+from api.frame.projection import RENDERED_KEPT, Changes
+from api.frame.sse import EventStream, StreamEnd, serialized, sse_bytes
+from schemas.conversation import ConversationErased, ConversationStarted, TurnStateChanged
+from streams.envelope import Envelope
 
 # --- a key's waiters ---------------------------------------------------------------------------
 
@@ -145,3 +148,53 @@ async def test_event_bytes_match_fastapis_framing_for_models_dicts_raw_data_and_
         'event: d\ndata: {"a":"é","b":[1,2]}\n\n'.encode(),
         b'event: r\ndata: {"seq":4}\nid: 4\n\n',
         b": keep-alive\n\n"]
+
+
+# --- one rendering per event, shared by the streams of a view -------------------------------------
+
+
+def conversation(*states: str) -> ConversationViews:
+    views = ConversationViews()
+    views.apply(Envelope(record=ConversationStarted(conversation="cnv-1", owner="alice"),
+                         key="cnv-1", source="/t", seq=1, tenant="default"))
+    for seq, state in enumerate(states, start=2):
+        views.apply(Envelope(record=TurnStateChanged(conversation="cnv-1", turn=f"cnv-1:t{seq}",
+                                                     state=state),  # type: ignore[arg-type]
+                             key="cnv-1", source="/t", seq=seq, tenant="default"))
+    return views
+
+
+def test_streams_of_one_view_render_each_event_once_and_keep_only_the_last_few() -> None:
+    views = conversation(*["Replied"] * (RENDERED_KEPT + 2))
+    view = views["cnv-1"]
+    calls: list[int] = []
+
+    def render(env: Envelope) -> ServerSentEvent:
+        calls.append(env.seq or 0)
+        return serialized(ServerSentEvent(event="turn", id=str(env.seq), data={"s": env.seq}))
+
+    events = list(view.events)
+    for event in events:  # as each event arrives, fifty streams of the conversation send it
+        out = [view.render_once(event, render) for _stream in range(50)]
+        assert {o.raw_data for o in out} == {f'{{"s":{event.seq}}}'}
+    assert calls == [e.seq for e in events], "each event rendered once"
+    assert list(view.rendered) == [e.seq for e in events][-RENDERED_KEPT:]
+    view.render_once(events[0], render)  # a stream far behind renders its own
+    assert calls[-1] == events[0].seq and len(view.rendered) == RENDERED_KEPT
+
+
+def test_a_rendering_that_ends_the_stream_is_not_kept_and_erasure_forgets_them() -> None:
+    views = conversation("Replied", "CouldNotInterpret")
+    view = views["cnv-1"]
+    _started, first, second = view.events
+
+    def refuse(env: Envelope) -> ServerSentEvent:
+        raise StreamEnd("end; the conversation was erased")
+
+    with pytest.raises(StreamEnd):
+        view.render_once(second, refuse)
+    assert view.render_once(first, lambda e: ServerSentEvent(id="2")).id == "2"
+    assert list(view.rendered) == [first.seq]  # the refused one left nothing
+    views.apply(Envelope(record=ConversationErased(conversation="cnv-1"), key="cnv-1",
+                         source="/t", seq=4, tenant="default"))
+    assert view.rendered == {}, "no opened content outlives the conversation's erasure"
