@@ -82,6 +82,50 @@ uvicorn.run(app, host="127.0.0.1", port=int(sys.argv[1]), log_level="warning",
 '''
 
 
+BARE_FANOUT_APP = '''
+import asyncio, sys
+import uvicorn
+from starlette.applications import Starlette
+from starlette.responses import PlainTextResponse, StreamingResponse
+from starlette.routing import Route
+
+waiting = set()
+
+async def frames():
+    loop = asyncio.get_running_loop()
+    yield b": open\\n\\n"
+    while True:  # one future and one timer per wait, as the edge's views
+        fut = loop.create_future()
+        waiting.add(fut)
+        timer = loop.call_later(5, lambda: fut.done() or fut.set_result(False))
+        try:
+            fired = await fut
+        finally:
+            timer.cancel()
+            waiting.discard(fut)
+        yield (b'event: turn\\nid: 2\\ndata: {"seq":2,"state":"Replied"}\\n\\n' if fired
+               else b": keep-alive\\n\\n")
+
+async def stream(request):
+    return StreamingResponse(frames(), media_type="text/event-stream",
+                             headers={"Cache-Control": "no-cache"})
+
+async def fire(request):
+    for fut in list(waiting):
+        if not fut.done():
+            fut.set_result(True)
+    return PlainTextResponse("ok")
+
+async def health(request):
+    return PlainTextResponse("ok")
+
+app = Starlette(routes=[Route("/s", stream), Route("/fire", fire, methods=["POST"]),
+                        Route("/health", health)])
+uvicorn.run(app, host="127.0.0.1", port=int(sys.argv[1]), log_level="warning",
+            backlog=4096, timeout_keep_alive=600)
+'''
+
+
 def rss_kib(pid: int) -> int:
     """The process's resident set, KiB (Linux ``/proc``)."""
     for line in Path(f"/proc/{pid}/status").read_text().splitlines():
@@ -174,6 +218,46 @@ def bare_idle_streams(ctx: Context) -> Result:
     finally:
         proc.terminate()
         proc.wait(10)
+
+
+@benchmark("sse.bare_fanout")
+def bare_fanout(ctx: Context) -> Result:
+    """One event to ``FANOUT`` streams of a bare Starlette/uvicorn app at once (the floor)."""
+    port = free_port()
+    proc = subprocess.Popen([sys.executable, "-c", BARE_FANOUT_APP, str(port)],
+                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    try:
+        wait_http_ready(f"http://127.0.0.1:{port}/health", proc=proc)
+        arrived: dict[int, float] = {}
+
+        def on_data(stream: Stream, chunk: bytes) -> None:
+            if b"event: turn" in chunk:
+                arrived.setdefault(id(stream), time.time())
+
+        async def run() -> tuple[list[float], float | None]:
+            streams = await open_all(["/s"] * FANOUT, port, None, on_data)
+            await asyncio.sleep(SETTLE_S)
+            async with httpx.AsyncClient(base_url=f"http://127.0.0.1:{port}") as client:
+                (await client.get("/health")).raise_for_status()  # connected before the clock
+                cpu0 = cpu_seconds(proc.pid)
+                sent = time.time()
+                (await client.post("/fire")).raise_for_status()
+                await _until(lambda: len(arrived) == len(streams), 60, "every event")
+                cpu1 = cpu_seconds(proc.pid)
+            for s in streams:
+                s.close()
+            cpu = None if cpu0 is None or cpu1 is None else (cpu1 - cpu0) * 1000
+            return [t - sent for t in arrived.values()], cpu
+
+        latencies, cpu_ms = asyncio.run(run())
+    finally:
+        proc.terminate()
+        proc.wait(10)
+    cpu = {} if cpu_ms is None else {"cpu_ms": round(cpu_ms),
+                                     "cpu_us_per_event": round(cpu_ms * 1000 / FANOUT, 1)}
+    return {**latency_summary(latencies), "streams": FANOUT, **cpu,
+            "note": "the latency floor of the framework: one in-process event wakes every "
+                    "stream, each writes one fixed frame (no Kafka, no JSON, no views)"}
 
 
 def _conversations(st: Stack, token: str, n: int) -> list[str]:
