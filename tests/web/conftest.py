@@ -25,11 +25,10 @@ from typing import Any
 import pytest
 
 from streams.settings import VoiceSettings
-from streams.topics import create_topics
 from tests.support import (
+    settings_with_topics,
     spawn_voice,
     stop,
-    unique_settings,
     wait_group_stable,
     wait_http_ready,
     worker_group,
@@ -80,8 +79,7 @@ def running_web_stack(kafka_bootstrap: str, tmp: Path, model_url: str) -> Iterat
     """A worker (its model at ``model_url``) and an edge on their own topics."""
     from deploy.kafka_local import free_port
 
-    settings = unique_settings(kafka_bootstrap, tmp)
-    create_topics(settings)
+    settings = settings_with_topics(kafka_bootstrap, tmp)
     worker = spawn_voice(settings, "worker", log=tmp / "worker.log",
                          ANTHROPIC_API_KEY="simulator", ANTHROPIC_BASE_URL=model_url)
     port = free_port()
