@@ -78,7 +78,7 @@ class Browser(Protocol):
         ``window``), with ``arguments``; return what it returns."""
     def set_window_size(self, width: int, height: int) -> None: ...
     def save_screenshot(self, path: Path) -> None:
-        """The visible part of the page, as PNG."""
+        """The page as PNG (Chromium: the window; Firefox: the whole page)."""
     def errors(self) -> list[str]:
         """The errors the browser logged since the last call (each one line of text)."""
 
@@ -226,7 +226,7 @@ class FirefoxBrowser:
         self.client.set_window_rect(width=width, height=height)
 
     def save_screenshot(self, path: Path) -> None:
-        path.write_bytes(self.client.screenshot(format="binary", full=False))
+        path.write_bytes(self.client.screenshot(format="binary", full=True))
 
     def errors(self) -> list[str]:
         with self.client.using_context("chrome"):
