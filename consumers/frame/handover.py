@@ -55,7 +55,10 @@ class VoiceApp(faust.App):
     """Faust's app with a bounded handover wait, a fetch check and a stale-record guard
     (module docstring)."""
 
-    def __init__(self, *args: Any, **kwargs: Any) -> None:
+    def __init__(self, *args: Any, gapless_topics: Iterable[str] = (), **kwargs: Any) -> None:
+        """``gapless_topics``: the topics that have no gaps of their own (not compacted,
+        never written in transactions) — a gap Faust sees in one is a record it skipped."""
+        self.gapless_topics = frozenset(gapless_topics)
         super().__init__(*args, **kwargs)
         self.before_handover: list[Callable[[], None]] = []
         self.in_flight = InFlight()
@@ -66,7 +69,8 @@ class VoiceApp(faust.App):
     def _new_consumer(self) -> Any:
         consumer = super()._new_consumer()
         guard_stale_records(consumer, lambda: self.consumer_generation_id,
-                            lambda: self.tables.changelog_topics)
+                            lambda: self.tables.changelog_topics,
+                            lambda topic: topic in self.gapless_topics)
         return consumer
 
     async def _consumer_wait_empty(self, consumer: Any, logger: Any) -> None:  # noqa: ARG002
