@@ -21,7 +21,8 @@ was being handled, and without a partition left unread afterwards.
    sought back to its committed offset, with a warning naming the offsets.
 4. **Its consumer** does not let a record fetched before a rebalance move the read offset
    after it (``consumers.frame.stale_records``: that dropped the records the new generation
-   read again, and stopped the partition's commit for good).
+   read again, and stopped the partition's commit for good), and does not skip offsets of a
+   topic that has no gaps of its own (``gapless_topics``: Faust counted them as acknowledged).
 
 It must never acknowledge a record itself: it only waits, and tells Faust what to fetch.
 """
