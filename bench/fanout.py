@@ -11,11 +11,19 @@ conversation reaches 1,000 open streams.
 * ``sse.fanout``: ``FANOUT`` conversations, one stream open on each; then one record per
   conversation (a turn's state) is produced straight onto the conversation log, in one burst,
   as the sequencer writes it. Latency = the record's produce → its ``turn`` event read by that
-  conversation's client (both clocks this process's). Beside ``kafka.round_trip``.
+  conversation's client (both clocks this process's). Beside ``kafka.round_trip``; also the
+  edge's CPU from the first produce to the last arrival, per event (the figure that carries
+  over from a loaded machine).
+* ``sse.fanout_steady``: the same, the records produced evenly over
+  ``VOICE_BENCH_FANOUT_SPREAD_S`` (default 2 s) instead of in one burst.
+* ``sse.bare_fanout`` (baseline, run it beside): ``FANOUT`` streams of a bare Starlette app
+  under uvicorn, all woken by one in-process event, each writing one fixed frame — the floor
+  of the framework for a fan-out (no Kafka, no views, no JSON, no middleware).
 
 The clients are raw asyncio connections (an HTTP/1.1 GET and a reader per stream), so the
 client costs little beside the edge. Sizes: ``VOICE_BENCH_STREAMS`` (default 5,000) and
-``VOICE_BENCH_FANOUT`` (default 1,000).
+``VOICE_BENCH_FANOUT`` (default 1,000). ``VOICE_BENCH_PYSPY`` (a py-spy binary) samples the
+edge during each fan-out into ``VOICE_BENCH_PYSPY_OUT`` (default /tmp), as collapsed stacks.
 """
 
 from __future__ import annotations
