@@ -126,12 +126,19 @@ def more_workers(ctx: Context) -> Result:
     for r in runs.values():
         _check(r)
     worst = min(runs.values(), key=lambda r: r["turns_per_cpu_s"] or 0.0)
+    # One worker again, last: the baseline ran first on a colder broker and machine; if this
+    # one differs from it as much as the figure does, the difference is drift, not workers.
+    again = _worker_run(ctx, 1)
+    _check(again)
     return {
         "turns_per_cpu_s": worst["turns_per_cpu_s"], "turns_per_s": worst["turns_per_s"],
         "worst_workers": worst["workers"],
         "lost_replies": sum(r["lost_replies"] for r in runs.values()),
         "duplicated_replies": sum(r["duplicated_replies"] for r in runs.values()),
         "by_workers": runs,
+        "one_worker_again": {k: again[k] for k in ("turns_per_s", "turns_per_cpu_s",
+                                                   "cpu_ms_per_turn", "lost_replies",
+                                                   "duplicated_replies")},
         "note": f"{os.cpu_count()} cores: more worker processes share the same cores, so "
                 "turns/s cannot grow with them; turns per CPU-second (edge + workers + "
                 "broker) is the figure — what scaling out costs",
