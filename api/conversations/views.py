@@ -1,4 +1,5 @@
-"""Views the edge derives from the conversation log (rebuilt from Kafka at every start).
+"""Views the edge derives from the conversation log (rebuilt from Kafka at every start: all of
+it, or with ``VOICE_EDGE_HISTORY_S`` the recent part, older conversations read when asked for).
 
 A ``ConversationView`` is a ``KeptEvents`` of ``api.frame.projection``: records apply in log
 order and are deduped by seq, and the last ``kept`` records (any type) are kept for SSE resume
@@ -10,9 +11,12 @@ Content stays sealed here; routes open it for the owner (``api.conversations.ren
 
 from __future__ import annotations
 
+import asyncio
+from collections import OrderedDict
+from collections.abc import Callable
 from dataclasses import dataclass, field
 
-from api.frame.projection import Caller, KeptEvents, StreamProjection
+from api.frame.projection import DEFAULT_KEPT, Caller, KeptEvents, StreamProjection
 from schemas.conversation import (
     ConversationErased,
     ConversationStarted,
@@ -81,8 +85,61 @@ class ConversationView(KeptEvents[Envelope]):
         self.turns.clear()
 
 
+ColdRead = Callable[[str], list[Envelope]]
+"""Blocking: every record of one conversation from before the edge's history window, in log
+order (``api.frame.cold.conversation_reader``)."""
+
+ABSENT_KEPT = 10_000
+"""Ids found in no record before the window, remembered so that asking again scans nothing."""
+COLD_SCANS = 2
+"""Partition scans at once (each a thread reading one partition's history)."""
+
+
 class ConversationViews(StreamProjection[ConversationView]):
-    """Every conversation this edge has seen, by id and by owner."""
+    """Every conversation this edge has seen, by id and by owner.
+
+    With a ``cold`` reader (``VOICE_EDGE_HISTORY_S``), the tail starts inside the log: a
+    record of a conversation started before it is held in ``pending`` until the conversation
+    is first asked for (``ensure``), when its older records are read from the log and applied
+    first, then the held ones — each once, by seq, in order (decision 0011).
+    """
+
+    def __init__(self, kept: int = DEFAULT_KEPT, cold: ColdRead | None = None) -> None:
+        super().__init__(kept)
+        self.cold = cold
+        self.pending: dict[str, list[Envelope]] = {}
+        """Records of conversations started before the window, not asked for yet."""
+        self._absent: OrderedDict[str, None] = OrderedDict()
+        self._loading: dict[str, asyncio.Future[None]] = {}
+        self._scans = asyncio.Semaphore(COLD_SCANS)
+
+    async def ensure(self, key: str) -> None:
+        """Read ``key``'s records from before the window, once, if this edge has not."""
+        if self.cold is None or key in self.by_key or key in self._absent:
+            return
+        fut = self._loading.get(key)
+        if fut is None:
+            fut = asyncio.ensure_future(self._load(key))
+            self._loading[key] = fut
+            fut.add_done_callback(lambda _f: self._loading.pop(key, None))
+        # Shielded: a caller that goes away does not cancel the read others wait on.
+        await asyncio.shield(fut)
+
+    async def _load(self, key: str) -> None:
+        assert self.cold is not None
+        async with self._scans:
+            older = await asyncio.to_thread(self.cold, key)
+        # Back on the loop, in one step: the tail applies nothing in between.
+        if key in self.by_key:
+            return
+        if not any(isinstance(env.record, ConversationStarted) for env in older):
+            self.pending.pop(key, None)  # no conversation: what was held is orphaned
+            self._absent[key] = None
+            while len(self._absent) > ABSENT_KEPT:
+                self._absent.popitem(last=False)
+            return
+        for env in (*older, *self.pending.pop(key, ())):
+            self.apply(env)
 
     def apply(self, env: Envelope) -> ConversationView | None:
         """Apply one record; returns the view it changed, or None for a duplicate/unknown."""
@@ -96,6 +153,8 @@ class ConversationViews(StreamProjection[ConversationView]):
         else:
             view = self.by_key.get(env.key)
             if view is None:
+                if self.cold is not None and env.key not in self._absent:
+                    self.pending.setdefault(env.key, []).append(env)  # started before
                 return None
         if not view.accept(env):
             return None
