@@ -132,6 +132,10 @@ def create_app(settings: VoiceSettings | None = None, bind_host: str | None = No
         # Records the tail skipped (undecodable, or a view raised on them): not a reason to
         # be unready — the writer side dead-letters them — but worth seeing.
         checks["skipped"] = tail.skipped_counts()
+        # What this edge holds in memory: with a history window, the conversations asked for
+        # or started inside it, and those with records held until asked (decision 0011).
+        views: ConversationViews = app.state.views
+        checks["conversations"] = {"in_memory": len(views), "held": len(views.pending)}
         ready = (checks["broker"] == "ok" and checks["topics"] == "ok"
                  and tail.assigned.is_set() and tail.caught_up.is_set()
                  and checks["keys"] == "ready")

@@ -187,7 +187,10 @@ class EdgeTail:
     def _check_caught_up(self, consumer: Consumer) -> None:
         tps = [TopicPartition(t, p) for t, p in self._ends]
         positions = {(tp.topic, tp.partition): tp.offset for tp in consumer.position(tps)}
-        if all(end == 0 or positions[tp] >= end for tp, end in self._ends.items()):
+        # A partition the window starts at its end has nothing to read (and no position yet).
+        if all(end == 0 or positions[tp] >= end
+               or (tp[0] == self.conv_topic and self.conv_starts.get(tp[1], -1) >= end)
+               for tp, end in self._ends.items()):
             self.caught_up.set()
 
     def _handle(self, topic: str, partition: int, offset: int, key: bytes | None,
