@@ -25,7 +25,7 @@ from api.assistant import AssistantViews
 from api.assistant.upload import UPLOAD_PATH, upload_body_limit
 from api.conversations import ConversationViews
 from api.frame.body import BodyGuard, BodyLimit
-from api.frame.cold import conversation_reader
+from api.frame.cold import ColdLog, conversation_reader
 from api.frame.commands import edge_producer
 from api.frame.deadline import RequestDeadline
 from api.frame.errors import EDGE_ERRORS, EdgeErrors, install_error_handlers
@@ -65,9 +65,10 @@ def create_app(settings: VoiceSettings | None = None, bind_host: str | None = No
     @asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
         # The cold reader needs the tail (where it started), made below; it reads it late.
+        cold = ColdLog(settings)
         views = ConversationViews(kept=settings.edge_events_kept, cold=(
             None if settings.edge_history_s is None
-            else lambda key: conversation_reader(settings, app.state.tail)(key)))
+            else lambda key: conversation_reader(cold, app.state.tail)(key)))
         sealer = await asyncio.to_thread(sealer_for, settings)
         app.state.settings = settings
         app.state.views = views
@@ -85,6 +86,7 @@ def create_app(settings: VoiceSettings | None = None, bind_host: str | None = No
             yield
         finally:
             app.state.tail.stop()
+            await asyncio.to_thread(cold.close)
             app.state.producer.close()
             await asyncio.to_thread(sealer.close)
 

@@ -13,6 +13,10 @@
   topics with no records, then on topics holding ``VOICE_BENCH_HISTORY`` (default 1,000,000)
   conversation records as the sequencer writes them; time from spawn to ``/readyz`` 200 and
   the edge's RSS once ready. No worker runs: the edge only reads.
+* ``edge.start_windowed``: the same log, the edge started with ``VOICE_EDGE_HISTORY_S``
+  (decision 0011: it reads only the recent part and an old conversation when asked for);
+  beside the ready time and RSS, ``cold_open``: the first open of ``COLD_OPENS`` old
+  conversations' streams, each read from the log then.
 """
 
 from __future__ import annotations
@@ -25,10 +29,11 @@ import shutil
 import time
 from typing import Any
 
+import httpx
 from confluent_kafka import Producer
 
 from bench.fanout import rss_kib
-from bench.harness import Context, Result, benchmark
+from bench.harness import Context, Result, benchmark, latency_summary
 from bench.settings import BenchSettings
 from bench.stack import BENCH_QUOTAS, Stack, cpu_seconds, stack_settings, start_stack
 from bench.turns import _cpu_delta, _headers, _sustained_run, outcomes
@@ -45,6 +50,8 @@ from schemas.conversation import (
 from streams.envelope import Envelope, encode
 from streams.ids import turn_id
 from streams.producer import PRODUCER_CONFIG
+from streams.settings import VoiceSettings
+from streams.tokens import mint_token
 from streams.topics import CONVERSATIONS, create_topics, topic_name
 
 PARTITIONS = 12
@@ -60,6 +67,10 @@ TURNS_PER_CONVERSATION = 2
 RECORDS_PER_CONVERSATION = 1 + 5 * TURNS_PER_CONVERSATION
 CIPHERTEXT_BYTES = 80
 """As ``bench.kafka_baseline``: a short sealed message (a record's value is ~300 bytes)."""
+WINDOW_S = 5.0
+"""``VOICE_EDGE_HISTORY_S`` of the windowed edge: every history record is older."""
+COLD_OPENS = 10
+"""Old conversations whose streams are opened once each edge is ready."""
 EDGE_READY_TIMEOUT_S = 600.0
 """Generous: the edge reads the whole log before it is ready (the thing measured)."""
 TENANT = "default"
@@ -172,9 +183,11 @@ def conversation_records(conversation: str, rng: random.Random) -> list[Record]:
     return out
 
 
-def produce_history(bootstrap: str, topic: str, records: int, seed: int = 14) -> int:
+def produce_history(bootstrap: str, topic: str, records: int, seed: int = 14
+                    ) -> tuple[int, list[str]]:
     """Produce about ``records`` conversation records (whole conversations, the real envelope
-    and encoder) onto ``topic``; returns how many were produced, all acked."""
+    and encoder) onto ``topic``; returns how many were produced (all acked) and a sample of
+    the conversation ids, spread over the history."""
     rng = random.Random(seed)
     producer = Producer({**PRODUCER_CONFIG, "bootstrap.servers": bootstrap,
                          "linger.ms": 20, "batch.size": 1_000_000,
@@ -186,8 +199,13 @@ def produce_history(bootstrap: str, topic: str, records: int, seed: int = 14) ->
             failed.append(str(err))
 
     produced = 0
-    for _ in range(max(1, records // RECORDS_PER_CONVERSATION)):
+    total = max(1, records // RECORDS_PER_CONVERSATION)
+    every = max(1, total // COLD_OPENS)
+    sample: list[str] = []
+    for i in range(total):
         conversation = f"cnv-{rng.randbytes(8).hex()}"
+        if i % every == 0:
+            sample.append(conversation)
         for seq, rec in enumerate(conversation_records(conversation, rng), start=1):
             key, value, headers = encode(Envelope(
                 record=rec, key=conversation, source="/voice/sequencer", seq=seq,
@@ -205,59 +223,115 @@ def produce_history(bootstrap: str, topic: str, records: int, seed: int = 14) ->
     if left or failed:
         raise RuntimeError(f"history: {left} records unsent, {len(failed)} failed "
                            f"({failed[:3]})")
-    return produced
+    return produced, sample
 
 
-def _edge_start(ctx: Context, label: str, history: int) -> Result:
-    """An edge spawned on fresh topics holding ``history`` conversation records: seconds to
-    ``/readyz`` 200 and its RSS once ready (and after a short settle)."""
-    settings = stack_settings(ctx, label)
-    try:
+_HISTORY: dict[str, tuple[VoiceSettings, int, list[str], float]] = {}
+"""The run's history topics (settings, records, some conversation ids, produce seconds), made
+once and read by both history figures."""
+
+
+def _history(ctx: Context) -> tuple[VoiceSettings, int, list[str], float]:
+    if ctx.run_id not in _HISTORY:
+        settings = stack_settings(ctx, "history")
         create_topics(settings)
-        produced, produce_s = 0, 0.0
-        if history:
-            t0 = time.perf_counter()
-            produced = produce_history(settings.bootstrap,
-                                       topic_name(settings, CONVERSATIONS), history)
-            produce_s = time.perf_counter() - t0
-            ctx.log(f"  {produced} history records produced in {produce_s:.1f} s")
-        port = free_port()
         t0 = time.perf_counter()
-        edge = spawn_voice(settings, "edge", "--port", str(port),
-                           log=settings.state_dir / "edge.log", **BENCH_QUOTAS)
-        try:
-            wait_http_ready(f"http://127.0.0.1:{port}/readyz", timeout=EDGE_READY_TIMEOUT_S,
-                            proc=edge)
-            ready_s = time.perf_counter() - t0
-            rss_ready = rss_kib(edge.pid)
-            cpu = cpu_seconds(edge.pid)
-            time.sleep(2.0)
-            rss_settled = rss_kib(edge.pid)
-        finally:
-            stop(edge)
+        produced, sample = produce_history(settings.bootstrap,
+                                           topic_name(settings, CONVERSATIONS), HISTORY)
+        produce_s = time.perf_counter() - t0
+        ctx.log(f"  {produced} history records produced in {produce_s:.1f} s")
+        # Every record older than the windowed edge's window before any edge starts.
+        time.sleep(WINDOW_S + 1.0)
+        _HISTORY[ctx.run_id] = (settings, produced, sample, produce_s)
+    return _HISTORY[ctx.run_id]
+
+
+def _cold_open(settings: VoiceSettings, url: str, conversations: list[str]) -> list[float]:
+    """Seconds to the answer's head of each conversation's stream (from its last seq: the
+    ownership check, and on a windowed edge the conversation's read from the log)."""
+    token = mint_token(settings, OWNER, "participant", TENANT)
+    out: list[float] = []
+    with httpx.Client(timeout=120, headers={"Authorization": f"Bearer {token}"}) as client:
+        for cnv in conversations:
+            t0 = time.perf_counter()
+            with client.stream("GET", f"{url}/me/conversations/{cnv}/stream",
+                               params={"after": RECORDS_PER_CONVERSATION}) as r:
+                if r.status_code != 200:
+                    raise RuntimeError(f"stream of {cnv} answered {r.status_code}")
+                out.append(time.perf_counter() - t0)
+    return out
+
+
+def _edge_start(ctx: Context, settings: VoiceSettings, open_cold: list[str] | None = None,
+                **env: str) -> Result:
+    """An edge spawned on ``settings``' topics: seconds to ``/readyz`` 200 and its RSS once
+    ready; then, for ``open_cold``, each conversation's stream opened and the RSS after."""
+    port = free_port()
+    url = f"http://127.0.0.1:{port}"
+    t0 = time.perf_counter()
+    edge = spawn_voice(settings, "edge", "--port", str(port),
+                       log=settings.state_dir / f"edge{port}.log", **{**BENCH_QUOTAS, **env})
+    out: Result = {}
+    try:
+        wait_http_ready(f"{url}/readyz", timeout=EDGE_READY_TIMEOUT_S, proc=edge)
+        out["ready_s"] = round(time.perf_counter() - t0, 2)
+        out["rss_mib"] = round(rss_kib(edge.pid) / 1024, 1)
+        cpu = cpu_seconds(edge.pid)
+        out["cpu_s_to_ready"] = round(cpu, 2) if cpu is not None else None
+        out["in_memory"] = httpx.get(f"{url}/readyz", timeout=10).json()["checks"].get(
+            "conversations")
+        if open_cold:
+            opened = _cold_open(settings, url, open_cold)
+            out["cold_open"] = {**latency_summary(opened), "conversations": len(opened)}
+            out["rss_after_cold_opens_mib"] = round(rss_kib(edge.pid) / 1024, 1)
     finally:
-        if not BenchSettings().keep_state:
-            shutil.rmtree(settings.state_dir, ignore_errors=True)
-    return {
-        "history_records": produced,
-        "conversations": produced // RECORDS_PER_CONVERSATION,
-        "ready_s": round(ready_s, 2),
-        "rss_mib": round(rss_ready / 1024, 1),
-        "rss_after_2s_mib": round(rss_settled / 1024, 1),
-        "cpu_s_to_ready": round(cpu, 2) if cpu is not None else None,
-        "history_produce_s": round(produce_s, 1),
-        "topic_partitions": settings.topic_partitions,
-    }
+        stop(edge)
+    return out
 
 
 @benchmark("edge.start_empty")
 def start_empty(ctx: Context) -> Result:
     """An edge on empty topics: seconds to /readyz ready, and its RSS then (the floor)."""
-    return _edge_start(ctx, "startempty", 0)
+    settings = stack_settings(ctx, "startempty")
+    try:
+        create_topics(settings)
+        return {**_edge_start(ctx, settings), "history_records": 0,
+                "topic_partitions": settings.topic_partitions}
+    finally:
+        _drop_state(settings)
+
+
+def _drop_state(settings: VoiceSettings) -> None:
+    if not BenchSettings().keep_state:
+        shutil.rmtree(settings.state_dir, ignore_errors=True)
+
+
+def _with_history(ctx: Context, windowed: bool) -> Result:
+    settings, produced, sample, produce_s = _history(ctx)
+    env = {"VOICE_EDGE_HISTORY_S": str(WINDOW_S)} if windowed else {}
+    result = _edge_start(ctx, settings, sample[:COLD_OPENS], **env)
+    return {**result, "history_records": produced,
+            "conversations": produced // RECORDS_PER_CONVERSATION,
+            "history_produce_s": round(produce_s, 1),
+            "topic_partitions": settings.topic_partitions,
+            "edge_history_s": WINDOW_S if windowed else None}
 
 
 @benchmark("edge.start_with_history", baseline="edge.start_empty",
            compare=("ready_s", "rss_mib"))
 def start_with_history(ctx: Context) -> Result:
-    """An edge on a log of VOICE_BENCH_HISTORY conversation records: ready time and RSS."""
-    return _edge_start(ctx, "starthistory", HISTORY)
+    """An edge reading the whole log of VOICE_BENCH_HISTORY records: ready time and RSS."""
+    return _with_history(ctx, windowed=False)
+
+
+@benchmark("edge.start_windowed", baseline="edge.start_empty",
+           compare=("ready_s", "rss_mib"))
+def start_windowed(ctx: Context) -> Result:
+    """The same log, the edge with a history window (VOICE_EDGE_HISTORY_S): ready time, RSS,
+    and the first open of old conversations (each read from the log on demand)."""
+    try:
+        return _with_history(ctx, windowed=True)
+    finally:
+        settings = _HISTORY.pop(ctx.run_id, (None,))[0]
+        if settings is not None:
+            _drop_state(settings)

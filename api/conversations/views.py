@@ -91,8 +91,8 @@ order (``api.frame.cold.conversation_reader``)."""
 
 ABSENT_KEPT = 10_000
 """Ids found in no record before the window, remembered so that asking again scans nothing."""
-COLD_SCANS = 2
-"""Partition scans at once (each a thread reading one partition's history)."""
+COLD_SCANS = 1
+"""Partition scans at once (the reader runs one at a time; more would only hold threads)."""
 
 
 class ConversationViews(StreamProjection[ConversationView]):
