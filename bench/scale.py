@@ -283,6 +283,8 @@ def _edge_start(ctx: Context, settings: VoiceSettings, open_cold: list[str] | No
         if open_cold:
             opened = _cold_open(settings, url, open_cold)
             out["cold_open"] = {**latency_summary(opened), "conversations": len(opened)}
+            # The same conversations again: in memory now, whichever edge this is.
+            out["open_again"] = latency_summary(_cold_open(settings, url, open_cold))
             out["rss_after_cold_opens_mib"] = round(rss_kib(edge.pid) / 1024, 1)
     finally:
         stop(edge)

@@ -93,6 +93,9 @@ ABSENT_KEPT = 10_000
 """Ids found in no record before the window, remembered so that asking again scans nothing."""
 COLD_SCANS = 1
 """Partition scans at once (the reader runs one at a time; more would only hold threads)."""
+COLD_WAIT_S = 120.0
+"""Longest ``ensure`` waits for a read (the reader gives up at its own 60 s; the request's
+gateway bound cuts a request's wait shorter)."""
 
 
 class ConversationViews(StreamProjection[ConversationView]):
@@ -121,25 +124,39 @@ class ConversationViews(StreamProjection[ConversationView]):
         if fut is None:
             fut = asyncio.ensure_future(self._load(key))
             self._loading[key] = fut
-            fut.add_done_callback(lambda _f: self._loading.pop(key, None))
-        # Shielded: a caller that goes away does not cancel the read others wait on.
-        await asyncio.shield(fut)
+            fut.add_done_callback(lambda f: self._read_done(key, f))
+        # Until the read is done — or the tail brings the view first (a conversation just
+        # started, on another edge): then the read ends on its own, nobody waits for it. A
+        # caller that goes away cancels its wait, never the read others wait on.
+        await self.wait(key, lambda v: v is not None or fut.done(), COLD_WAIT_S)
+        if fut.done():
+            fut.result()  # ColdReadFailed, when the read failed
+
+    def _read_done(self, key: str, fut: asyncio.Future[None]) -> None:
+        self._loading.pop(key, None)
+        if not fut.cancelled():
+            fut.exception()  # retrieved: a failure nobody waits for any more is no warning
 
     async def _load(self, key: str) -> None:
         assert self.cold is not None
-        async with self._scans:
-            older = await asyncio.to_thread(self.cold, key)
-        # Back on the loop, in one step: the tail applies nothing in between.
-        if key in self.by_key:
-            return
-        if not any(isinstance(env.record, ConversationStarted) for env in older):
-            self.pending.pop(key, None)  # no conversation: what was held is orphaned
-            self._absent[key] = None
-            while len(self._absent) > ABSENT_KEPT:
-                self._absent.popitem(last=False)
-            return
-        for env in (*older, *self.pending.pop(key, ())):
-            self.apply(env)
+        try:
+            async with self._scans:
+                if key in self.by_key:
+                    return
+                older = await asyncio.to_thread(self.cold, key)
+            # Back on the loop, in one step: the tail applies nothing in between.
+            if key in self.by_key:
+                return
+            if not any(isinstance(env.record, ConversationStarted) for env in older):
+                self.pending.pop(key, None)  # no conversation: what was held is orphaned
+                self._absent[key] = None
+                while len(self._absent) > ABSENT_KEPT:
+                    self._absent.popitem(last=False)
+                return
+            for env in (*older, *self.pending.pop(key, ())):
+                self.apply(env)
+        finally:
+            self.notify(key)  # wake ``ensure``'s waiters, whatever the outcome
 
     def apply(self, env: Envelope) -> ConversationView | None:
         """Apply one record; returns the view it changed, or None for a duplicate/unknown."""

@@ -125,3 +125,24 @@ def test_without_a_cold_reader_nothing_is_held_or_read() -> None:
     assert views.apply(log(1)[2]) is None
     asyncio.run(views.ensure(CNV))
     assert CNV not in views and not views.pending
+
+
+def test_a_view_the_tail_brings_first_ends_the_wait_and_the_read_changes_nothing() -> None:
+    reader = Reader([])  # the conversation is new: nothing of it before the window
+    reader.gate.clear()
+    views = ConversationViews(cold=reader)
+    started = log(1)[0]
+
+    async def main() -> None:
+        asker = asyncio.create_task(views.ensure(CNV))
+        await asyncio.sleep(0.05)
+        assert not asker.done()
+        views.apply(started)  # the tail applies its start meanwhile
+        await asyncio.wait_for(asker, 5)  # answered without the read
+        reader.gate.set()
+        while views._loading:  # the read ends on its own
+            await asyncio.sleep(0.01)
+
+    asyncio.run(main())
+    assert views[CNV].last_seq == 1 and CNV not in views.pending
+    assert views.apply(log(1)[1]) is views[CNV]  # not taken for an absent id
