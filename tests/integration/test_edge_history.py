@@ -94,6 +94,12 @@ def test_an_edge_with_a_window_serves_conversations_started_before_it(
     assert whole_stream(windowed, settings, convs[0], end) == \
         whole_stream(full, settings, convs[0], end)
 
+    # A conversation started after the windowed edge: it is in its window, read by its tail.
+    fresh = create(full, settings)
+    r = wait_for(lambda: (g := get(windowed, settings, f"/{fresh}")).status_code == 200 and g,
+                 timeout=30, what="the new conversation on the windowed edge")
+    assert r.json() == get(full, settings, f"/{fresh}").json()
+
     # Still 404: an id no one created, and someone else's conversation.
     assert get(windowed, settings, "/cnv-0123456789abcdef").status_code == 404
     other = httpx.get(f"{windowed}/me/conversations/{convs[2]}", timeout=10,
