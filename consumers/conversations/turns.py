@@ -51,6 +51,15 @@ KIND = "conversation-turn"
 SOURCE = "/voice/turn-worker"
 READ_SETTING = "VOICE_HISTORY_READ_BYTES"
 
+class HistoryUnreadable(StepError):
+    """A turn's history cannot be read back from the log as its input refers to it.
+
+    Its words stay plain: they name the turn and log positions, never content, so an
+    operator reads in the worker's log and the step's record why the turn failed."""
+
+    plain_message = True
+
+
 ConcernAgent = Callable[[str, str, int, list[dict[str, Any]], CancelToken, str | None],
                       Awaitable[ConcernReply]]
 """(conversation, turn, attempt, Messages-API history ending with the user message, the
@@ -236,10 +245,12 @@ class Turns:
         except KeyErased:
             raise Erased("conversation", conversation) from None
         except LogUnavailable as exc:
-            raise StepError(f"the history of turn {turn!r} cannot be read: {exc}",
-                            retryable=exc.retryable) from None
+            raise HistoryUnreadable(f"the history of turn {turn!r} cannot be read: {exc}",
+                                    retryable=exc.retryable) from None
         if not history or history[-1]["role"] != "user":
-            raise StepError(f"turn {turn!r} has no participant message", retryable=False)
+            raise HistoryUnreadable(f"turn {turn!r} has no participant message (its history "
+                                    f"holds {len(history)} messages, the last of seqs {seqs[-1:]})",
+                                    retryable=False)
         tenant = ctx.input.get("tenant")
         reply = await self.agent(conversation, turn, ctx.attempt, history, ctx.cancel, tenant)
         if reply.summary is not None and 0 < reply.summary.summary_through <= len(seqs):

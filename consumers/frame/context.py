@@ -41,7 +41,7 @@ from streams.producer import Publisher, RecordProducer
 from streams.retry import RetryPolicy, Unprocessable
 from streams.sealing import sealer_for
 from streams.settings import VoiceSettings
-from streams.topics import ACKS, COMMANDS, WORKFLOWS, TopicSpec, topic_name
+from streams.topics import ACKS, COMMANDS, TOPICS, WORKFLOWS, TopicSpec, topic_name
 
 log = logging.getLogger(__name__)
 
@@ -71,6 +71,7 @@ def faust_app(settings: VoiceSettings) -> VoiceApp:
         topic_partitions=settings.topic_partitions,
         topic_replication_factor=settings.replication_factor,
         web_enabled=False,
+        gapless_topics=[topic_name(settings, spec) for spec in TOPICS if not spec.compacted],
         consumer_auto_offset_reset="earliest",
         producer_acks=-1,
         broker_commit_every=100,

@@ -21,7 +21,8 @@ was being handled, and without a partition left unread afterwards.
    sought back to its committed offset, with a warning naming the offsets.
 4. **Its consumer** does not let a record fetched before a rebalance move the read offset
    after it (``consumers.frame.stale_records``: that dropped the records the new generation
-   read again, and stopped the partition's commit for good).
+   read again, and stopped the partition's commit for good), and does not skip offsets of a
+   topic that has no gaps of its own (``gapless_topics``: Faust counted them as acknowledged).
 
 It must never acknowledge a record itself: it only waits, and tells Faust what to fetch.
 """
@@ -55,7 +56,10 @@ class VoiceApp(faust.App):
     """Faust's app with a bounded handover wait, a fetch check and a stale-record guard
     (module docstring)."""
 
-    def __init__(self, *args: Any, **kwargs: Any) -> None:
+    def __init__(self, *args: Any, gapless_topics: Iterable[str] = (), **kwargs: Any) -> None:
+        """``gapless_topics``: the topics that have no gaps of their own (not compacted,
+        never written in transactions) — a gap Faust sees in one is a record it skipped."""
+        self.gapless_topics = frozenset(gapless_topics)
         super().__init__(*args, **kwargs)
         self.before_handover: list[Callable[[], None]] = []
         self.in_flight = InFlight()
@@ -66,7 +70,8 @@ class VoiceApp(faust.App):
     def _new_consumer(self) -> Any:
         consumer = super()._new_consumer()
         guard_stale_records(consumer, lambda: self.consumer_generation_id,
-                            lambda: self.tables.changelog_topics)
+                            lambda: self.tables.changelog_topics,
+                            lambda topic: topic in self.gapless_topics)
         return consumer
 
     async def _consumer_wait_empty(self, consumer: Any, logger: Any) -> None:  # noqa: ARG002

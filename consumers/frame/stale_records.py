@@ -15,11 +15,24 @@ stops there for good, and the turns in those records never start (issue 12, faul
 ``guard_stale_records`` keeps such a record away from the conductor (the stream would skip it
 anyway) and makes the read-offset update that follows it a no-op. Changelog partitions are
 left alone: table recovery seeks them itself and reads them outside the streams.
+
+**Holes** (the same fault, seen again as turns that never started): on a topic that has no
+gaps of its own — not compacted, never written in transactions — Faust still skips offsets in
+two ways. When the next record it fetches is more than one past the read offset, it registers
+the offsets between as a gap (``Consumer._add_gap``), which counts as acknowledged: the commit
+moves past records no handler ever saw. And after a seek the read offset means "next to read"
+while after a hand-over it means "last read", so a record right after the committed one can
+arrive first and the committed one is never handed over (Faust's commit check is off by one
+the same way). The guard therefore also keeps, per partition of such a topic, the next offset
+to hand over (set by every seek, moved by every hand-over); a record past it is held back and
+the partition is sought back to it, once, so the records between are fetched and handed over
+in order. Faust's gap is never registered for these topics.
 """
 
 from __future__ import annotations
 
 import logging
+import time
 from collections import defaultdict
 from collections.abc import Awaitable, Callable, Collection
 from typing import Any
@@ -49,24 +62,92 @@ class ReadOffsets(defaultdict[Any, int | None]):
         super().__setitem__(tp, offset)
 
 
+REWIND_GIVE_UP_S = 30.0
+"""A partition sought back to a hole that still has not handed over the hole's first record
+after this long (the records are gone: retention) goes on past it, registered as Faust's gap."""
+
+
 def guard_stale_records(consumer: Any, generation: Callable[[], int],
-                        changelogs: Callable[[], Collection[str]]) -> None:
+                        changelogs: Callable[[], Collection[str]],
+                        gapless: Callable[[str], bool] = lambda topic: False) -> None:
     """Install the guard on Faust's ``consumer`` before its fetch loop starts (the loop binds
     ``callback`` and the read-offset mapping once). ``generation`` is the app's current
-    consumer generation, ``changelogs`` the tables' changelog topics."""
+    consumer generation, ``changelogs`` the tables' changelog topics, ``gapless`` whether a
+    topic can have no gaps of its own (module docstring: holes)."""
     offsets = ReadOffsets(dict(consumer._read_offset))
     consumer._read_offset = offsets
     deliver: Callable[[Any], Awaitable[None]] = consumer.callback
+    add_gap: Callable[[Any, int, int], Awaitable[None]] = consumer._add_gap
+    seek: Callable[[Any, int], Awaitable[None]] = consumer.seek
+    perform_seek: Callable[[], Awaitable[None]] = consumer.perform_seek
+    following: dict[Any, tuple[int, int]] = {}
+    """The next offset to hand over of each gapless partition, with its generation."""
+    rewinding: dict[Any, tuple[int, float]] = {}
+    """Each partition sought back to a hole: the hole's first offset, since when."""
+
+    async def seek_and_follow(tp: Any, offset: int) -> None:
+        await seek(tp, offset)
+        if gapless(tp.topic):
+            following[tp] = (offset, generation())
+
+    async def perform_seek_and_follow() -> None:
+        await perform_seek()
+        now = generation()
+        for tp, offset in list(consumer._committed_offset.items()):
+            if offset is not None and gapless(tp.topic):
+                following[tp] = (offset, now)
+
+    async def no_gap_here(tp: Any, offset_from: int, offset_to: int) -> None:
+        if not gapless(tp.topic):
+            await add_gap(tp, offset_from, offset_to)
+        # else: never counted as acknowledged; ``callback`` holds the record back instead
 
     async def callback(message: Any) -> None:
         now = generation()
+        tp = message.tp
         if message.generation_id != now and message.topic not in changelogs():
-            offsets.stale(message.tp, message.offset)
+            offsets.stale(tp, message.offset)
             log.warning("a record fetched before the rebalance came after it, not handed "
                         "over (read again from the committed offset): %s[%s]@%s, generation "
                         "%s, now %s", message.topic, message.partition, message.offset,
                         message.generation_id, now)
             return
+        if gapless(message.topic):
+            expected, of = following.get(tp, (None, now))
+            if expected is not None and of == now and message.offset > expected:
+                if not await rewound(tp, expected, message):
+                    offsets.stale(tp, message.offset)
+                    return
+            following[tp] = (message.offset + 1, now)
+            rewinding.pop(tp, None)
         await deliver(message)
 
+    async def rewound(tp: Any, expected: int, message: Any) -> bool:
+        """Whether to hand ``message`` over past the hole ``expected``..its offset: no while
+        the partition is (being) sought back to the hole; yes once that has not filled it
+        for ``REWIND_GIVE_UP_S``."""
+        target, since = rewinding.get(tp, (None, 0.0))
+        if target == expected:
+            if time.monotonic() - since < REWIND_GIVE_UP_S:
+                return False  # fetched before the seek back: read again after it
+            log.error("%s[%s]: offsets %s..%s are not on the log (sought back for %.0f s); "
+                      "going on from %s", tp.topic, tp.partition, expected, message.offset - 1,
+                      REWIND_GIVE_UP_S, message.offset)
+            await add_gap(tp, expected, message.offset)
+            return True
+        log.warning("%s[%s]: offset %s came before %s..%s were handed over; reading again "
+                    "from %s", tp.topic, tp.partition, message.offset, expected,
+                    message.offset - 1, expected)
+        rewinding[tp] = (expected, time.monotonic())
+        try:
+            await seek_and_follow(tp, expected)
+        except Exception:  # a rebalance took the partition meanwhile: its next owner reads it
+            log.exception("reading %s[%s] again from %s failed", tp.topic, tp.partition,
+                          expected)
+            rewinding.pop(tp, None)
+        return False
+
     consumer.callback = callback
+    consumer._add_gap = no_gap_here
+    consumer.seek = seek_and_follow
+    consumer.perform_seek = perform_seek_and_follow

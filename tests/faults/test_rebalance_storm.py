@@ -9,7 +9,6 @@ requested once, ends once and is replied once; the first worker stays up through
 
 from __future__ import annotations
 
-import os
 import time
 
 import httpx
@@ -29,13 +28,7 @@ from tests.faults.traffic import (
 pytestmark = [pytest.mark.integration, pytest.mark.faults,
               # Its own bounded waits (the load, the group settling four times, resends up to
               # 180 s, every turn terminal up to 300 s) add up past the suite's default.
-              pytest.mark.timeout(900),
-              # Issue 12 stays open on this: it passed 4 runs in a row beside the helpers'
-              # work, then failed in the session's fresh-clone CI run (2026-12-01, its logs kept
-              # for the next session); kept out of CI until it is green there too.
-              pytest.mark.skipif(os.environ.get("VOICE_TEST_STORM") != "1",
-                                 reason="fault 4 (rebalance storm) runs with VOICE_TEST_STORM=1 "
-                                        "until it passes reliably in CI (issue 12)")]
+              pytest.mark.timeout(900)]
 
 CONVERSATIONS = 6
 

@@ -127,3 +127,92 @@ def test_a_commit_stuck_behind_records_never_handled_is_found() -> None:
     assert holes({a}, set(), committed, acked, {a: gap}, {}) == {}, "a gap Faust skips"
     assert holes({a}, set(), {a: None}, acked, {}, {}) == {}
     assert holes({a}, set(), committed, {a: []}, {}, {}) == {}
+
+
+def run_gapless_loop(committed: int, batches: list[list[int]], refetch: list[int]
+                     ) -> tuple[list[int], list[int], Any]:
+    """Faust's fetch loop on a gapless topic whose committed offset is ``committed`` (set by
+    ``perform_seek``, as after an assignment): ``batches`` of offsets are fetched in order;
+    a seek (the guard's) makes the next fetch ``refetch``. Returns the offsets handed over,
+    the offsets sought to, and the consumer."""
+    import faust
+
+    app = faust.App("gapless-test", broker="kafka://127.0.0.1:1", store="memory://",
+                    web_enabled=False)
+    consumer = app.consumer
+    handed: list[int] = []
+    sought: list[int] = []
+
+    async def deliver(msg: ConsumerMessage) -> None:
+        handed.append(msg.offset)
+
+    async def seek_to_committed() -> dict[TP, int]:
+        return {TP0: committed}
+
+    async def raw_seek(tp: TP, offset: int) -> None:  # noqa: ARG001
+        sought.append(offset)
+        pending.insert(0, list(refetch))
+
+    consumer.callback = deliver
+    consumer.seek_to_committed = seek_to_committed
+    consumer._seek = raw_seek
+    app.consumer_generation_id = 1
+    guard_stale_records(consumer, lambda: app.consumer_generation_id, lambda: frozenset(),
+                        lambda topic: topic == TOPIC)
+    pending = [list(b) for b in batches]
+    fetcher = type("Fetcher", (), {})()
+    fetcher._stopped = asyncio.Event()
+
+    async def getmany(timeout: float) -> AsyncIterator[tuple[TP, ConsumerMessage]]:  # noqa: ARG001
+        if not pending:
+            fetcher._stopped.set()
+            return
+        for offset in pending.pop(0):
+            yield TP0, message(offset, 1)
+
+    consumer.getmany = getmany
+    consumer._commit_every = None
+
+    async def main() -> None:
+        await consumer.perform_seek()
+        await asyncio.wait_for(consumer._drain_messages(fetcher), timeout=30)
+
+    consumer.loop.run_until_complete(main())
+    return handed, sought, consumer
+
+
+def test_records_faust_would_skip_as_a_gap_are_read_again_and_handed_over() -> None:
+    """The regression (fault 4, a turn that never started): the fetch jumped from 152 to 155.
+    Faust alone registers 153..154 as a gap — acknowledged, committed past, never handled.
+    Guarded, 155 and 156 are held back, the partition is sought back to 153, and 153..156 are
+    handed over in order; no gap is registered."""
+    handed, sought, consumer = run_gapless_loop(152, [[152, 155, 156]], [153, 154, 155, 156])
+    assert handed == [152, 153, 154, 155, 156]
+    assert sought == [153]
+    assert not consumer._gap.get(TP0)
+
+
+def test_the_committed_record_is_handed_over_before_the_next() -> None:
+    """Faust's off-by-one: after the seek to the committed 152 a fetch starting at 153 is
+    taken (Faust would commit past 152 without handling it); the guard reads 152 first."""
+    handed, sought, _ = run_gapless_loop(152, [[153, 154]], [152, 153, 154])
+    assert handed == [152, 153, 154]
+    assert sought == [152]
+
+
+def test_a_topic_with_gaps_of_its_own_is_left_to_faust() -> None:
+    """A compacted topic has gaps: Faust registers them, nothing is sought back."""
+    import faust
+
+    app = faust.App("gapless-test-2", broker="kafka://127.0.0.1:1", store="memory://",
+                    web_enabled=False)
+    consumer = app.consumer
+    added: list[tuple[int, int]] = []
+
+    async def add_gap(tp: TP, a: int, b: int) -> None:  # noqa: ARG001
+        added.append((a, b))
+
+    consumer._add_gap = add_gap
+    guard_stale_records(consumer, lambda: 1, lambda: frozenset(), lambda topic: False)
+    consumer.loop.run_until_complete(consumer._add_gap(TP0, 153, 155))
+    assert added == [(153, 155)]

@@ -41,6 +41,7 @@ from schemas.conversation import (
 )
 from schemas.workflow import WorkflowStarted
 from streams.envelope import Envelope
+from streams.free_text import describe
 from streams.ids import turn_id
 from streams.sealing import MemoryKeyStore, Sealer
 from streams.topics import COMMANDS, CONVERSATIONS, WORKFLOWS, TopicSpec
@@ -209,6 +210,7 @@ async def test_records_that_are_not_where_the_index_says_fail_the_step_clearly()
     with pytest.raises(StepError, match="cannot be read: .*no record at offset 99") as err:
         await c.turns.reply_step(ctx)
     assert err.value.retryable is False
+    assert describe(err.value).startswith("HistoryUnreadable: the history of turn")  # plain words
     with pytest.raises(LogUnavailable, match="holds seq 2"):
         await c.log.read(CONVERSATIONS, PARTITION, CNV, [Position(1, 1)])
 
