@@ -43,6 +43,9 @@ class OneView:
     def __init__(self, view: Any) -> None:
         self.view = view
 
+    async def ensure(self, key: str) -> None:
+        """Nothing before a history window: it already has the view."""
+
     async def wait(self, key: str, until: Any, timeout: float) -> bool:
         return True
 
