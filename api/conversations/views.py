@@ -94,8 +94,8 @@ ABSENT_KEPT = 10_000
 COLD_SCANS = 1
 """Partition scans at once (the reader runs one at a time; more would only hold threads)."""
 COLD_WAIT_S = 120.0
-"""Longest ``ensure`` waits for a read (the reader gives up at its own 60 s; the request's
-gateway bound cuts a request's wait shorter)."""
+"""Longest ``ensure`` waits for a read by default (the reader gives up at its own 60 s; a
+request passes what is left of its gateway bound)."""
 
 
 class ConversationViews(StreamProjection[ConversationView]):
@@ -116,10 +116,11 @@ class ConversationViews(StreamProjection[ConversationView]):
         self._loading: dict[str, asyncio.Future[None]] = {}
         self._scans = asyncio.Semaphore(COLD_SCANS)
 
-    async def ensure(self, key: str) -> None:
-        """Read ``key``'s records from before the window, once, if this edge has not."""
+    async def ensure(self, key: str, timeout: float = COLD_WAIT_S) -> bool:
+        """Read ``key``'s records from before the window, once, if this edge has not; waits
+        at most ``timeout`` and says whether that is settled (False: still reading)."""
         if self.cold is None or key in self.by_key or key in self._absent:
-            return
+            return True
         fut = self._loading.get(key)
         if fut is None:
             fut = asyncio.ensure_future(self._load(key))
@@ -128,9 +129,10 @@ class ConversationViews(StreamProjection[ConversationView]):
         # Until the read is done — or the tail brings the view first (a conversation just
         # started, on another edge): then the read ends on its own, nobody waits for it. A
         # caller that goes away cancels its wait, never the read others wait on.
-        await self.wait(key, lambda v: v is not None or fut.done(), COLD_WAIT_S)
+        settled = await self.wait(key, lambda v: v is not None or fut.done(), timeout)
         if fut.done():
             fut.result()  # ColdReadFailed, when the read failed
+        return settled
 
     def _read_done(self, key: str, fut: asyncio.Future[None]) -> None:
         self._loading.pop(key, None)

@@ -146,3 +146,18 @@ def test_a_view_the_tail_brings_first_ends_the_wait_and_the_read_changes_nothing
     asyncio.run(main())
     assert views[CNV].last_seq == 1 and CNV not in views.pending
     assert views.apply(log(1)[1]) is views[CNV]  # not taken for an absent id
+
+
+def test_a_read_longer_than_the_wait_is_not_settled_and_goes_on_for_the_retry() -> None:
+    reader = Reader(log(1))
+    reader.gate.clear()
+    views = ConversationViews(cold=reader)
+
+    async def main() -> None:
+        assert await views.ensure(CNV, timeout=0.05) is False  # the request answers 503
+        reader.gate.set()
+        assert await views.ensure(CNV, timeout=5) is True  # its retry: the same read
+        assert reader.calls == 1
+
+    asyncio.run(main())
+    assert views[CNV].last_seq == 5
