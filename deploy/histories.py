@@ -19,7 +19,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from consumers.frame.logrefs import LogUnavailable, Position, scan_span
+from consumers.frame.logrefs import Position, checked, scan_held
 from schemas.workflow import WorkflowStarted
 from streams.envelope import Envelope, decode
 from streams.ids import turn_conversation
@@ -120,26 +120,15 @@ class RecordedLog:
 
     async def read(self, spec: TopicSpec, partition: int, key: str,
                    positions: Sequence[Position]) -> list[Envelope]:
-        out = []
-        for p in positions:
-            env = self.at.get((spec.name, partition, p.offset))
-            if env is None or env.key != key or env.seq != p.seq:
-                raise LogUnavailable(f"the history has no seq {p.seq} of {key!r} at "
-                                     f"{spec.name}[{partition}]@{p.offset}", retryable=False)
-            out.append(env)
-        return out
+        where = f"the history's {spec.name}[{partition}]"
+        return [checked(self.at.get((spec.name, partition, p.offset)), where, p.offset, key,
+                        p.seq) for p in positions]
 
     async def scan(self, spec: TopicSpec, partition: int, key: str, start: int,
                    through: int) -> list[Envelope]:
-        found: dict[int, Envelope] = {}
-        if through < 1:
-            return []
-        for (topic, part, offset), env in sorted(self.at.items()):
-            if topic == spec.name and part == partition and offset >= start \
-                    and scan_span(found, env, key, through):
-                return [found[s] for s in sorted(found)]
-        raise LogUnavailable(f"the history's {spec.name}[{partition}] ends before seq "
-                             f"{through} of {key!r}", retryable=False)
+        held = (env for (topic, part, offset), env in sorted(self.at.items())
+                if topic == spec.name and part == partition and offset >= start)
+        return scan_held(held, f"the history's {spec.name}[{partition}]", key, through)
 
 
 @dataclass(frozen=True)

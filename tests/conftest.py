@@ -9,18 +9,18 @@ the local broker from the Maven cache (what CI uses here, with ``VOICE_TEST_DOCK
 from __future__ import annotations
 
 import os
+import socket
 from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import pytest
 
 from streams.settings import VoiceSettings
-from streams.topics import create_topics
 from tests.containers import broker_choice, docker_answers, kafka_container
 from tests.support import (
+    settings_with_topics,
     spawn_voice,
     stop,
-    unique_settings,
     wait_group_stable,
     wait_http_ready,
     worker_group,
@@ -65,9 +65,18 @@ def own_broker(tmp_path: Path) -> Iterator[object]:
 @pytest.fixture
 def settings(kafka_bootstrap: str, tmp_path: Path) -> VoiceSettings:
     """This test's settings: its own topic prefix and group prefix, topics created."""
-    s = unique_settings(kafka_bootstrap, tmp_path)
-    create_topics(s)
-    return s
+    return settings_with_topics(kafka_bootstrap, tmp_path)
+
+
+@pytest.fixture
+def held_model() -> Iterator[str]:
+    """A model endpoint that accepts connections and never answers: turns keep running
+    (a deadline, a cancel or a killed worker ends them)."""
+    sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+    sock.bind(("127.0.0.1", 0))
+    sock.listen(256)  # many turns at once hold a connection each
+    yield f"http://127.0.0.1:{sock.getsockname()[1]}"
+    sock.close()
 
 
 @pytest.fixture(scope="session")

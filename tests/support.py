@@ -26,7 +26,7 @@ from deploy.processes import (  # noqa: F401  (re-exported for the tests)
 from streams.envelope import Envelope, decode
 from streams.reading import read_topic
 from streams.settings import VoiceSettings
-from streams.topics import TopicSpec, record_specs, topic_name
+from streams.topics import TopicSpec, create_topics, record_specs, topic_name
 
 REPO = Path(__file__).resolve().parent.parent
 
@@ -40,6 +40,14 @@ def unique_settings(bootstrap: str, tmp: Path, **overrides: object) -> VoiceSett
     }
     values.update(overrides)
     return VoiceSettings(**values)  # type: ignore[arg-type]
+
+
+def settings_with_topics(bootstrap: str, tmp: Path, **overrides: object) -> VoiceSettings:
+    """``unique_settings`` with every topic created: what a test needs before it starts a
+    worker or an edge (the ``settings`` fixture, and every stack a test starts by hand)."""
+    settings = unique_settings(bootstrap, tmp, **overrides)
+    create_topics(settings)
+    return settings
 
 
 env_for = voice_env

@@ -3,7 +3,8 @@
 The edge records each uploaded CSV once on the compacted ``voice.datasets`` (sealed with the
 dataset's own data key) and hands turns a ``DatasetRef`` (partition, offset), so a worker on any
 machine fetches exactly that record: no table of every dataset on every worker. Opened datasets
-are kept in memory (least recently used first out, bounded in bytes); never on disk.
+are kept in memory (least recently used first out, bounded in bytes: ``OpenedCache``, which
+keeps opened images too); never on disk.
 """
 
 from __future__ import annotations
@@ -14,8 +15,9 @@ import threading
 import time
 import uuid
 from collections import OrderedDict
+from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Protocol, TypeVar
+from typing import Generic, Protocol, TypeVar
 
 from confluent_kafka import Consumer, TopicPartition
 
@@ -27,6 +29,7 @@ from streams.settings import VoiceSettings
 from streams.topics import DATASETS, topic_name
 
 R = TypeVar("R", bound=Record)
+T = TypeVar("T")
 
 
 class DatasetUnavailable(Exception):
@@ -111,36 +114,76 @@ def fetch_record(settings: VoiceSettings, topic: str, partition: int, offset: in
     raise DatasetUnavailable(f"no dataset record at {topic}[{partition}]@{offset}")
 
 
+def unopenable(what: str, item_id: str, exc: Exception) -> DatasetUnavailable:
+    """The error for an item (a dataset, an image) whose key no longer opens it (erased)."""
+    return DatasetUnavailable(f"{what} {item_id!r} cannot be opened: {type(exc).__name__}")
+
+
+class OpenedCache(Generic[T]):
+    """Opened items (datasets, images) kept in memory by id: least recently used out first,
+    bounded in bytes (``size`` of each), never on disk. A hit is checked live before it is
+    served: an item erased since it was opened is dropped, and unavailable as on the log."""
+
+    def __init__(self, sealer: Sealer, cache_bytes: int, size: Callable[[T], int],
+                 what: str) -> None:
+        self.sealer = sealer
+        self.cache_bytes = cache_bytes
+        self.size = size
+        self.what = what
+        self._items: OrderedDict[str, T] = OrderedDict()
+        self._size = 0
+        self._lock = threading.Lock()
+
+    def __contains__(self, item_id: object) -> bool:
+        with self._lock:
+            return item_id in self._items
+
+    def _evict(self, item_id: str) -> None:
+        with self._lock:
+            gone = self._items.pop(item_id, None)
+            if gone is not None:
+                self._size -= self.size(gone)
+
+    def get(self, item_id: str) -> T | None:
+        """The kept item (now the most recently used), or ``None``; ``DatasetUnavailable`` if
+        it was erased since it was opened."""
+        with self._lock:
+            hit = self._items.get(item_id)
+            if hit is not None:
+                self._items.move_to_end(item_id)
+        if hit is None:
+            return None
+        try:  # erased since it was opened? Then it is no longer there to read.
+            self.sealer.check_live(item_id)
+        except SealingError as exc:
+            self._evict(item_id)
+            raise unopenable(self.what, item_id, exc) from None
+        return hit
+
+    def put(self, item_id: str, item: T) -> None:
+        """Keep ``item``, then drop the least recently used past the bound (never the last)."""
+        with self._lock:
+            if item_id not in self._items:
+                self._items[item_id] = item
+                self._size += self.size(item)
+            while self._size > self.cache_bytes and len(self._items) > 1:
+                _, old = self._items.popitem(last=False)
+                self._size -= self.size(old)
+
+
 class KafkaDatasets:
-    """Reads datasets from ``voice.datasets`` and keeps the opened ones (LRU by bytes)."""
+    """Reads datasets from ``voice.datasets`` and keeps the opened ones (``OpenedCache``)."""
 
     def __init__(self, settings: VoiceSettings, sealer: Sealer, cache_bytes: int) -> None:
         self.settings = settings
         self.sealer = sealer
         self.topic = topic_name(settings, DATASETS)
-        self.cache_bytes = cache_bytes
-        self._cache: OrderedDict[str, LoadedDataset] = OrderedDict()
-        self._size = 0
-        self._lock = threading.Lock()
-
-    def _evict(self, key: str) -> None:
-        with self._lock:
-            gone = self._cache.pop(key, None)
-            if gone is not None:
-                self._size -= len(gone.csv_text)
+        self.opened: OpenedCache[LoadedDataset] = OpenedCache(
+            sealer, cache_bytes, lambda d: len(d.csv_text), "dataset")
 
     def load(self, ref: DatasetRef) -> LoadedDataset:
-        with self._lock:
-            hit = self._cache.get(ref.dataset_id)
-            if hit is not None:
-                self._cache.move_to_end(ref.dataset_id)
+        hit = self.opened.get(ref.dataset_id)
         if hit is not None:
-            try:  # erased since it was opened? Then it is no longer there to read.
-                self.sealer.check_live(ref.dataset_id)
-            except SealingError as exc:
-                self._evict(ref.dataset_id)
-                raise DatasetUnavailable(f"dataset {ref.dataset_id!r} cannot be opened: "
-                                         f"{type(exc).__name__}") from None
             return hit
         rec = fetch_record(self.settings, self.topic, ref.partition, ref.offset)
         if rec.dataset_id != ref.dataset_id:
@@ -150,15 +193,8 @@ class KafkaDatasets:
             meta = self.sealer.open_json(rec.dataset_id, "meta", rec.meta)
             text = self.sealer.open_text(rec.dataset_id, "csv", rec.csv)
         except SealingError as exc:
-            raise DatasetUnavailable(f"dataset {rec.dataset_id!r} cannot be opened: "
-                                     f"{type(exc).__name__}") from None
+            raise unopenable("dataset", rec.dataset_id, exc) from None
         loaded = LoadedDataset(rec.dataset_id, rec.owner, str(meta.get("name") or "dataset"),
                                tuple(meta.get("columns") or ()), rec.rows, text, rec.namespace)
-        with self._lock:
-            if rec.dataset_id not in self._cache:
-                self._cache[rec.dataset_id] = loaded
-                self._size += len(text)
-            while self._size > self.cache_bytes and len(self._cache) > 1:
-                _, old = self._cache.popitem(last=False)
-                self._size -= len(old.csv_text)
+        self.opened.put(rec.dataset_id, loaded)
         return loaded

@@ -14,12 +14,15 @@ owner's) becomes a short text saying so. A reference block never reaches a model
 from __future__ import annotations
 
 import base64
-import threading
-from collections import OrderedDict
 from dataclasses import dataclass
 from typing import Any, Protocol
 
-from consumers.assistant.datasets import DatasetUnavailable, fetch_record
+from consumers.assistant.datasets import (
+    DatasetUnavailable,
+    OpenedCache,
+    fetch_record,
+    unopenable,
+)
 from schemas.assistant import ImageRecorded
 from streams.sealing import Sealer, SealingError
 from streams.settings import VoiceSettings
@@ -58,35 +61,18 @@ class MemoryImages:
 
 
 class KafkaImages:
-    """Reads images from ``voice.datasets`` and keeps the opened ones (LRU by bytes)."""
+    """Reads images from ``voice.datasets`` and keeps the opened ones (``OpenedCache``)."""
 
     def __init__(self, settings: VoiceSettings, sealer: Sealer, cache_bytes: int) -> None:
         self.settings, self.sealer = settings, sealer
         self.topic = topic_name(settings, DATASETS)
-        self.cache_bytes = cache_bytes
-        self._cache: OrderedDict[str, LoadedImage] = OrderedDict()
-        self._size = 0
-        self._lock = threading.Lock()
-
-    def _evict(self, key: str) -> None:
-        with self._lock:
-            gone = self._cache.pop(key, None)
-            if gone is not None:
-                self._size -= len(gone.data)
+        self.opened: OpenedCache[LoadedImage] = OpenedCache(
+            sealer, cache_bytes, lambda i: len(i.data), "image")
 
     def load(self, ref: dict[str, Any]) -> LoadedImage:
         image_id = str(ref.get("image_id"))
-        with self._lock:
-            hit = self._cache.get(image_id)
-            if hit is not None:
-                self._cache.move_to_end(image_id)
+        hit = self.opened.get(image_id)
         if hit is not None:
-            try:  # erased since it was opened? Then it is no longer there to read.
-                self.sealer.check_live(image_id)
-            except SealingError as exc:
-                self._evict(image_id)
-                raise DatasetUnavailable(f"image {image_id!r} cannot be opened: "
-                                         f"{type(exc).__name__}") from None
             return hit
         rec = fetch_record(self.settings, self.topic, int(ref["partition"]), int(ref["offset"]),
                            kind=ImageRecorded)
@@ -96,16 +82,9 @@ class KafkaImages:
         try:
             data = self.sealer.open(rec.image_id, "image", rec.image)
         except SealingError as exc:
-            raise DatasetUnavailable(f"image {image_id!r} cannot be opened: "
-                                     f"{type(exc).__name__}") from None
+            raise unopenable("image", image_id, exc) from None
         loaded = LoadedImage(rec.image_id, rec.owner, rec.media_type, data, rec.namespace)
-        with self._lock:
-            if image_id not in self._cache:
-                self._cache[image_id] = loaded
-                self._size += len(data)
-            while self._size > self.cache_bytes and len(self._cache) > 1:
-                _, old = self._cache.popitem(last=False)
-                self._size -= len(old.data)
+        self.opened.put(image_id, loaded)
         return loaded
 
 

@@ -6,7 +6,7 @@ workflows and consumers on a typed ``WorkerContext`` (``context``).
 
 Public names: ``Ack``, ``Aggregate``, ``AggregateState``, ``Decision``, ``append``, ``remember``,
 ``MAX_REMEMBERED`` (and, from the submodules, ``Writer``, ``apply``, ``outputs``, ``Raw``,
-``WorkerContext``, ``Product``).
+``WorkerContext``, ``Product``, ``RecordOnceLog``: the aggregate that records each item once).
 """
 
 from consumers.frame.aggregate import (

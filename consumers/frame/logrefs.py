@@ -18,7 +18,7 @@ import asyncio
 import threading
 import time
 import uuid
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
 from typing import Any, Protocol
 
@@ -211,10 +211,31 @@ def _checked(msg: Any, where: str, key: str, seq: int) -> Envelope:
     except DecodeError as exc:
         raise LogUnavailable(f"{where}@{msg.offset()} is not a record: {exc.reason}",
                              retryable=False) from None
+    return checked(env, where, msg.offset(), key, seq)
+
+
+def checked(env: Envelope | None, where: str, offset: int, key: str, seq: int) -> Envelope:
+    """The record found at ``where@offset`` if it is seq ``seq`` of ``key`` — the one position
+    check of every ``LogReader``; else ``LogUnavailable`` (not retryable: the log will not
+    change), naming what is there. ``None``: nothing is there."""
+    if env is None:
+        raise LogUnavailable(f"{where} has no record at offset {offset}", retryable=False)
     if env.key != key or env.seq != seq:
-        raise LogUnavailable(f"{where}@{msg.offset()} holds seq {env.seq} of {env.key!r}, not "
+        raise LogUnavailable(f"{where}@{offset} holds seq {env.seq} of {env.key!r}, not "
                              f"seq {seq} of {key!r}", retryable=False)
     return env
+
+
+def scan_held(envs: Iterable[Envelope], where: str, key: str, through: int) -> list[Envelope]:
+    """``LogReader.scan`` over records already in memory (from the scan's start, in offset
+    order): ``key``'s seqs up to ``through``, or ``LogUnavailable`` if they end before it."""
+    found: dict[int, Envelope] = {}
+    if through < 1:
+        return []
+    for env in envs:
+        if scan_span(found, env, key, through):
+            return [found[s] for s in sorted(found)]
+    raise LogUnavailable(f"{where} ends before seq {through} of {key!r}", retryable=False)
 
 
 class KafkaLogReader:
@@ -295,26 +316,10 @@ class MemoryLogReader:
                    positions: Sequence[Position]) -> list[Envelope]:
         self.reads.append((spec.name, partition, key, tuple(positions)))
         log = self.logs.get((spec.name, partition), [])
-        out = []
-        for p in positions:
-            if not 0 <= p.offset < len(log):
-                raise LogUnavailable(f"{spec.name}[{partition}] has no record at offset "
-                                     f"{p.offset}", retryable=False)
-            env = log[p.offset]
-            if env.key != key or env.seq != p.seq:
-                raise LogUnavailable(f"{spec.name}[{partition}]@{p.offset} holds seq {env.seq} "
-                                     f"of {env.key!r}, not seq {p.seq} of {key!r}",
-                                     retryable=False)
-            out.append(env)
-        return out
+        return [checked(log[p.offset] if 0 <= p.offset < len(log) else None,
+                        f"{spec.name}[{partition}]", p.offset, key, p.seq) for p in positions]
 
     async def scan(self, spec: TopicSpec, partition: int, key: str, start: int,
                    through: int) -> list[Envelope]:
-        found: dict[int, Envelope] = {}
-        if through < 1:
-            return []
-        for env in self.logs.get((spec.name, partition), [])[start:]:
-            if scan_span(found, env, key, through):
-                return [found[s] for s in sorted(found)]
-        raise LogUnavailable(f"{spec.name}[{partition}] ends before seq {through} of {key!r}",
-                             retryable=False)
+        return scan_held(self.logs.get((spec.name, partition), [])[start:],
+                         f"{spec.name}[{partition}]", key, through)

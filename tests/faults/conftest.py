@@ -1,13 +1,13 @@
-"""Fixtures the fault tests share: a model that never answers, and a whole stack (worker,
-edge, an authenticated client) on a broker of the test's own, to stop, pause or restart.
+"""Fixtures the fault tests share: a whole stack (worker, edge, an authenticated client) on a
+broker of the test's own, to stop, pause or restart.
 
-The session's broker and the per-test ``settings``/``start_worker``/``start_edge`` come from
-``tests/conftest.py``; these add what more than one fault test opened by hand.
+The session's broker and the per-test ``settings``/``start_worker``/``start_edge``/
+``held_model`` come from ``tests/conftest.py``; this adds what more than one fault test opened
+by hand.
 """
 
 from __future__ import annotations
 
-import socket
 import subprocess
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
@@ -19,25 +19,14 @@ import pytest
 from deploy.kafka_local import LocalKafka, free_port
 from streams.settings import VoiceSettings
 from streams.tokens import mint_token
-from streams.topics import create_topics
 from tests.support import (
+    settings_with_topics,
     spawn_voice,
     stop,
-    unique_settings,
     wait_group_stable,
     wait_http_ready,
     worker_group,
 )
-
-
-@pytest.fixture
-def held_model() -> Iterator[str]:
-    """A model endpoint that accepts connections and never answers."""
-    sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
-    sock.bind(("127.0.0.1", 0))
-    sock.listen(64)
-    yield f"http://127.0.0.1:{sock.getsockname()[1]}"
-    sock.close()
 
 
 @dataclass
@@ -65,8 +54,7 @@ def own_stack(own_broker: LocalKafka, tmp_path: Path, simulator_url: str
     made: list[OwnStack] = []
 
     def make(bound_s: float) -> OwnStack:
-        settings = unique_settings(own_broker.bootstrap, tmp_path, gateway_bound_s=bound_s)
-        create_topics(settings)
+        settings = settings_with_topics(own_broker.bootstrap, tmp_path, gateway_bound_s=bound_s)
         port = free_port()
         worker = spawn_voice(settings, "worker", log=tmp_path / "worker.log",
                              ANTHROPIC_API_KEY="simulator", ANTHROPIC_BASE_URL=simulator_url,

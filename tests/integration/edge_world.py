@@ -26,12 +26,12 @@ from streams.capabilities import ROLES, Role
 from streams.envelope import Envelope
 from streams.settings import VoiceSettings
 from streams.tokens import mint_token
-from streams.topics import WORKFLOWS, create_topics
+from streams.topics import WORKFLOWS
 from tests.integration.test_staff_helpers import produce
 from tests.support import (
+    settings_with_topics,
     spawn_voice,
     stop,
-    unique_settings,
     wait_group_stable,
     wait_http_ready,
     worker_group,
@@ -112,8 +112,7 @@ def running_stack(bootstrap: str, tmp: Path, simulator_url: str, **edge_env: str
     """Start a worker and an edge (both at once, to save time); stop both at the end."""
     from deploy.kafka_local import free_port
 
-    settings = unique_settings(bootstrap, tmp)
-    create_topics(settings)
+    settings = settings_with_topics(bootstrap, tmp)
     port = free_port()
     worker = spawn_voice(settings, "worker", log=tmp / "worker.log",
                          ANTHROPIC_API_KEY="simulator", ANTHROPIC_BASE_URL=simulator_url)
@@ -148,8 +147,7 @@ def running_hosts(bootstrap: str, tmp: Path, simulator_url: str, edges: int = 2,
     working directory), on fresh topics of the session's broker; stop them all at the end."""
     from deploy.kafka_local import free_port
 
-    settings = unique_settings(bootstrap, tmp)
-    create_topics(settings)
+    settings = settings_with_topics(bootstrap, tmp)
     started: list[subprocess.Popen[bytes]] = []
     dirs: list[Path] = []
 

@@ -4,9 +4,8 @@ Louisiana map example end to end with its patterns, ownership, and no plaintext 
 
 from __future__ import annotations
 
-import socket
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -171,16 +170,6 @@ def test_chat_without_stream_answers_202_then_the_turn_reads_back(
                     what="the turn to be replied")
     assert done["state"] == "Replied" and "Happy to help" in done["text"]
     assert done["end_reason"] == "end_turn" and done["cards"] == []
-
-
-@pytest.fixture
-def held_model() -> Iterator[str]:
-    """A model endpoint that accepts connections and never answers: turns keep running."""
-    sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
-    sock.bind(("127.0.0.1", 0))
-    sock.listen(64)
-    yield f"http://127.0.0.1:{sock.getsockname()[1]}"
-    sock.close()
 
 
 def test_a_stream_ends_before_the_gateway_bound_and_resumes(

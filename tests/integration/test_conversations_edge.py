@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import asyncio
 import random
-import socket
 import time
 import uuid
 from collections.abc import Callable, Iterator
@@ -137,16 +136,6 @@ def resume_to_end(url: str, settings: VoiceSettings, cnv: str, last: int, *,
 
 
 # --- fixtures -------------------------------------------------------------------------------
-
-
-@pytest.fixture
-def held_model() -> Iterator[str]:
-    """A model endpoint that accepts connections and never answers: turns stay Thinking."""
-    sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
-    sock.bind(("127.0.0.1", 0))
-    sock.listen(256)
-    yield f"http://127.0.0.1:{sock.getsockname()[1]}"
-    sock.close()
 
 
 @pytest.fixture

@@ -19,8 +19,8 @@ from deploy.kafka_local import LocalKafka, free_port
 from streams.producer import ProduceError, RecordProducer
 from streams.settings import VoiceSettings
 from streams.tokens import mint_token
-from streams.topics import DATASETS, admin_client, create_topics, topic_name
-from tests.support import read_all, spawn_voice, stop, unique_settings, wait_http_ready
+from streams.topics import DATASETS, admin_client, topic_name
+from tests.support import read_all, settings_with_topics, spawn_voice, stop, wait_http_ready
 
 pytestmark = pytest.mark.integration
 
@@ -75,8 +75,7 @@ def test_the_broker_refuses_what_the_default_limit_keeps_out(settings: VoiceSett
 
 def test_the_edge_answers_503_with_retry_after_while_the_broker_is_down(
         own_broker: LocalKafka, tmp_path: Path) -> None:
-    settings = unique_settings(own_broker.bootstrap, tmp_path, gateway_bound_s=6.0)
-    create_topics(settings)
+    settings = settings_with_topics(own_broker.bootstrap, tmp_path, gateway_bound_s=6.0)
     port = free_port()
     edge = spawn_voice(settings, "edge", "--port", str(port), log=tmp_path / "edge.log")
     url = f"http://127.0.0.1:{port}"

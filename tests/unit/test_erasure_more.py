@@ -316,8 +316,8 @@ def test_a_cached_dataset_or_image_is_not_read_once_erased(tmp_path: Path) -> No
     sealer.create(img)
     datasets = KafkaDatasets(settings, sealer, 1 << 20)
     images = KafkaImages(settings, sealer, 1 << 20)
-    datasets._cache[ds] = LoadedDataset(ds, "alice", "d.csv", ("a",), 1, "a\n1\n", None)
-    images._cache[img] = LoadedImage(img, "alice", "image/png", b"\x89PNG", None)
+    datasets.opened.put(ds, LoadedDataset(ds, "alice", "d.csv", ("a",), 1, "a\n1\n", None))
+    images.opened.put(img, LoadedImage(img, "alice", "image/png", b"\x89PNG", None))
     ref = DatasetRef(dataset_id=ds, partition=0, offset=0)
     assert datasets.load(ref).csv_text == "a\n1\n"
     assert images.load({"image_id": img, "partition": 0, "offset": 0}).data == b"\x89PNG"
@@ -327,7 +327,7 @@ def test_a_cached_dataset_or_image_is_not_read_once_erased(tmp_path: Path) -> No
         datasets.load(ref)
     with pytest.raises(DatasetUnavailable, match="KeyErased"):
         images.load({"image_id": img, "partition": 0, "offset": 0})
-    assert ds not in datasets._cache and img not in images._cache
+    assert ds not in datasets.opened and img not in images.opened
 
 
 # --- erased through another edge, before this edge's view hears of it -------------------------

@@ -16,8 +16,9 @@ from fastapi.testclient import TestClient
 from api import staff
 from api.frame.projection import CursorTooOld
 from api.staff.queue_view import ReviewQueues
+from consumers.frame.record_once import RecordOnceState
 from consumers.frame.writer import outputs
-from consumers.staff.queue import QueueState, ReviewQueueWriter, note
+from consumers.staff.queue import ReviewQueueWriter, note
 from consumers.staff.review import Review
 from consumers.staff.steps import StepDelays
 from consumers.workflows.engine import StepContext
@@ -47,7 +48,7 @@ class Queue:
     """The writer's pure half applied in turn, like its table would keep the state."""
 
     def __init__(self) -> None:
-        self.state: QueueState | None = None
+        self.state: RecordOnceState | None = None
         self.log: list[Envelope] = []
         self.acks: list[Envelope] = []
 

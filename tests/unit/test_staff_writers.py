@@ -4,9 +4,10 @@ from __future__ import annotations
 
 from datetime import UTC, datetime
 
+from consumers.frame.record_once import RecordOnceState
 from consumers.frame.writer import outputs
 from consumers.staff.developments import DeliveryQueue, apply_development
-from consumers.staff.inbox import InboxState, InboxWriter
+from consumers.staff.inbox import InboxWriter
 from consumers.staff.issues import IssueState, IssueWriter
 from schemas.base import Record
 from schemas.staff import (
@@ -37,7 +38,7 @@ def apply_issue(state: IssueState | None, c: Envelope) -> tuple[IssueState | Non
     return outputs(IssueWriter(), state, c)
 
 
-def apply_inbox(state: InboxState | None, c: Envelope) -> tuple[InboxState | None, list]:
+def apply_inbox(state: RecordOnceState | None, c: Envelope) -> tuple[RecordOnceState | None, list]:
     return outputs(InboxWriter(), state, c)
 
 
@@ -161,7 +162,7 @@ def test_the_writer_is_deterministic() -> None:
 
 
 def test_the_inbox_records_each_notification_once_with_a_dense_seq() -> None:
-    state: InboxState | None = None
+    state: RecordOnceState | None = None
     log = []
     for nid in ["d1:ann", "d2:ann", "d1:ann", "d3:ann"]:
         note = DeliverNotification(notification=nid, recipient="ann", issue=ISS,

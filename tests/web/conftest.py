@@ -1,18 +1,19 @@
-"""The web pages in a real headless Chromium (Debian's ``chromium`` and ``chromium-driver``,
-driven by Selenium) against a real stack: the session's broker, a worker and an edge.
+"""The web pages in real headless browsers — Debian's Chromium (Selenium and ``chromedriver``)
+and Firefox ESR (Marionette), one surface for both in ``tests/web/browsers.py`` — against a
+real stack: the session's broker, a worker and an edge.
 
 The edge runs in ``dev`` on 127.0.0.1, so the pages offer the dev sign-in form and the tests
 sign in through it, as a person would. Its gateway bound is short (``GATEWAY_BOUND_S``): every
 stream is cut by the edge every few seconds, so each test also proves the pages resume; the edge
 can also be restarted on the same address (``WebStack.restart_edge``).
-Every test ends by asserting the browser logged no error (``SEVERE``) while it ran; screenshots
-go to ``test-artifacts/web/`` (git-ignored), linked from ``docs/web.md``.
+Every test runs in each browser (``browser``'s params) and ends by asserting the browser logged
+no error while it ran; screenshots go to ``test-artifacts/web/`` (git-ignored), linked from
+``docs/web.md``.
 """
 
 from __future__ import annotations
 
 import os
-import shutil
 import subprocess
 import sys
 import time
@@ -25,19 +26,15 @@ from typing import Any
 import pytest
 
 from streams.settings import VoiceSettings
-from streams.topics import create_topics
 from tests.support import (
+    settings_with_topics,
     spawn_voice,
     stop,
-    unique_settings,
     wait_group_stable,
     wait_http_ready,
     worker_group,
 )
-
-CHROMIUM = "/usr/bin/chromium"
-CHROMEDRIVER = "/usr/bin/chromedriver"
-INSTALL = "apt-get install -y chromium chromium-driver"
+from tests.web.browsers import BROWSERS, Browser, By, chromium_browser, firefox_browser
 
 GATEWAY_BOUND_S = "4"
 """The edge ends every stream about 3 s after it starts (1 s before this bound)."""
@@ -80,8 +77,7 @@ def running_web_stack(kafka_bootstrap: str, tmp: Path, model_url: str) -> Iterat
     """A worker (its model at ``model_url``) and an edge on their own topics."""
     from deploy.kafka_local import free_port
 
-    settings = unique_settings(kafka_bootstrap, tmp)
-    create_topics(settings)
+    settings = settings_with_topics(kafka_bootstrap, tmp)
     worker = spawn_voice(settings, "worker", log=tmp / "worker.log",
                          ANTHROPIC_API_KEY="simulator", ANTHROPIC_BASE_URL=model_url)
     port = free_port()
@@ -137,38 +133,31 @@ def slow_stack(kafka_bootstrap: str, tmp_path_factory: pytest.TempPathFactory
 
 
 @pytest.fixture(scope="session")
-def chromium() -> Iterator[Any]:
-    """One headless Chromium for the session (a fresh profile per test is not needed: each
-    test signs in again, and sessionStorage is per tab)."""
-    for path in (CHROMIUM, CHROMEDRIVER):
-        if shutil.which(path) is None:
-            pytest.fail(f"{path} is missing: {INSTALL} (.ci/run does it)")
-    from selenium import webdriver
-    from selenium.webdriver.chrome.service import Service
-
-    options = webdriver.ChromeOptions()
-    options.binary_location = CHROMIUM
-    for arg in ("--headless=new", "--no-sandbox", "--disable-dev-shm-usage", "--disable-gpu",
-                "--window-size=1280,900", "--no-first-run", "--disable-extensions"):
-        options.add_argument(arg)
-    options.set_capability("goog:loggingPrefs", {"browser": "ALL"})
-    driver = webdriver.Chrome(options=options, service=Service(CHROMEDRIVER))
-    driver.set_page_load_timeout(60)
-    try:
+def chromium() -> Iterator[Browser]:
+    """One headless Chromium for the session, started by the first test that asks."""
+    with chromium_browser() as driver:
         yield driver
-    finally:
-        driver.quit()
 
 
-@pytest.fixture
-def browser(chromium: Any) -> Iterator[Any]:
-    """The session's browser, signed out, its log emptied; after the test, no errors in it."""
-    chromium.set_window_size(1280, 900)
-    chromium.get_log("browser")
-    yield chromium
-    severe = [e for e in chromium.get_log("browser") if e["level"] == "SEVERE"]
-    chromium.get("about:blank")
-    assert not severe, f"the browser logged errors: {severe}"
+@pytest.fixture(scope="session")
+def firefox(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Browser]:
+    """One headless Firefox for the session, started by the first test that asks."""
+    with firefox_browser(tmp_path_factory.mktemp("firefox")) as driver:
+        yield driver
+
+
+@pytest.fixture(params=BROWSERS)
+def browser(request: pytest.FixtureRequest) -> Iterator[Browser]:
+    """The session's browser of this run (each test runs in each, unless it is parametrized
+    with ``indirect=True`` to fewer), signed out, its errors emptied; after the test, no
+    errors in it."""
+    driver: Browser = request.getfixturevalue(request.param)
+    driver.set_window_size(1280, 900)
+    driver.errors()
+    yield driver
+    errors = driver.errors()
+    driver.get("about:blank")
+    assert not errors, f"{driver.name} logged errors: {errors}"
 
 
 def wait_for(check: Callable[[], Any], what: str, timeout: float = WAIT_S) -> Any:
@@ -188,24 +177,18 @@ def wait_for(check: Callable[[], Any], what: str, timeout: float = WAIT_S) -> An
     raise AssertionError(f"{what}: not within {timeout}s (last: {last!r})")
 
 
-def by_testid(driver: Any, testid: str) -> Any:
-    from selenium.webdriver.common.by import By
-
+def by_testid(driver: Browser | Any, testid: str) -> Any:
+    """The element (of the page, or under an element) with this ``data-testid``."""
     return driver.find_element(By.CSS_SELECTOR, f'[data-testid="{testid}"]')
 
 
-def all_by_testid(driver: Any, testid: str) -> list[Any]:
-    from selenium.webdriver.common.by import By
-
-    return driver.find_elements(By.CSS_SELECTOR, f'[data-testid="{testid}"]')
+def all_by_testid(driver: Browser | Any, testid: str) -> list[Any]:
+    return list(driver.find_elements(By.CSS_SELECTOR, f'[data-testid="{testid}"]'))
 
 
-def sign_in(driver: Any, url: str, page: str, sub: str, role: str, tenant: str = "default"
+def sign_in(driver: Browser, url: str, page: str, sub: str, role: str, tenant: str = "default"
             ) -> None:
     """Open ``page`` and sign in with the dev form as ``sub`` (``role`` in ``tenant``)."""
-    from selenium.webdriver.common.by import By
-    from selenium.webdriver.support.ui import Select
-
     driver.get(f"{url}{page}")
     driver.execute_script("sessionStorage.clear()")
     driver.get(f"{url}{page}")
@@ -214,28 +197,32 @@ def sign_in(driver: Any, url: str, page: str, sub: str, role: str, tenant: str =
         box = form.find_element(By.ID, field)
         box.clear()
         box.send_keys(value)
-    Select(form.find_element(By.ID, "dev-role")).select_by_value(role)
+    # The role chosen as a person does: its option clicked in the list.
+    form.find_element(By.CSS_SELECTOR, f'#dev-role option[value="{role}"]').click()
     by_testid(driver, "dev-signin-button").click()
     wait_for(lambda: by_testid(driver, "signed-in-as").text.startswith(sub),
              f"signed in as {sub}")
 
 
-def screenshot(driver: Any, name: str, width: int = 1280) -> Path:
-    """Save the page at ``width`` px wide as ``test-artifacts/web/<name>.png``."""
+def screenshot(driver: Browser, name: str, width: int = 1280) -> Path:
+    """Save the page at ``width`` px wide as ``test-artifacts/web/<name>.png`` (Chromium's;
+    Firefox's as ``<name>-firefox.png``)."""
     ARTIFACTS.mkdir(parents=True, exist_ok=True)
     height = driver.execute_script("return document.documentElement.scrollHeight")
     driver.set_window_size(width, max(700, min(int(height) + 40, 2400)))
-    path = ARTIFACTS / f"{name}.png"
-    driver.save_screenshot(str(path))
+    suffix = "" if driver.name == "chromium" else f"-{driver.name}"
+    path = ARTIFACTS / f"{name}{suffix}.png"
+    driver.save_screenshot(path)
     return path
 
 
-def fits_360(driver: Any) -> bool:
+def fits_360(driver: Browser) -> bool:
     """Whether the page, 360 px wide, has nothing wider than the window (no sideways scroll)."""
     driver.set_window_size(360, 800)
     try:
         return bool(wait_for(lambda: driver.execute_script(
-            "return document.documentElement.scrollWidth <= window.innerWidth"),
+            "return window.innerWidth <= 360"
+            " && document.documentElement.scrollWidth <= window.innerWidth"),
             "nothing wider than 360 px", timeout=10))
     finally:
         driver.set_window_size(1280, 900)
@@ -244,15 +231,15 @@ def fits_360(driver: Any) -> bool:
 NETWORK_ERRORS = ("net::ERR_CONNECTION_REFUSED", "net::ERR_EMPTY_RESPONSE",
                   "net::ERR_CONNECTION_RESET", "net::ERR_INCOMPLETE_CHUNKED_ENCODING",
                   "Failed to fetch")
-"""What Chromium logs while the edge is deliberately down — and nothing else is excused."""
+"""What Chromium logs while the edge is deliberately down — and nothing else is excused.
+(Firefox logs nothing then: a failed ``fetch`` the page handles is not an error to it.)"""
 
 
-def errors_besides_network(driver: Any) -> list[dict[str, Any]]:
+def errors_besides_network(driver: Browser) -> list[str]:
     """The browser's errors logged since the last look, other than the network's own."""
-    return [e for e in driver.get_log("browser") if e["level"] == "SEVERE"
-            and not any(n in e["message"] for n in NETWORK_ERRORS)]
+    return [e for e in driver.errors() if not any(n in e for n in NETWORK_ERRORS)]
 
 
-def token_of(driver: Any) -> str:
+def token_of(driver: Browser) -> str:
     """The bearer the page keeps (to check the page against the API)."""
     return str(driver.execute_script("return sessionStorage.getItem('voice.token')"))

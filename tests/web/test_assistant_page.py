@@ -10,8 +10,8 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from selenium.webdriver.common.by import By
 
+from tests.web.browsers import By
 from tests.web.conftest import (
     WebStack,
     all_by_testid,

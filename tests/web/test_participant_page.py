@@ -12,10 +12,9 @@ from typing import Any
 import httpx
 import jwt
 import pytest
-from selenium.webdriver.common.by import By
-from selenium.webdriver.common.keys import Keys
 
 from streams.tokens import mint_token
+from tests.web.browsers import By, Keys
 from tests.web.conftest import (
     WebStack,
     all_by_testid,
@@ -227,9 +226,8 @@ def test_a_refused_token_is_explained_in_words(stack: WebStack, browser: Any) ->
     assert browser.find_element(By.XPATH, "//button[text()='Sign in again']").is_displayed()
     assert "#token" not in browser.current_url
     assert not requested_with(browser, forged)
-    # The browser logs each 401 answer itself ("Failed to load resource"): those are expected.
-    others = [e for e in browser.get_log("browser") if e["level"] == "SEVERE"
-              and "status of 401" not in e["message"]]
+    # Chromium logs each 401 answer itself ("Failed to load resource"): those are expected.
+    others = [e for e in browser.errors() if "status of 401" not in e]
     assert not others
     browser.find_element(By.XPATH, "//button[text()='Sign in again']").click()
     wait_for(lambda: all_by_testid(browser, "dev-signin"), "the sign-in form again")

@@ -10,13 +10,13 @@ from typing import Any
 
 import httpx
 import pytest
-from selenium.webdriver.common.by import By
 
 from schemas.workflow import WorkflowCommandReceived, WorkflowStarted
 from streams.envelope import Envelope
 from streams.tokens import mint_token
 from streams.topics import WORKFLOWS
 from tests.integration.test_staff_helpers import envelopes, produce
+from tests.web.browsers import By
 from tests.web.conftest import (
     WAIT_S,
     WebStack,

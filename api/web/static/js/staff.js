@@ -153,7 +153,7 @@ function drawQueue() {
   const items = [...waiting.values()].sort((a, b) => a.submitted_at.localeCompare(b.submitted_at));
   $("review-queue").replaceChildren(...items.map((item) => el("li", {
     class: "queue-item", "data-contribution": item.contribution, "data-waiting-for": item.waiting_for,
-  }, el("button", { type: "button", class: "link", onclick: () => openReview(item.contribution) }, item.contribution),
+  }, el("button", { type: "button", class: "link", onclick: () => openReview(item.contribution, item.waiting_for) }, item.contribution),
   ` on ${item.issue}`, el("span", { class: "badge" }, whoNext(item)),
   item.flag_count ? el("span", { class: "badge" }, `${item.flag_count} flagged: ${item.flag_kinds.join(", ")}`) : null)));
 }
@@ -203,8 +203,15 @@ function highlighted(text, flags) {
   return out;
 }
 
-async function openReview(contribution) {
-  const c = await attempt($("review-error"), () => api("GET", `/staff/contributions/${enc(contribution)}`));
+async function openReview(contribution, waitingFor) {
+  const read = () => attempt($("review-error"), () => api("GET", `/staff/contributions/${enc(contribution)}`));
+  let c = await read();
+  // The queue's stream can run ahead of the contribution's own view (another projection of the
+  // same review): read again, briefly, until the two agree on what the contribution waits for.
+  for (let i = 0; c && waitingFor && c.waiting_for !== waitingFor && i < 10; i += 1) {
+    await new Promise((resolve) => setTimeout(resolve, 300));
+    c = await read();
+  }
   if (!c) return;
   const box = $("review");
   box.hidden = false;
