@@ -25,6 +25,7 @@ from api.assistant import AssistantViews
 from api.assistant.upload import UPLOAD_PATH, upload_body_limit
 from api.conversations import ConversationViews
 from api.frame.body import BodyGuard, BodyLimit
+from api.frame.cold import ColdLog, conversation_reader
 from api.frame.commands import edge_producer
 from api.frame.deadline import RequestDeadline
 from api.frame.errors import EDGE_ERRORS, EdgeErrors, install_error_handlers
@@ -63,7 +64,11 @@ def create_app(settings: VoiceSettings | None = None, bind_host: str | None = No
 
     @asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
-        views = ConversationViews(kept=settings.edge_events_kept)
+        # The cold reader needs the tail (where it started), made below; it reads it late.
+        cold = ColdLog(settings)
+        views = ConversationViews(kept=settings.edge_events_kept, cold=(
+            None if settings.edge_history_s is None
+            else lambda key: conversation_reader(cold, app.state.tail)(key)))
         sealer = await asyncio.to_thread(sealer_for, settings)
         app.state.settings = settings
         app.state.views = views
@@ -81,6 +86,7 @@ def create_app(settings: VoiceSettings | None = None, bind_host: str | None = No
             yield
         finally:
             app.state.tail.stop()
+            await asyncio.to_thread(cold.close)
             app.state.producer.close()
             await asyncio.to_thread(sealer.close)
 
@@ -128,6 +134,10 @@ def create_app(settings: VoiceSettings | None = None, bind_host: str | None = No
         # Records the tail skipped (undecodable, or a view raised on them): not a reason to
         # be unready — the writer side dead-letters them — but worth seeing.
         checks["skipped"] = tail.skipped_counts()
+        # What this edge holds in memory: with a history window, the conversations asked for
+        # or started inside it, and those with records held until asked (decision 0011).
+        views: ConversationViews = app.state.views
+        checks["conversations"] = {"in_memory": len(views), "held": len(views.pending)}
         ready = (checks["broker"] == "ok" and checks["topics"] == "ok"
                  and tail.assigned.is_set() and tail.caught_up.is_set()
                  and checks["keys"] == "ready")

@@ -134,16 +134,25 @@ def stack(ctx: Context, workers: int | None = None) -> Stack:
     return _STACK
 
 
-def start_stack(ctx: Context, label: str, workers: int | None = None,
-                model_url: str | None = None, edge_env: dict[str, str] | None = None) -> Stack:
-    """A stack of its own (topics ``…<run id>.<label>.``): the simulator at zero latency, or
-    the model at ``model_url``; ``edge_env`` adds settings of the edge alone; the caller
-    closes it (``stack`` keeps the run's one)."""
+def stack_settings(ctx: Context, label: str, partitions: int | None = None) -> VoiceSettings:
+    """Settings of a stack of its own: topics ``…<run id>.<label>.``, its own groups and a
+    fresh state folder; ``partitions`` per topic when given (else the run's)."""
     base = ctx.settings
     state = Path(tempfile.mkdtemp(prefix=f"voice-bench-{label}-"))
-    settings = base.model_copy(update={
+    return base.model_copy(update={
         "topic_prefix": f"{base.topic_prefix}voice.bench.{ctx.run_id}.{label}.",
-        "group_prefix": f"bench{ctx.run_id}{label}", "state_dir": state, "env": "test"})
+        "group_prefix": f"bench{ctx.run_id}{label}", "state_dir": state, "env": "test",
+        "topic_partitions": partitions or base.topic_partitions})
+
+
+def start_stack(ctx: Context, label: str, workers: int | None = None,
+                model_url: str | None = None, edge_env: dict[str, str] | None = None,
+                partitions: int | None = None) -> Stack:
+    """A stack of its own (topics ``…<run id>.<label>.``): the simulator at zero latency, or
+    the model at ``model_url``; ``edge_env`` adds settings of the edge alone; ``partitions``
+    per topic when given; the caller closes it (``stack`` keeps the run's one)."""
+    settings = stack_settings(ctx, label, partitions)
+    state = settings.state_dir
     ctx.log(f"  starting the {label} (state {state})")
     t0 = time.perf_counter()
     create_topics(settings)

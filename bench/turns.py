@@ -407,6 +407,32 @@ def _replies_in_log(settings: Any, conversations: set[str]) -> tuple[dict[str, s
     return seqs, sum(n - 1 for n in copies.values() if n > 1)
 
 
+def outcomes(settings: Any, parts: list[_Participant]) -> Result:
+    """What went wrong in a sustained run, counted from the conversation log and from what the
+    clients saw: replies lost or recorded twice, events seen twice, turns that did not end."""
+    seqs, redelivered = _replies_in_log(settings, {p.conversation for p in parts})
+    states: Counter[str] = Counter()
+    lost = duplicated = seen_twice = unfinished = 0
+    for p in parts:
+        for turn in p.turns:
+            state = p.ended.get(turn)
+            states[state or "unfinished"] += 1
+            unfinished += state is None
+            if state == "Replied" and not seqs.get(turn):
+                lost += 1  # the turn said Replied but no reply is on the log
+            elif state is None and not seqs.get(turn):
+                lost += 1  # never ended within the timeout, and no reply on the log
+            if len(seqs.get(turn, ())) > 1:
+                duplicated += 1  # recorded twice under different seqs
+            if p.replies_seen[turn] > 1:
+                seen_twice += 1
+    dup_events = sum(c - 1 for p in parts for c in p.events_seen.values() if c > 1)
+    return {"lost_replies": lost, "duplicated_replies": duplicated,
+            "replies_seen_twice_by_a_client": seen_twice, "sse_events_seen_twice": dup_events,
+            "reply_records_redelivered": redelivered, "unfinished_turns": unfinished,
+            "turn_states": dict(states)}
+
+
 async def _sustained_run(s: Stack, h: dict[str, str], turns: int, concurrency: int
                          ) -> tuple[float, list[_Participant], list[float]]:
     async with _client(connections=2 * concurrency + 8, timeout=60) as client:
@@ -435,30 +461,10 @@ def turns_sustained(ctx: Context) -> Result:
     written = {t.removeprefix(s.settings.topic_prefix).removeprefix(app):
                marks1[t] - marks0.get(t, 0) for t in marks1 if marks1[t] - marks0.get(t, 0) > 0}
     total = sum(written.values())
-    seqs, redelivered = _replies_in_log(s.settings, {p.conversation for p in parts})
-    states: Counter[str] = Counter()
-    lost = duplicated = seen_twice = unfinished = 0
-    for p in parts:
-        for turn in p.turns:
-            state = p.ended.get(turn)
-            states[state or "unfinished"] += 1
-            unfinished += state is None
-            if state == "Replied" and not seqs.get(turn):
-                lost += 1  # the turn said Replied but no reply is on the log
-            elif state is None and not seqs.get(turn):
-                lost += 1  # never ended within the timeout, and no reply on the log
-            if len(seqs.get(turn, ())) > 1:
-                duplicated += 1  # recorded twice under different seqs
-            if p.replies_seen[turn] > 1:
-                seen_twice += 1
-    dup_events = sum(c - 1 for p in parts for c in p.events_seen.values() if c > 1)
     return {
         "turns": n, "seconds": round(elapsed, 3), "turns_per_s": round(n / elapsed, 1),
         "concurrency": SUSTAINED_CONCURRENCY,
-        "lost_replies": lost, "duplicated_replies": duplicated,
-        "replies_seen_twice_by_a_client": seen_twice, "sse_events_seen_twice": dup_events,
-        "reply_records_redelivered": redelivered, "unfinished_turns": unfinished,
-        "turn_states": dict(states),
+        **outcomes(s.settings, parts),
         "turn_latency": latency_summary(latencies) if latencies else None,
         "records_per_s": round(total / elapsed, 1),
         "records_per_turn": round(total / n, 2),

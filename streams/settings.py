@@ -160,6 +160,12 @@ class VoiceSettings(BaseSettings):
     edge_events_kept: int = Field(default=10_000, ge=10)
     """Events an edge keeps per conversation for SSE resume; older cursors answer 409."""
 
+    edge_history_s: float | None = Field(default=None, gt=0)
+    """How far back an edge reads the conversation log at start (``VOICE_EDGE_HISTORY_S``):
+    unset, from the beginning (every conversation in memory); set, only records of the last
+    this many seconds, and a conversation started earlier is read from the log when first
+    asked for (decision 0011), so start time and memory do not grow with history."""
+
     step_attempts: int = Field(default=3, ge=1)
     """Immediate attempts of a failing workflow step before the workflow fails."""
 

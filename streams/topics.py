@@ -9,6 +9,7 @@ from __future__ import annotations
 import time
 from dataclasses import dataclass
 
+from aiokafka.partitioner import murmur2
 from confluent_kafka.admin import AdminClient, NewTopic
 
 from streams.settings import VoiceSettings
@@ -254,3 +255,9 @@ def missing_topics(settings: VoiceSettings, timeout: float = 5.0) -> list[str]:
     md = admin_client(settings).list_topics(timeout=timeout)
     names = [topic_name(settings, s) for s in all_specs()]
     return [name for name in names if name not in md.topics]
+
+
+def partition_of(key: str, partitions: int) -> int:
+    """The partition a key's records land in (murmur2, as every producer here partitions:
+    ``streams.producer.PRODUCER_CONFIG``)."""
+    return (murmur2(key.encode()) & 0x7FFFFFFF) % partitions

@@ -1,4 +1,5 @@
-"""Views the edge derives from the conversation log (rebuilt from Kafka at every start).
+"""Views the edge derives from the conversation log (rebuilt from Kafka at every start: all of
+it, or with ``VOICE_EDGE_HISTORY_S`` the recent part, older conversations read when asked for).
 
 A ``ConversationView`` is a ``KeptEvents`` of ``api.frame.projection``: records apply in log
 order and are deduped by seq, and the last ``kept`` records (any type) are kept for SSE resume
@@ -10,9 +11,12 @@ Content stays sealed here; routes open it for the owner (``api.conversations.ren
 
 from __future__ import annotations
 
+import asyncio
+from collections import OrderedDict
+from collections.abc import Callable
 from dataclasses import dataclass, field
 
-from api.frame.projection import Caller, KeptEvents, StreamProjection
+from api.frame.projection import DEFAULT_KEPT, Caller, KeptEvents, StreamProjection
 from schemas.conversation import (
     ConversationErased,
     ConversationStarted,
@@ -82,8 +86,80 @@ class ConversationView(KeptEvents[Envelope]):
         self.turns.clear()
 
 
+ColdRead = Callable[[str], list[Envelope]]
+"""Blocking: every record of one conversation from before the edge's history window, in log
+order (``api.frame.cold.conversation_reader``)."""
+
+ABSENT_KEPT = 10_000
+"""Ids found in no record before the window, remembered so that asking again scans nothing."""
+COLD_SCANS = 1
+"""Partition scans at once (the reader runs one at a time; more would only hold threads)."""
+COLD_WAIT_S = 120.0
+"""Longest ``ensure`` waits for a read by default (the reader gives up at its own 60 s; a
+request passes what is left of its gateway bound)."""
+
+
 class ConversationViews(StreamProjection[ConversationView]):
-    """Every conversation this edge has seen, by id and by owner."""
+    """Every conversation this edge has seen, by id and by owner.
+
+    With a ``cold`` reader (``VOICE_EDGE_HISTORY_S``), the tail starts inside the log: a
+    record of a conversation started before it is held in ``pending`` until the conversation
+    is first asked for (``ensure``), when its older records are read from the log and applied
+    first, then the held ones — each once, by seq, in order (decision 0011).
+    """
+
+    def __init__(self, kept: int = DEFAULT_KEPT, cold: ColdRead | None = None) -> None:
+        super().__init__(kept)
+        self.cold = cold
+        self.pending: dict[str, list[Envelope]] = {}
+        """Records of conversations started before the window, not asked for yet."""
+        self._absent: OrderedDict[str, None] = OrderedDict()
+        self._loading: dict[str, asyncio.Future[None]] = {}
+        self._scans = asyncio.Semaphore(COLD_SCANS)
+
+    async def ensure(self, key: str, timeout: float = COLD_WAIT_S) -> bool:
+        """Read ``key``'s records from before the window, once, if this edge has not; waits
+        at most ``timeout`` and says whether that is settled (False: still reading)."""
+        if self.cold is None or key in self.by_key or key in self._absent:
+            return True
+        fut = self._loading.get(key)
+        if fut is None:
+            fut = asyncio.ensure_future(self._load(key))
+            self._loading[key] = fut
+            fut.add_done_callback(lambda f: self._read_done(key, f))
+        # Until the read is done — or the tail brings the view first (a conversation just
+        # started, on another edge): then the read ends on its own, nobody waits for it. A
+        # caller that goes away cancels its wait, never the read others wait on.
+        settled = await self.wait(key, lambda v: v is not None or fut.done(), timeout)
+        if fut.done():
+            fut.result()  # ColdReadFailed, when the read failed
+        return settled
+
+    def _read_done(self, key: str, fut: asyncio.Future[None]) -> None:
+        self._loading.pop(key, None)
+        if not fut.cancelled():
+            fut.exception()  # retrieved: a failure nobody waits for any more is no warning
+
+    async def _load(self, key: str) -> None:
+        assert self.cold is not None
+        try:
+            async with self._scans:
+                if key in self.by_key:
+                    return
+                older = await asyncio.to_thread(self.cold, key)
+            # Back on the loop, in one step: the tail applies nothing in between.
+            if key in self.by_key:
+                return
+            if not any(isinstance(env.record, ConversationStarted) for env in older):
+                self.pending.pop(key, None)  # no conversation: what was held is orphaned
+                self._absent[key] = None
+                while len(self._absent) > ABSENT_KEPT:
+                    self._absent.popitem(last=False)
+                return
+            for env in (*older, *self.pending.pop(key, ())):
+                self.apply(env)
+        finally:
+            self.notify(key)  # wake ``ensure``'s waiters, whatever the outcome
 
     def apply(self, env: Envelope) -> ConversationView | None:
         """Apply one record; returns the view it changed, or None for a duplicate/unknown."""
@@ -97,6 +173,8 @@ class ConversationViews(StreamProjection[ConversationView]):
         else:
             view = self.by_key.get(env.key)
             if view is None:
+                if self.cold is not None and env.key not in self._absent:
+                    self.pending.setdefault(env.key, []).append(env)  # started before
                 return None
         if not view.accept(env):
             return None

@@ -11,6 +11,8 @@ from fastapi.exceptions import RequestValidationError
 from fastapi.security import HTTPAuthorizationCredentials, HTTPBearer
 
 from api.frame.auth import Principal, TenantRefused, resolve_principal
+from api.frame.cold import SCAN_TIMEOUT_S as COLD_READ_WAIT_S
+from api.frame.cold import ColdReadFailed
 from api.frame.deadline import cut_short, remaining
 from api.frame.projection import Projection
 from api.frame.tail import EdgeTail
@@ -147,7 +149,14 @@ async def known_or_404(projection: Projection[V], key: str, what: str, tenant: s
 async def find_owned(projection: Projection[V], key: str, who: Principal,
                      timeout: float = VIEW_WAIT_S, what: str = "conversation") -> V | None:
     """The view of ``key`` if ``who`` may read it (its tenant's and its owner), waiting for
-    this edge to catch up (503 when the request's bound cuts that short)."""
+    this edge to catch up (503 when the request's bound cuts that short, or when its
+    records before the edge's history window could not be read)."""
+    try:
+        settled = await projection.ensure(key, remaining(COLD_READ_WAIT_S))
+    except ColdReadFailed:
+        settled = False
+    if not settled:  # the read goes on (or failed): a retry is answered from it, or tries again
+        raise behind(what, key)
     await known_or_behind(projection, key, what, timeout)
     return projection.owned(key, who)
 

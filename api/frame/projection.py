@@ -273,6 +273,13 @@ class Projection(Generic[V]):
         view = self.in_tenant(key, who.tenant)
         return view if isinstance(view, AggregateView) and view.owned_by(who.sub) else None
 
+    async def ensure(self, key: str, timeout: float) -> bool:
+        """Load ``key``'s view from before this edge's history window if it has one there
+        (``VOICE_EDGE_HISTORY_S``, decision 0011), waiting at most ``timeout``; whether that
+        is settled (False: still reading). A projection that reads all history has nothing to
+        load."""
+        return True
+
     def notify(self, key: str) -> None:
         """Wake the waiters of ``key``: its view changed."""
         self._changes.notify(key)

@@ -2,8 +2,10 @@
 
 Every edge process reads all partitions of ``voice.acks`` (from the end: it only waits on its
 own commands) and of ``voice.conversations`` (from the beginning: the views it serves are
-derived from the log). A thread polls with confluent-kafka and hands decoded records to the
-event loop, one hand-over per poll; nothing on a request path polls Kafka.
+derived from the log; or, with ``VOICE_EDGE_HISTORY_S``, from that far back by record time,
+older conversations being read on demand by ``api.frame.cold``: decision 0011). A thread
+polls with confluent-kafka and hands decoded records to the event loop, one hand-over per
+poll; nothing on a request path polls Kafka.
 
 A record the tail cannot use is skipped, logged (``topic[partition]@offset`` and why) and
 counted in ``skipped`` (``/readyz`` shows the counts): one the codec refuses, or one a view's
@@ -19,6 +21,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import threading
+import time
 from collections import Counter
 from collections.abc import Callable, Mapping
 from typing import Any
@@ -68,6 +71,9 @@ class EdgeTail:
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
         self._loop: asyncio.AbstractEventLoop | None = None
+        self.conv_starts: dict[int, int] = {}
+        """Per partition of the conversation log, the offset this tail started at (set before
+        ``assigned``; empty when it reads from the beginning): older records are cold."""
         self.assigned = threading.Event()
         self.caught_up = threading.Event()
         """Set once the conversation log has been read up to its end at start."""
@@ -120,6 +126,8 @@ class EdgeTail:
             if t is None or t.error is not None:
                 raise RuntimeError(f"topic {topic!r} is missing: run `voice topics create`")
             parts += [TopicPartition(topic, p, start) for p in t.partitions]
+        if self.settings.edge_history_s is not None:
+            parts = self._windowed(consumer, parts)
         consumer.assign(parts)
         # Where the logs end now: the edge is caught up once it reaches these.
         self._ends = {}
@@ -128,6 +136,27 @@ class EdgeTail:
                 _low, high = consumer.get_watermark_offsets(TopicPartition(topic, p), 10)
                 self._ends[(topic, p)] = high
         self.assigned.set()
+
+    def _windowed(self, consumer: Consumer, parts: list[TopicPartition]
+                  ) -> list[TopicPartition]:
+        """``parts`` with the conversation log's partitions starting ``edge_history_s`` back
+        (by record time); ``conv_starts`` notes where, for the cold reads below it."""
+        assert self.settings.edge_history_s is not None
+        since_ms = int((time.time() - self.settings.edge_history_s) * 1000)
+        conv = [TopicPartition(tp.topic, tp.partition, since_ms) for tp in parts
+                if tp.topic == self.conv_topic]
+        found = consumer.offsets_for_times(conv, timeout=10)
+        starts: dict[int, int] = {}
+        for tp in found:
+            if tp.error is not None:
+                raise RuntimeError(f"no offset by time for {tp.topic}[{tp.partition}]: "
+                                   f"{tp.error}")
+            if tp.offset < 0:  # no record that recent: start at the end
+                tp.offset = consumer.get_watermark_offsets(
+                    TopicPartition(tp.topic, tp.partition), 10)[1]
+            starts[tp.partition] = tp.offset
+        self.conv_starts = starts
+        return [*(tp for tp in parts if tp.topic != self.conv_topic), *found]
 
     def _run(self) -> None:
         consumer = Consumer({
@@ -160,7 +189,10 @@ class EdgeTail:
     def _check_caught_up(self, consumer: Consumer) -> None:
         tps = [TopicPartition(t, p) for t, p in self._ends]
         positions = {(tp.topic, tp.partition): tp.offset for tp in consumer.position(tps)}
-        if all(end == 0 or positions[tp] >= end for tp, end in self._ends.items()):
+        # A partition the window starts at its end has nothing to read (and no position yet).
+        if all(end == 0 or positions[tp] >= end
+               or (tp[0] == self.conv_topic and self.conv_starts.get(tp[1], -1) >= end)
+               for tp, end in self._ends.items()):
             self.caught_up.set()
 
     def _hand_over(self, records: list[Read]) -> None:

@@ -30,8 +30,6 @@ import time
 from collections.abc import Callable
 from typing import Any
 
-from aiokafka.partitioner import murmur2
-
 from consumers.engine.cancel import CancelToken
 from consumers.frame.aggregate import Ack
 from consumers.frame.writer import answer_to
@@ -45,7 +43,7 @@ from streams.free_text import TextSealer, describe, open_text, seal_text
 from streams.producer import Publisher
 from streams.retry import Unprocessable
 from streams.settings import VoiceSettings
-from streams.topics import ACKS, WORKFLOWS, topic_name
+from streams.topics import ACKS, WORKFLOWS, partition_of, topic_name
 
 log = logging.getLogger(__name__)
 
@@ -66,11 +64,6 @@ def address(env: Envelope) -> commands.Address:
     """Where the answer to the command ``env`` carries goes (the edge waits on its id)."""
     return {"workflow": env.key, "id": env.id, "tenant": env.tenant,
             "correlation": env.correlation}
-
-
-def partition_of(key: str, partitions: int) -> int:
-    """The partition a key's records land in (murmur2, as every producer here partitions)."""
-    return (murmur2(key.encode()) & 0x7FFFFFFF) % partitions
 
 
 def failure_words(sealer: TextSealer, state: WorkflowState) -> str:

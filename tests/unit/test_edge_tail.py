@@ -1,9 +1,13 @@
-"""The edge's tail with records it cannot use (decision 0008), without a broker: it skips,
-logs and counts them, and goes on; the views keep applying the records after them."""
+"""The edge's tail without a broker: records it cannot use (decision 0008) are skipped, logged
+and counted, and the views keep applying the records after them; with a history window
+(decision 0011) it starts the conversation log by time and is caught up at the window's end."""
 
 from __future__ import annotations
 
 import asyncio
+import time
+
+from confluent_kafka import OFFSET_BEGINNING, TopicPartition
 
 from api.frame.tail import EdgeTail
 from schemas.conversation import ConversationStarted
@@ -48,3 +52,43 @@ def test_a_record_a_view_cannot_apply_is_skipped_counted_and_the_tail_goes_on() 
     assert tail.skipped_counts() == {
         "t.voice.conversations": {"not applied": 1, "undecodable": 1},
         "t.voice.issues": {"undecodable": 1}}
+
+
+class WindowConsumer:
+    """Just what the window asks a consumer: offsets by time and the logs' ends."""
+
+    def __init__(self, found: dict[int, int], high: int) -> None:
+        self.found, self.high = found, high
+        self.asked_ms: list[int] = []
+
+    def offsets_for_times(self, tps: list, timeout: float) -> list:
+        self.asked_ms = [tp.offset for tp in tps]
+        return [TopicPartition(tp.topic, tp.partition, self.found[tp.partition]) for tp in tps]
+
+    def get_watermark_offsets(self, tp, timeout: float) -> tuple[int, int]:  # noqa: ANN001
+        return 0, self.high
+
+    def position(self, tps: list) -> list:
+        return [TopicPartition(tp.topic, tp.partition, -1001) for tp in tps]  # nothing read
+
+
+def test_a_window_starts_the_conversation_log_by_time_and_is_caught_up_at_its_end() -> None:
+    settings = SETTINGS.model_copy(update={"edge_history_s": 60.0})
+    tail = EdgeTail(settings, on_conversation=lambda env: None)
+    conv = tail.conv_topic
+    consumer = WindowConsumer({0: 40, 1: -1}, high=90)  # partition 1: nothing that recent
+    parts = [TopicPartition(conv, 0, OFFSET_BEGINNING), TopicPartition(conv, 1, OFFSET_BEGINNING),
+             TopicPartition("t.voice.acks", 0, -1)]
+    assigned = tail._windowed(consumer, parts)  # type: ignore[arg-type]
+    assert {(tp.topic, tp.partition): tp.offset for tp in assigned} == {
+        (conv, 0): 40, (conv, 1): 90, ("t.voice.acks", 0): -1}
+    assert tail.conv_starts == {0: 40, 1: 90}
+    assert all(abs(ms / 1000 - (time.time() - 60)) < 5 for ms in consumer.asked_ms)
+    # Caught up: partition 1 starts at its end (nothing to read, no position yet); partition
+    # 0 has 50 records to read first.
+    tail._ends = {(conv, 0): 90, (conv, 1): 90}
+    tail._check_caught_up(consumer)  # type: ignore[arg-type]
+    assert not tail.caught_up.is_set()
+    tail._ends = {(conv, 1): 90}
+    tail._check_caught_up(consumer)  # type: ignore[arg-type]
+    assert tail.caught_up.is_set()

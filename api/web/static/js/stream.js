@@ -4,7 +4,7 @@
 // streaming reader. Events at or below the cursor are dropped: a reconnect never shows one twice,
 // and since the edge sends everything after the cursor, nothing is missed.
 
-import { authHeaders, describe } from "./api.js";
+import { authHeaders, currentToken, describe } from "./api.js";
 
 const RETRY_MIN_MS = 250;
 const RETRY_MAX_MS = 8000;
@@ -44,6 +44,10 @@ export function follow(path, { after = 0, onEvent, onStatus = () => {}, endsOn =
     onStatus({ state: name, cursor: state.cursor, reconnects: state.reconnects, message });
 
   async function readOnce() {
+    if (!currentToken()) {  // signed out meanwhile: no request that can only be refused (401)
+      report("stopped", "Signed out: sign in again to follow this.");
+      return "stop";
+    }
     const response = await fetch(`${path}?after=${state.cursor}`, {
       headers: authHeaders({ Accept: "text/event-stream", "Last-Event-ID": String(state.cursor) }),
       signal: control.signal,

@@ -1,0 +1,127 @@
+"""Reading one aggregate's records from before the edge's history window, on demand.
+
+An edge started with ``VOICE_EDGE_HISTORY_S`` reads its logs only from that far back
+(``api.frame.tail``); an aggregate whose records start earlier is read here when a request
+first asks for it (decision 0011). Kafka has no index by key, so this reads the key's one
+partition (``streams.topics.partition_of``) from its start up to the offset the tail
+started at, and keeps the key's records — a scan of one partition's history, paid once per
+cold aggregate and never on the event loop (callers run it in a thread).
+
+It never writes, never commits (no group: ``assign`` only), and skips what it cannot decode,
+as the tail does (the writer side dead-letters it).
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+from collections.abc import Callable
+
+from confluent_kafka import Consumer, KafkaError, TopicPartition
+
+from api.frame.tail import EdgeTail
+from streams.envelope import DecodeError, Envelope, decode
+from streams.settings import VoiceSettings
+from streams.topics import partition_of
+
+log = logging.getLogger(__name__)
+
+BATCH = 2000
+"""Records taken from the client per call while scanning."""
+PREFETCH_KIB = 4096
+"""The scan consumer's prefetch buffer (librdkafka's default is 64 MiB)."""
+SCAN_TIMEOUT_S = 60.0
+"""A scan that has not reached its end offset by then fails (the caller answers 503)."""
+
+
+class ColdReadFailed(Exception):
+    """The partition could not be read to the offset asked for in time (retryable)."""
+
+
+class ColdLog:
+    """Reads one key's records below a given offset, one scan at a time, with one consumer
+    kept for every scan (connecting costs more than a small scan; one buffer, reused)."""
+
+    def __init__(self, settings: VoiceSettings) -> None:
+        self.settings = settings
+        self._consumer: Consumer | None = None
+        self._lock = threading.Lock()
+
+    def _client(self) -> Consumer:
+        if self._consumer is None:
+            self._consumer = Consumer({
+                "bootstrap.servers": self.settings.bootstrap,
+                "group.id": f"{self.settings.group_prefix}-edge-cold-unused",  # assign() only
+                "enable.auto.commit": False,
+                "enable.partition.eof": True,
+                # A scan reads through history once: a small prefetch buffer is enough.
+                "queued.max.messages.kbytes": PREFETCH_KIB,
+            })
+        return self._consumer
+
+    def read_before(self, topic: str, partition: int, key: str, end: int,
+                    timeout: float = SCAN_TIMEOUT_S) -> list[Envelope]:
+        """Every decodable record of ``key`` in ``topic[partition]`` below offset ``end``, in
+        log order (blocking: call it in a thread; scans wait for each other)."""
+        if end <= 0:
+            return []
+        with self._lock:
+            consumer = self._client()
+            try:
+                return _scan(consumer, topic, partition, key.encode(), end, timeout)
+            finally:
+                consumer.unassign()
+
+    def close(self) -> None:
+        with self._lock:
+            if self._consumer is not None:
+                self._consumer.close()
+                self._consumer = None
+
+
+def _scan(consumer: Consumer, topic: str, partition: int, wanted: bytes, end: int,
+          timeout: float) -> list[Envelope]:
+    out: list[Envelope] = []
+    deadline = time.monotonic() + timeout
+    low, _high = consumer.get_watermark_offsets(TopicPartition(topic, partition), 10)
+    if low >= end:
+        return []
+    consumer.assign([TopicPartition(topic, partition, low)])
+    position = low
+    while position < end:
+        if time.monotonic() > deadline:
+            raise ColdReadFailed(f"{topic}[{partition}] not read to offset {end} in "
+                                 f"{timeout:g} s (at {position})")
+        for msg in consumer.consume(num_messages=BATCH, timeout=0.5):
+            if msg.error():
+                if msg.error().code() == KafkaError._PARTITION_EOF:
+                    position = end  # nothing more is there (end past a gap): done
+                continue  # else a transient error: poll again
+            offset = msg.offset()
+            position = offset + 1
+            if offset >= end:
+                break
+            if msg.key() != wanted:
+                continue
+            try:
+                out.append(decode(msg.key(), msg.value(), msg.headers()))
+            except DecodeError as exc:
+                log.info("edge cold read skips %s[%s]@%s: %s", topic, partition, offset,
+                         exc.reason)
+    return out
+
+
+def conversation_reader(log_: ColdLog, tail: EdgeTail) -> Callable[[str], list[Envelope]]:
+    """A blocking reader of one conversation's records below where ``tail`` started."""
+
+    def read(key: str) -> list[Envelope]:
+        if not tail.assigned.wait(SCAN_TIMEOUT_S):
+            raise ColdReadFailed("the edge's tail is not assigned yet")
+        starts = tail.conv_starts
+        if not starts:  # the tail reads from the beginning: nothing is cold
+            return []
+        partition = partition_of(key, len(starts))
+        return log_.read_before(tail.conv_topic, partition, key, starts[partition])
+
+    return read

@@ -1,0 +1,339 @@
+"""Scale-out figures (issue 14): more worker processes, and an edge's start with a long log.
+
+* ``scale.one_worker`` (baseline) and ``scale.workers``: sustained turns (as ``turn.sustained``:
+  32 participants, each holding its SSE stream, simulator at 0 ms) on a stack of its own whose
+  topics have ``PARTITIONS`` partitions, with 1 worker process, then 2, then 3. Each stack is
+  fresh (its own topics and groups), so a run never inherits the previous one's state. The
+  figure is turns per CPU-second of the processes that do the work (edge, workers, broker):
+  how much each added worker costs, not how much it adds — on 2 cores, more processes cannot
+  add throughput, they can only share it. ``scale.workers`` reports the worst of 2 and 3
+  workers beside the one-worker baseline of the same run, and every count in ``by_workers``.
+  0 lost and 0 duplicated replies are counted (``bench.turns.outcomes``), not assumed.
+* ``edge.start_empty`` (baseline) and ``edge.start_with_history``: an edge process started on
+  topics with no records, then on topics holding ``VOICE_BENCH_HISTORY`` (default 1,000,000)
+  conversation records as the sequencer writes them; time from spawn to ``/readyz`` 200 and
+  the edge's RSS once ready. No worker runs: the edge only reads.
+* ``edge.start_windowed``: the same log, the edge started with ``VOICE_EDGE_HISTORY_S``
+  (decision 0011: it reads only the recent part and an old conversation when asked for);
+  beside the ready time and RSS, ``cold_open``: the first open of ``COLD_OPENS`` old
+  conversations' streams, each read from the log then.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import base64
+import os
+import random
+import shutil
+import time
+from typing import Any
+
+import httpx
+from confluent_kafka import Producer
+
+from bench.fanout import rss_kib
+from bench.harness import Context, Result, benchmark, latency_summary
+from bench.settings import BenchSettings
+from bench.stack import BENCH_QUOTAS, Stack, cpu_seconds, stack_settings, start_stack
+from bench.turns import _cpu_delta, _headers, _sustained_run, outcomes
+from deploy.kafka_local import free_port
+from deploy.processes import spawn_voice, stop, wait_http_ready
+from schemas.base import Record, Sealed
+from schemas.conversation import (
+    ConversationStarted,
+    MessageRecorded,
+    ReplyRecorded,
+    TurnRequested,
+    TurnStateChanged,
+)
+from streams.envelope import Envelope, encode
+from streams.ids import turn_id
+from streams.producer import PRODUCER_CONFIG
+from streams.settings import VoiceSettings
+from streams.tokens import mint_token
+from streams.topics import CONVERSATIONS, create_topics, topic_name
+
+PARTITIONS = 12
+WORKER_COUNTS = (2, 3)
+"""Worker processes of ``scale.workers``, beside the baseline's one."""
+SCALE_TURNS = 300
+SCALE_WARMUP = 32
+SCALE_CONCURRENCY = 32
+HISTORY = int(os.environ.get("VOICE_BENCH_HISTORY", "1000000"))
+TURNS_PER_CONVERSATION = 2
+"""A conversation of the history: started, then this many turns of five records each
+(message, turn requested, thinking, reply, replied)."""
+RECORDS_PER_CONVERSATION = 1 + 5 * TURNS_PER_CONVERSATION
+CIPHERTEXT_BYTES = 80
+"""As ``bench.kafka_baseline``: a short sealed message (a record's value is ~300 bytes)."""
+WINDOW_S = 5.0
+"""``VOICE_EDGE_HISTORY_S`` of the windowed edge: every history record is older."""
+COLD_OPENS = 10
+"""Old conversations whose streams are opened once each edge is ready."""
+EDGE_READY_TIMEOUT_S = 600.0
+"""Generous: the edge reads the whole log before it is ready (the thing measured)."""
+TENANT = "default"
+OWNER = "bench-history"
+
+
+# --- scale.one_worker / scale.workers ---------------------------------------------------------
+
+
+def _worker_run(ctx: Context, workers: int) -> Result:
+    """Sustained turns on a fresh ``PARTITIONS``-partition stack with ``workers`` workers."""
+    st = start_stack(ctx, f"scale{workers}", workers=workers, partitions=PARTITIONS)
+    try:
+        return _measure(ctx, st, workers)
+    finally:
+        st.close()
+
+
+def _measure(ctx: Context, st: Stack, workers: int) -> Result:
+    h = _headers(ctx, f"bench-scale{workers}")
+    asyncio.run(_sustained_run(st, h, SCALE_WARMUP, SCALE_CONCURRENCY))  # unmeasured
+    cpu0 = st.cpu()
+    elapsed, parts, _latencies = asyncio.run(
+        _sustained_run(st, h, SCALE_TURNS, SCALE_CONCURRENCY))
+    cpu1 = st.cpu()
+    n = sum(len(p.turns) for p in parts)
+    working = [name for name in cpu1 if name == "edge" or name == "broker"
+               or name.startswith("worker")]
+    spent = {name: (cpu1[name] or 0.0) - (cpu0[name] or 0.0) for name in working
+             if cpu1[name] is not None and cpu0[name] is not None}
+    cpu_s = sum(spent.values())
+    return {
+        "workers": workers, "turns": n, "seconds": round(elapsed, 3),
+        "turns_per_s": round(n / elapsed, 1),
+        "cpu_s": round(cpu_s, 2),
+        "turns_per_cpu_s": round(n / cpu_s, 2) if cpu_s else None,
+        "cpu_counted": sorted(spent),
+        "cpu_ms_per_turn": _cpu_delta(cpu0, cpu1, n),
+        **outcomes(st.settings, parts),
+        "stack": st.describe(),
+    }
+
+
+def _check(result: Result) -> None:
+    """A run that lost or duplicated a reply is no figure."""
+    if result["lost_replies"] or result["duplicated_replies"]:
+        raise RuntimeError(f"{result['workers']} workers: {result['lost_replies']} lost, "
+                           f"{result['duplicated_replies']} duplicated replies")
+
+
+@benchmark("scale.one_worker")
+def one_worker(ctx: Context) -> Result:
+    """Sustained turns per CPU-second with 1 worker on 12 partitions (scale-out baseline)."""
+    result = _worker_run(ctx, 1)
+    _check(result)
+    return result
+
+
+@benchmark("scale.workers", baseline="scale.one_worker",
+           compare=("turns_per_cpu_s", "turns_per_s"))
+def more_workers(ctx: Context) -> Result:
+    """Sustained turns per CPU-second with 2 and 3 workers on 12 partitions (the worst)."""
+    runs = {str(n): _worker_run(ctx, n) for n in WORKER_COUNTS}
+    for r in runs.values():
+        _check(r)
+    worst = min(runs.values(), key=lambda r: r["turns_per_cpu_s"] or 0.0)
+    # One worker again, last: the baseline ran first on a colder broker and machine; if this
+    # one differs from it as much as the figure does, the difference is drift, not workers.
+    again = _worker_run(ctx, 1)
+    _check(again)
+    return {
+        "turns_per_cpu_s": worst["turns_per_cpu_s"], "turns_per_s": worst["turns_per_s"],
+        "worst_workers": worst["workers"],
+        "lost_replies": sum(r["lost_replies"] for r in runs.values()),
+        "duplicated_replies": sum(r["duplicated_replies"] for r in runs.values()),
+        "by_workers": runs,
+        "one_worker_again": {k: again[k] for k in ("turns_per_s", "turns_per_cpu_s",
+                                                   "cpu_ms_per_turn", "lost_replies",
+                                                   "duplicated_replies")},
+        "note": f"{os.cpu_count()} cores: more worker processes share the same cores, so "
+                "turns/s cannot grow with them; turns per CPU-second (edge + workers + "
+                "broker) is the figure — what scaling out costs",
+    }
+
+
+# --- edge.start_empty / edge.start_with_history ---------------------------------------------
+
+
+def _sealed(rng: random.Random) -> Sealed:
+    return Sealed(key_version=1, nonce=base64.b64encode(rng.randbytes(12)).decode(),
+                  ciphertext=base64.b64encode(rng.randbytes(CIPHERTEXT_BYTES)).decode())
+
+
+def conversation_records(conversation: str, rng: random.Random) -> list[Record]:
+    """One conversation's log as the sequencer appends it (seq = position + 1): started, then
+    ``TURNS_PER_CONVERSATION`` turns that each end ``Replied``."""
+    out: list[Record] = [ConversationStarted(conversation=conversation, owner=OWNER)]
+    for t in range(TURNS_PER_CONVERSATION):
+        msg_seq = 2 + 5 * t
+        turn = turn_id(conversation, msg_seq)
+        out += [
+            MessageRecorded(conversation=conversation, message_id=rng.randbytes(16).hex(),
+                            text=_sealed(rng), at="2026-06-01T12:00:00.000000+00:00"),
+            TurnRequested(conversation=conversation, turn=turn, message_seq=msg_seq),
+            TurnStateChanged(conversation=conversation, turn=turn, state="Thinking"),
+            ReplyRecorded(conversation=conversation, turn=turn,
+                          reply_id=rng.randbytes(16).hex(), text=_sealed(rng)),
+            TurnStateChanged(conversation=conversation, turn=turn, state="Replied"),
+        ]
+    return out
+
+
+def produce_history(bootstrap: str, topic: str, records: int, seed: int = 14
+                    ) -> tuple[int, list[str]]:
+    """Produce about ``records`` conversation records (whole conversations, the real envelope
+    and encoder) onto ``topic``; returns how many were produced (all acked) and a sample of
+    the conversation ids, spread over the history."""
+    rng = random.Random(seed)
+    producer = Producer({**PRODUCER_CONFIG, "bootstrap.servers": bootstrap,
+                         "linger.ms": 20, "batch.size": 1_000_000,
+                         "queue.buffering.max.messages": 1_000_000})
+    failed: list[str] = []
+
+    def on_delivery(err: Any, _msg: Any) -> None:
+        if err is not None:
+            failed.append(str(err))
+
+    produced = 0
+    total = max(1, records // RECORDS_PER_CONVERSATION)
+    every = max(1, total // COLD_OPENS)
+    sample: list[str] = []
+    for i in range(total):
+        conversation = f"cnv-{rng.randbytes(8).hex()}"
+        if i % every == 0:
+            sample.append(conversation)
+        for seq, rec in enumerate(conversation_records(conversation, rng), start=1):
+            key, value, headers = encode(Envelope(
+                record=rec, key=conversation, source="/voice/sequencer", seq=seq,
+                tenant=TENANT, subject=conversation))
+            while True:
+                try:
+                    producer.produce(topic, value, key, headers=headers,
+                                     on_delivery=on_delivery)
+                    break
+                except BufferError:  # the local queue is full: let it drain
+                    producer.poll(0.05)
+            produced += 1
+        producer.poll(0)
+    left = producer.flush(300)
+    if left or failed:
+        raise RuntimeError(f"history: {left} records unsent, {len(failed)} failed "
+                           f"({failed[:3]})")
+    return produced, sample
+
+
+_HISTORY: dict[str, tuple[VoiceSettings, int, list[str], float]] = {}
+"""The run's history topics (settings, records, some conversation ids, produce seconds), made
+once and read by both history figures."""
+
+
+def _history(ctx: Context) -> tuple[VoiceSettings, int, list[str], float]:
+    if ctx.run_id not in _HISTORY:
+        settings = stack_settings(ctx, "history")
+        create_topics(settings)
+        t0 = time.perf_counter()
+        produced, sample = produce_history(settings.bootstrap,
+                                           topic_name(settings, CONVERSATIONS), HISTORY)
+        produce_s = time.perf_counter() - t0
+        ctx.log(f"  {produced} history records produced in {produce_s:.1f} s")
+        # Every record older than the windowed edge's window before any edge starts.
+        time.sleep(WINDOW_S + 1.0)
+        _HISTORY[ctx.run_id] = (settings, produced, sample, produce_s)
+    return _HISTORY[ctx.run_id]
+
+
+def _cold_open(settings: VoiceSettings, url: str, conversations: list[str]) -> list[float]:
+    """Seconds to the answer's head of each conversation's stream (from its last seq: the
+    ownership check, and on a windowed edge the conversation's read from the log)."""
+    token = mint_token(settings, OWNER, "participant", TENANT)
+    out: list[float] = []
+    with httpx.Client(timeout=120, headers={"Authorization": f"Bearer {token}"}) as client:
+        for cnv in conversations:
+            t0 = time.perf_counter()
+            with client.stream("GET", f"{url}/me/conversations/{cnv}/stream",
+                               params={"after": RECORDS_PER_CONVERSATION}) as r:
+                if r.status_code != 200:
+                    raise RuntimeError(f"stream of {cnv} answered {r.status_code}")
+                out.append(time.perf_counter() - t0)
+    return out
+
+
+def _edge_start(ctx: Context, settings: VoiceSettings, open_cold: list[str] | None = None,
+                **env: str) -> Result:
+    """An edge spawned on ``settings``' topics: seconds to ``/readyz`` 200 and its RSS once
+    ready; then, for ``open_cold``, each conversation's stream opened and the RSS after."""
+    port = free_port()
+    url = f"http://127.0.0.1:{port}"
+    t0 = time.perf_counter()
+    edge = spawn_voice(settings, "edge", "--port", str(port),
+                       log=settings.state_dir / f"edge{port}.log", **{**BENCH_QUOTAS, **env})
+    out: Result = {}
+    try:
+        wait_http_ready(f"{url}/readyz", timeout=EDGE_READY_TIMEOUT_S, proc=edge)
+        out["ready_s"] = round(time.perf_counter() - t0, 2)
+        out["rss_mib"] = round(rss_kib(edge.pid) / 1024, 1)
+        cpu = cpu_seconds(edge.pid)
+        out["cpu_s_to_ready"] = round(cpu, 2) if cpu is not None else None
+        out["in_memory"] = httpx.get(f"{url}/readyz", timeout=10).json()["checks"].get(
+            "conversations")
+        if open_cold:
+            opened = _cold_open(settings, url, open_cold)
+            out["cold_open"] = {**latency_summary(opened), "conversations": len(opened)}
+            # The same conversations again: in memory now, whichever edge this is.
+            out["open_again"] = latency_summary(_cold_open(settings, url, open_cold))
+            out["rss_after_cold_opens_mib"] = round(rss_kib(edge.pid) / 1024, 1)
+    finally:
+        stop(edge)
+    return out
+
+
+@benchmark("edge.start_empty")
+def start_empty(ctx: Context) -> Result:
+    """An edge on empty topics: seconds to /readyz ready, and its RSS then (the floor)."""
+    settings = stack_settings(ctx, "startempty")
+    try:
+        create_topics(settings)
+        return {**_edge_start(ctx, settings), "history_records": 0,
+                "topic_partitions": settings.topic_partitions}
+    finally:
+        _drop_state(settings)
+
+
+def _drop_state(settings: VoiceSettings) -> None:
+    if not BenchSettings().keep_state:
+        shutil.rmtree(settings.state_dir, ignore_errors=True)
+
+
+def _with_history(ctx: Context, windowed: bool) -> Result:
+    settings, produced, sample, produce_s = _history(ctx)
+    env = {"VOICE_EDGE_HISTORY_S": str(WINDOW_S)} if windowed else {}
+    result = _edge_start(ctx, settings, sample[:COLD_OPENS], **env)
+    return {**result, "history_records": produced,
+            "conversations": produced // RECORDS_PER_CONVERSATION,
+            "history_produce_s": round(produce_s, 1),
+            "topic_partitions": settings.topic_partitions,
+            "edge_history_s": WINDOW_S if windowed else None}
+
+
+@benchmark("edge.start_with_history", baseline="edge.start_empty",
+           compare=("ready_s", "rss_mib"))
+def start_with_history(ctx: Context) -> Result:
+    """An edge reading the whole log of VOICE_BENCH_HISTORY records: ready time and RSS."""
+    return _with_history(ctx, windowed=False)
+
+
+@benchmark("edge.start_windowed", baseline="edge.start_empty",
+           compare=("ready_s", "rss_mib"))
+def start_windowed(ctx: Context) -> Result:
+    """The same log, the edge with a history window (VOICE_EDGE_HISTORY_S): ready time, RSS,
+    and the first open of old conversations (each read from the log on demand)."""
+    try:
+        return _with_history(ctx, windowed=True)
+    finally:
+        settings = _HISTORY.pop(ctx.run_id, (None,))[0]
+        if settings is not None:
+            _drop_state(settings)

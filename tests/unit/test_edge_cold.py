@@ -1,0 +1,163 @@
+"""Conversations started before the edge's history window (decision 0011): their records are
+read on demand, applied before the ones the tail held, each once and in seq order; an id with
+no conversation is read once; without a cold reader nothing changes."""
+
+from __future__ import annotations
+
+import asyncio
+import threading
+
+import pytest
+
+from api.conversations.views import ConversationViews
+from api.frame.cold import ColdReadFailed
+from schemas.base import Record, Sealed
+from schemas.conversation import (
+    ConversationStarted,
+    MessageRecorded,
+    TurnRequested,
+    TurnStateChanged,
+)
+from streams.envelope import Envelope
+
+CNV = "cnv-00000000000000aa"
+SEALED = Sealed(key_version=1, nonce="bm9uY2U=", ciphertext="Y2lwaGVy")
+
+
+def log(n_turns: int) -> list[Envelope]:
+    """A conversation's log: started, then turns of message, requested, thinking, replied."""
+    records: list[Record] = [ConversationStarted(conversation=CNV, owner="alice")]
+    for t in range(n_turns):
+        msg_seq = 2 + 4 * t
+        turn = f"{CNV}:turn-{msg_seq}"
+        records += [MessageRecorded(conversation=CNV, message_id=f"m{t}", text=SEALED,
+                                    at="2026-01-01T00:00:00+00:00"),
+                    TurnRequested(conversation=CNV, turn=turn, message_seq=msg_seq),
+                    TurnStateChanged(conversation=CNV, turn=turn, state="Thinking"),
+                    TurnStateChanged(conversation=CNV, turn=turn, state="Replied")]
+    return [Envelope(record=r, key=CNV, source="/voice/sequencer", seq=i, tenant="t1")
+            for i, r in enumerate(records, start=1)]
+
+
+class Reader:
+    """A cold reader over a fixed list of records; counts its calls; can be held."""
+
+    def __init__(self, records: list[Envelope], fail: bool = False) -> None:
+        self.records, self.fail = records, fail
+        self.calls = 0
+        self.gate = threading.Event()
+        self.gate.set()
+
+    def __call__(self, key: str) -> list[Envelope]:
+        self.calls += 1
+        self.gate.wait(10)
+        if self.fail:
+            raise ColdReadFailed("held")
+        return [e for e in self.records if e.key == key]
+
+
+def test_older_records_then_held_ones_each_once_in_order() -> None:
+    full = log(3)  # seqs 1..13
+    reader = Reader(full[:8])  # the cold part ends at seq 8 …
+    views = ConversationViews(cold=reader)
+    for env in full[6:]:  # … and the tail started at seq 7: seqs 7 and 8 are read twice
+        assert views.apply(env) is None  # held, not a view yet
+    assert CNV not in views and len(views.pending[CNV]) == 7
+
+    asyncio.run(views.ensure(CNV))
+
+    view = views[CNV]
+    assert reader.calls == 1 and CNV not in views.pending
+    assert [e.seq for e in view.events_after(0)] == list(range(1, 14))
+    assert view.owner == "alice" and view.tenant == "t1" and view.first_seen == 1
+    assert [t.state for t in view.turns.values()] == ["Replied"] * 3
+    asyncio.run(views.ensure(CNV))  # known now: nothing is read again
+    assert reader.calls == 1
+
+
+def test_a_record_after_the_load_applies_as_usual() -> None:
+    full = log(2)
+    views = ConversationViews(cold=Reader(full[:5]))
+    asyncio.run(views.ensure(CNV))
+    assert views[CNV].last_seq == 5
+    assert views.apply(full[5]) is views[CNV]
+    assert views.apply(full[5]) is None  # a redelivery still changes nothing
+    assert views[CNV].last_seq == 6
+
+
+def test_an_id_with_no_conversation_is_read_once_and_its_orphans_dropped() -> None:
+    reader = Reader([])
+    views = ConversationViews(cold=reader)
+    views.apply(log(1)[2])  # a stray record of that id
+    asyncio.run(views.ensure(CNV))
+    asyncio.run(views.ensure(CNV))
+    assert reader.calls == 1 and CNV not in views and CNV not in views.pending
+    assert views.apply(log(1)[3]) is None and CNV not in views.pending  # not held any more
+
+
+def test_concurrent_askers_share_one_read() -> None:
+    reader = Reader(log(1))
+    reader.gate.clear()
+    views = ConversationViews(cold=reader)
+
+    async def main() -> None:
+        askers = [asyncio.create_task(views.ensure(CNV)) for _ in range(5)]
+        await asyncio.sleep(0.05)
+        reader.gate.set()
+        await asyncio.gather(*askers)
+
+    asyncio.run(main())
+    assert reader.calls == 1 and views[CNV].last_seq == 5
+
+
+def test_a_failed_read_is_raised_and_tried_again_later() -> None:
+    reader = Reader(log(1), fail=True)
+    views = ConversationViews(cold=reader)
+    with pytest.raises(ColdReadFailed):
+        asyncio.run(views.ensure(CNV))
+    reader.fail = False
+    asyncio.run(views.ensure(CNV))
+    assert reader.calls == 2 and views[CNV].last_seq == 5
+
+
+def test_without_a_cold_reader_nothing_is_held_or_read() -> None:
+    views = ConversationViews()
+    assert views.apply(log(1)[2]) is None
+    asyncio.run(views.ensure(CNV))
+    assert CNV not in views and not views.pending
+
+
+def test_a_view_the_tail_brings_first_ends_the_wait_and_the_read_changes_nothing() -> None:
+    reader = Reader([])  # the conversation is new: nothing of it before the window
+    reader.gate.clear()
+    views = ConversationViews(cold=reader)
+    started = log(1)[0]
+
+    async def main() -> None:
+        asker = asyncio.create_task(views.ensure(CNV))
+        await asyncio.sleep(0.05)
+        assert not asker.done()
+        views.apply(started)  # the tail applies its start meanwhile
+        await asyncio.wait_for(asker, 5)  # answered without the read
+        reader.gate.set()
+        while views._loading:  # the read ends on its own
+            await asyncio.sleep(0.01)
+
+    asyncio.run(main())
+    assert views[CNV].last_seq == 1 and CNV not in views.pending
+    assert views.apply(log(1)[1]) is views[CNV]  # not taken for an absent id
+
+
+def test_a_read_longer_than_the_wait_is_not_settled_and_goes_on_for_the_retry() -> None:
+    reader = Reader(log(1))
+    reader.gate.clear()
+    views = ConversationViews(cold=reader)
+
+    async def main() -> None:
+        assert await views.ensure(CNV, timeout=0.05) is False  # the request answers 503
+        reader.gate.set()
+        assert await views.ensure(CNV, timeout=5) is True  # its retry: the same read
+        assert reader.calls == 1
+
+    asyncio.run(main())
+    assert views[CNV].last_seq == 5
