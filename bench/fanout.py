@@ -36,7 +36,7 @@ import signal
 import subprocess
 import sys
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -214,28 +214,31 @@ def held_streams_growth(pid: int, port: int, paths: list[str], token: str | None
     return asyncio.run(run())
 
 
-@benchmark("sse.bare_idle_streams")
-def bare_idle_streams(ctx: Context) -> Result:
-    """RSS growth per idle stream of a bare Starlette/uvicorn SSE route (the framework floor)."""
+@contextlib.contextmanager
+def bare_app(source: str) -> Iterator[tuple[subprocess.Popen[bytes], int]]:
+    """A bare app (``source``, run with its port as argument) in its own process, ready."""
     port = free_port()
-    proc = subprocess.Popen([sys.executable, "-c", BARE_APP, str(port)],
+    proc = subprocess.Popen([sys.executable, "-c", source, str(port)],
                             stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     try:
         wait_http_ready(f"http://127.0.0.1:{port}/health", proc=proc)
-        return held_streams_growth(proc.pid, port, ["/s"] * STREAMS, None)
+        yield proc, port
     finally:
         proc.terminate()
         proc.wait(10)
 
 
+@benchmark("sse.bare_idle_streams")
+def bare_idle_streams(ctx: Context) -> Result:
+    """RSS growth per idle stream of a bare Starlette/uvicorn SSE route (the framework floor)."""
+    with bare_app(BARE_APP) as (proc, port):
+        return held_streams_growth(proc.pid, port, ["/s"] * STREAMS, None)
+
+
 @benchmark("sse.bare_fanout")
 def bare_fanout(ctx: Context) -> Result:
     """One event to ``FANOUT`` streams of a bare Starlette/uvicorn app at once (the floor)."""
-    port = free_port()
-    proc = subprocess.Popen([sys.executable, "-c", BARE_FANOUT_APP, str(port)],
-                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-    try:
-        wait_http_ready(f"http://127.0.0.1:{port}/health", proc=proc)
+    with bare_app(BARE_FANOUT_APP) as (proc, port):
         arrived: dict[int, float] = {}
 
         def on_data(stream: Stream, chunk: bytes) -> None:
@@ -258,9 +261,6 @@ def bare_fanout(ctx: Context) -> Result:
             return [t - sent for t in arrived.values()], cpu
 
         latencies, cpu_ms = asyncio.run(run())
-    finally:
-        proc.terminate()
-        proc.wait(10)
     cpu = {} if cpu_ms is None else {"cpu_ms": round(cpu_ms),
                                      "cpu_us_per_event": round(cpu_ms * 1000 / FANOUT, 1)}
     return {**latency_summary(latencies), "streams": FANOUT, **cpu,
