@@ -9,7 +9,12 @@ and rebuilt from the log at every start.
 
 ``fresh(timeout)`` is read-your-writes for a caller: it returns once the follower has applied
 every record that was on the topic when it was called (or the timeout passed), so a search
-right after an issue was opened finds it. A record that cannot be decoded, or that ``apply``
+right after an issue was opened finds it. The caller asks the broker where each partition ends
+itself (one ``ListOffsets`` request for all of them) and returns at once when the follower has
+applied that far — the usual case, a topic that did not move: a search costs one round trip,
+not a wait for the follower's next poll (that wait, ~100–350 ms, was most of a turn's time in
+``turn.overhead``). Only a follower still behind is waited for; it wakes its callers after each
+batch it applies. A record that cannot be decoded, or that ``apply``
 raises on, is logged (``topic[partition]@offset``) and skipped: the follower is a reader, the
 topic's writer side dead-letters (decision 0008). It must never write anything.
 """
@@ -22,6 +27,7 @@ from collections.abc import Callable
 from typing import Any
 
 from confluent_kafka import OFFSET_BEGINNING, Consumer, TopicPartition
+from confluent_kafka.admin import AdminClient, OffsetSpec
 
 from streams.envelope import DecodeError, Envelope, decode
 from streams.free_text import describe, trace_of
@@ -31,6 +37,13 @@ from streams.topics import TopicSpec, topic_name
 log = logging.getLogger(__name__)
 
 Apply = Callable[[Envelope], None]
+
+IDLE_FETCH_WAIT_MS = 500
+"""How long the broker may hold a fetch of a topic with nothing new (``fetch.wait.max.ms``).
+A record that arrives ends the wait at once (``fetch.min.bytes`` is 1), so this costs no
+latency; it only sets how often an idle follower asks — at 50 ms every follower of every
+worker cost the broker 20 fetches a second, doing nothing."""
+POLL_S = 0.1
 
 
 class Follower:
@@ -54,6 +67,9 @@ class Follower:
         """Callers of ``fresh`` whose targets are not known yet."""
         self._waiting: list[tuple[dict[int, int], threading.Event]] = []
         """(end offset per partition when asked, the caller's event)."""
+        self._applied: dict[int, int] = {}
+        """Per partition, the offset after the last record handled (applied or passed over)."""
+        self._admin: AdminClient | None = None
 
     def start(self) -> None:
         """Start the thread (once; later calls do nothing)."""
@@ -68,14 +84,43 @@ class Follower:
         self._stop.set()
         if self._thread is not None:
             self._thread.join(timeout=5)
+        self._admin = None  # librdkafka's threads go with the handle
 
     def fresh(self, timeout: float) -> bool:
         """Wait until every record on the topic now has been applied; False on timeout."""
         self.start()
         asked = threading.Event()
+        try:
+            ends = self.ends(timeout)
+        except Exception as exc:  # the follower's thread asks again, as it always did
+            log.info("follower %s: where %s ends, asked by its thread: %s", self.name,
+                     self.topic, describe(exc))
+            ends = None
         with self._lock:
-            self._asked.append(asked)
+            if ends is None:
+                self._asked.append(asked)
+            elif self._reached(ends):
+                return True
+            else:
+                self._waiting.append((ends, asked))
         return asked.wait(timeout)
+
+    def ends(self, timeout: float) -> dict[int, int]:
+        """Where each partition of the topic ends now (its high watermark), in one request."""
+        if self._admin is None:
+            self._admin = AdminClient({"bootstrap.servers": self.settings.bootstrap})
+        md = self._admin.list_topics(self.topic, timeout=timeout)
+        t = md.topics.get(self.topic)
+        if t is None or t.error is not None or not t.partitions:
+            raise LookupError(f"topic {self.topic!r} is missing")
+        futures = self._admin.list_offsets(
+            {TopicPartition(self.topic, p): OffsetSpec.latest() for p in t.partitions},
+            request_timeout=timeout)
+        return {tp.partition: fut.result(timeout).offset for tp, fut in futures.items()}
+
+    def _reached(self, ends: dict[int, int]) -> bool:
+        """Whether every record up to ``ends`` has been handled (under the lock)."""
+        return all(end <= 0 or self._applied.get(p, -1) >= end for p, end in ends.items())
 
     # --- the thread -----------------------------------------------------------------------
 
@@ -84,16 +129,21 @@ class Follower:
             "bootstrap.servers": self.settings.bootstrap,
             "group.id": f"{self.settings.group_prefix}-follow-unused",  # assign(): no group
             "enable.auto.commit": False,
-            "fetch.wait.max.ms": 50,
+            "fetch.wait.max.ms": IDLE_FETCH_WAIT_MS,
         })
         try:
             parts = self._assign(consumer)
             while not self._stop.is_set() and parts:
-                first = consumer.poll(0.1)
+                first = consumer.poll(POLL_S)
                 msgs = [first, *consumer.consume(num_messages=500, timeout=0)] if first else []
+                handled: dict[int, int] = {}
                 for msg in msgs:
                     if not msg.error():
                         self._handle(msg)
+                        handled[msg.partition()] = msg.offset() + 1
+                if handled:
+                    with self._lock:
+                        self._applied.update(handled)
                 try:
                     self._answer(consumer, parts)
                 except Exception as exc:  # a broker that does not answer now: ask again
@@ -150,15 +200,23 @@ class Follower:
                 with self._lock:
                     self._asked = asked + self._asked
                 raise
-            self._waiting += [(ends, ev) for ev in asked]
-        if not self._waiting:
-            return
+            with self._lock:
+                self._waiting += [(ends, ev) for ev in asked]
+        with self._lock:
+            if not self._waiting:
+                return
+        # The consumer's position also steps over what is not a record (a transaction's
+        # marker), which the offsets handled alone would wait for in vain.
         at = {tp.partition: tp.offset for tp in
               consumer.position([TopicPartition(self.topic, p) for p in parts])}
-        still = []
-        for ends, ev in self._waiting:
-            if all(end <= 0 or at.get(p, -1) >= end for p, end in ends.items()):
-                ev.set()
-            else:
-                still.append((ends, ev))
-        self._waiting = still
+        with self._lock:
+            for p, offset in at.items():
+                if offset > self._applied.get(p, -1):
+                    self._applied[p] = offset
+            still = []
+            for ends, ev in self._waiting:
+                if self._reached(ends):
+                    ev.set()
+                else:
+                    still.append((ends, ev))
+            self._waiting = still

@@ -5,6 +5,7 @@ records it applies, what it skips, and when ``fresh`` answers (the broker path r
 from __future__ import annotations
 
 import threading
+import time
 from typing import Any
 
 from confluent_kafka import TopicPartition
@@ -97,3 +98,45 @@ def test_fresh_answers_once_every_record_there_when_asked_is_applied() -> None:
     consumer.at[2] = 5
     f._answer(consumer, [0, 1, 2])
     assert asked.is_set() and f._waiting == []
+
+
+def test_fresh_answers_at_once_when_the_follower_has_applied_where_the_topic_ends() -> None:
+    # The caller asks where the topic ends itself; a follower already there is not waited for
+    # (the wait for its next poll was most of a turn in turn.overhead).
+    f = follower([])
+    f._thread = threading.current_thread()
+    f.ends = lambda timeout: {0: 3, 1: 0, 2: 5}  # type: ignore[method-assign]
+    f._applied = {0: 3, 2: 5}
+    started = time.monotonic()
+    assert f.fresh(5.0) is True
+    assert time.monotonic() - started < 1.0 and f._waiting == [] and f._asked == []
+
+
+def test_fresh_waits_for_a_follower_behind_until_its_thread_has_applied_that_far() -> None:
+    f = follower([])
+    f._thread = threading.current_thread()
+    f.ends = lambda timeout: {0: 3, 1: 0}  # type: ignore[method-assign]
+    f._applied = {0: 2}
+    assert f.fresh(0.05) is False  # behind, and nothing applies more: it times out
+    consumer = FakeConsumer({0: 3, 1: 0})
+    consumer.at = {0: 3, 1: -1001}
+    answers: list[bool] = []
+    waiter = threading.Thread(target=lambda: answers.append(f.fresh(10.0)))
+    waiter.start()
+    deadline = time.monotonic() + 10
+    while len(f._waiting) < 2 and time.monotonic() < deadline:
+        time.sleep(0.01)
+    f._answer(consumer, [0, 1])  # the thread's pass after the record at offset 2 was applied
+    waiter.join(10)
+    assert answers == [True] and f._waiting == []
+
+
+def test_fresh_falls_back_to_the_thread_when_the_ends_cannot_be_asked() -> None:
+    f = follower([])
+    f._thread = threading.current_thread()
+
+    def down(timeout: float) -> dict[int, int]:
+        raise OSError("broker down")
+
+    f.ends = down  # type: ignore[method-assign]
+    assert f.fresh(0.01) is False and len(f._asked) == 1
