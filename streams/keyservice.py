@@ -31,6 +31,7 @@ from cryptography.hazmat.primitives.ciphers.aead import AESGCM
 
 from schemas.keys import KEK_RECORD_KEY, DataKeyWrapped, KekVersions
 from streams.envelope import Envelope, encode
+from streams.fetch import TAILING
 from streams.kek import Kek, MasterKek, master_key_from_env, master_keys_from_env
 from streams.keyring import KeyRing, wrap_record
 from streams.sealing import KeyErased, KeyNotFound, SealingError, check_id
@@ -239,8 +240,9 @@ class ClusterKeyStore:
         return {"bootstrap.servers": self._bootstrap,
                 "group.id": f"voice-keys-{uuid.uuid4().hex}",  # never joined, never committed
                 "enable.auto.commit": False, "enable.partition.eof": True,
-                # An erasure reaches every reader within about this much (bound: 2 s).
-                "fetch.wait.max.ms": 50}
+                # An erasure reaches every reader as soon as it is on the log: a record ends
+                # the broker's wait at once (``streams.fetch``).
+                **TAILING}
 
     def _run(self) -> None:
         consumer = Consumer(self._consumer_config())

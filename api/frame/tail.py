@@ -30,6 +30,7 @@ from confluent_kafka import OFFSET_BEGINNING, OFFSET_END, Consumer, TopicPartiti
 
 from schemas.system import CommandAcknowledged
 from streams.envelope import DecodeError, Envelope, decode
+from streams.fetch import TAILING
 from streams.free_text import describe, trace_of
 from streams.settings import VoiceSettings
 from streams.topics import ACKS, CONVERSATIONS, TopicSpec, topic_name
@@ -163,8 +164,7 @@ class EdgeTail:
             "bootstrap.servers": self.settings.bootstrap,
             "group.id": f"{self.settings.group_prefix}-edge-unused",  # assign(): no group joins
             "enable.auto.commit": False,
-            "fetch.wait.max.ms": 5,
-            "fetch.min.bytes": 1,
+            **TAILING,  # a record ends the broker's wait at once; idle, it asks 2×/s, not 200×
         })
         try:
             while not self._stop.is_set():

@@ -30,6 +30,7 @@ from confluent_kafka import OFFSET_BEGINNING, Consumer, TopicPartition
 from confluent_kafka.admin import AdminClient, OffsetSpec
 
 from streams.envelope import DecodeError, Envelope, decode
+from streams.fetch import TAILING
 from streams.free_text import describe, trace_of
 from streams.settings import VoiceSettings
 from streams.topics import TopicSpec, topic_name
@@ -38,11 +39,6 @@ log = logging.getLogger(__name__)
 
 Apply = Callable[[Envelope], None]
 
-IDLE_FETCH_WAIT_MS = 500
-"""How long the broker may hold a fetch of a topic with nothing new (``fetch.wait.max.ms``).
-A record that arrives ends the wait at once (``fetch.min.bytes`` is 1), so this costs no
-latency; it only sets how often an idle follower asks — at 50 ms every follower of every
-worker cost the broker 20 fetches a second, doing nothing."""
 POLL_S = 0.1
 
 
@@ -129,7 +125,7 @@ class Follower:
             "bootstrap.servers": self.settings.bootstrap,
             "group.id": f"{self.settings.group_prefix}-follow-unused",  # assign(): no group
             "enable.auto.commit": False,
-            "fetch.wait.max.ms": IDLE_FETCH_WAIT_MS,
+            **TAILING,  # an idle follower asks twice a second, a record wakes it at once
         })
         try:
             parts = self._assign(consumer)

@@ -25,6 +25,7 @@ from typing import Any, Protocol
 from confluent_kafka import Consumer, KafkaError, TopicPartition
 
 from streams.envelope import DecodeError, Envelope, decode
+from streams.fetch import TAILING
 from streams.settings import VoiceSettings
 from streams.topics import TopicSpec, topic_name
 
@@ -105,7 +106,7 @@ def _consumer(settings: VoiceSettings) -> Consumer:
     return Consumer({"bootstrap.servers": settings.bootstrap,
                      "group.id": f"voice-logread-{uuid.uuid4().hex}",
                      "enable.auto.commit": False, "enable.auto.offset.store": False,
-                     "auto.offset.reset": "error", "fetch.wait.max.ms": 50,
+                     "auto.offset.reset": "error", **TAILING,
                      "fetch.message.max.bytes": 2 * 1024 * 1024})
 
 
