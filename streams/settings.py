@@ -224,6 +224,11 @@ class VoiceSettings(BaseSettings):
     worker_concurrency: int = Field(default=64, ge=1)
     """Workflow steps (turns) one worker runs at once."""
 
+    worker_step_thread: bool = True
+    """``VOICE_WORKER_STEP_THREAD``: a worker runs its workflow steps on an event loop of
+    their own (``consumers.workflows.steploop``), so a step never delays the writer's
+    acknowledgements on the worker's loop. Off: steps share the worker's loop."""
+
     up_restarts: int = Field(default=5, ge=0)
     """``voice up``: how many times a child that exits is started again within
     ``up_restart_window_s`` before the whole stack stops."""

@@ -34,6 +34,7 @@ from consumers.frame.writer import Raw, Writer, acknowledgement
 from consumers.intake import decode_or_dead_letter, decode_or_none
 from consumers.workflows.engine import WorkflowDef
 from consumers.workflows.runtime import WorkflowRuntime
+from consumers.workflows.steploop import StepLoop
 from schemas.base import Record
 from schemas.workflow import LeaseCheck, WorkflowCommandReceived
 from streams.envelope import Envelope
@@ -102,8 +103,10 @@ class WorkerContext:
         self.log_reader = KafkaLogReader(settings)
         """Reads an aggregate's records back by position (what a step's input refers to)."""
         self.on_shutdown(self.log_reader.close)
+        self.steps = StepLoop() if settings.worker_step_thread else None
+        """Where steps run: a loop of their own, so none delays the writer (0007's acks)."""
         self.runtime = WorkflowRuntime(settings, self.table("workflows"), self.publisher,
-                                       self.sealer)
+                                       self.sealer, steps=self.steps)
         self.app.before_handover.append(self.runtime.release_leases)
         self.writer = Writer(self.publisher, topic_name(settings, COMMANDS))
         self.janitor = Janitor(settings.topic_partitions)
@@ -293,6 +296,8 @@ class WorkerContext:
             # Running steps stop now: their records stay unacknowledged, so the partitions'
             # next owner resumes them (a shutdown never waits for a model call).
             self.runtime.keep_only(set())
+            if self.steps is not None:
+                self.steps.close()
             if self._producer is not None:
                 self._producer.close()
             self.sealer.close()

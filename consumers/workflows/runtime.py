@@ -35,6 +35,7 @@ from consumers.frame.aggregate import Ack
 from consumers.frame.writer import answer_to
 from consumers.workflows import commands, engine
 from consumers.workflows.engine import Pause, StepContext, Transition, WorkflowDef, WorkflowState
+from consumers.workflows.steploop import StepLoop
 from schemas.base import Sealed
 from schemas.workflow import StepOutcome, WorkflowCommandReceived, WorkflowStarted
 from streams.crashpoints import CrashPoints
@@ -120,10 +121,12 @@ class WorkflowRuntime:
     """Runs the registered workflow kinds for the partitions this worker owns."""
 
     def __init__(self, settings: VoiceSettings, table: Any, publisher: Publisher,
-                 sealer: TextSealer | None = None) -> None:
+                 sealer: TextSealer | None = None, steps: StepLoop | None = None) -> None:
         """``sealer`` seals failing steps' messages (``WorkflowDef.sealed_by``); without
-        one only their codes are kept."""
+        one only their codes are kept. ``steps``: the loop steps run on (the worker's own, so
+        a step never delays its writer); without one they run on the caller's loop."""
         self.settings = settings
+        self.steps = steps
         self.sealer = sealer
         self.table = table
         self.publisher = publisher
@@ -166,7 +169,10 @@ class WorkflowRuntime:
             elif isinstance(rec, WorkflowCommandReceived) and rec.command == "cancel":
                 token = self.cancels.get(workflow)
                 if token is not None and self._same_tenant(state, env):  # running here
-                    token.cancel(f"cancelled by {rec.by}")
+                    if self.steps is not None:  # the token belongs to the step's loop
+                        self.steps.call(token.cancel, f"cancelled by {rec.by}")
+                    else:
+                        token.cancel(f"cancelled by {rec.by}")
             elif isinstance(rec, WorkflowCommandReceived):
                 if state is None or not self._same_tenant(state, env):
                     # Not this tenant's to command: as if there were no such workflow.
@@ -307,7 +313,8 @@ class WorkflowRuntime:
                 # From when the step runs, not while it waits for a slot.
                 deadline = asyncio.timeout(self.settings.step_deadline_s)
                 async with deadline:
-                    result = await step.run(ctx)
+                    result = await (step.run(ctx) if self.steps is None
+                                    else self.steps.run(step.run(ctx)))
             if isinstance(result, Pause):
                 outcome = StepOutcome(**report, status="paused", waiting_for=result.waiting_for)
             else:
