@@ -25,7 +25,7 @@ from typing import Any, Protocol
 from consumers.engine.runner import AgentRunner
 from consumers.frame.aggregate import Ack, Aggregate
 from consumers.frame.bounded import BoundedTable
-from consumers.frame.failures import Halt, RawDispatch, RecordGuard, consume
+from consumers.frame.failures import Halt, Lane, RawDispatch, RecordGuard, by_key, consume
 from consumers.frame.follow import Apply, Follower
 from consumers.frame.handover import VoiceApp
 from consumers.frame.janitor import Janitor
@@ -116,7 +116,10 @@ class WorkerContext:
         self.guards: dict[str, RecordGuard] = {}
         """Each agent's guard, by agent name (its dead-letter count)."""
         self.on_command((WorkflowCommandReceived,), self._forward_workflow_command)
-        self.wire_raw(COMMANDS, self._on_command_record, agent_name="voice_commands_agent")
+        # One lane per aggregate: its commands in order, different aggregates' at once
+        # (each command waits on the broker for its records before it is acknowledged).
+        self.wire_raw(COMMANDS, self._on_command_record, agent_name="voice_commands_agent",
+                      lane=by_key)
         self.wire(WORKFLOWS, self._on_workflow_record, manual_ack=True)
         self._lifecycle()
 
@@ -208,13 +211,15 @@ class WorkerContext:
         self.wire_raw(spec, on_raw, manual_ack, agent_name)
 
     def wire_raw(self, spec: TopicSpec, dispatch: RawDispatch, manual_ack: bool = False,
-                 agent_name: str | None = None) -> None:
+                 agent_name: str | None = None, lane: Lane | None = None) -> None:
         """Run ``dispatch(raw, event)`` for every record of ``spec``, undecoded.
 
         A record ``dispatch`` fails on is retried (``VOICE_CONSUMER_RETRY_*``), then sent to
         ``<topic>.dlq`` with the reason, and the agent goes on; if even the dead letter fails,
         the worker stops without committing it (``consumers.frame.failures``). With
         ``manual_ack`` the handler acknowledges what it handled (when it is done with it).
+        With ``lane`` records of different lanes are handled at once, each lane's in order
+        (``consumers.frame.failures.consume``).
         """
         name = topic_name(self.settings, spec)
         topic = self.app.topic(name, key_type=bytes, value_type=bytes, key_serializer="raw",
@@ -227,7 +232,7 @@ class WorkerContext:
             # Never acknowledged by the stream: ``consume`` acknowledges a record once it is
             # handled or dead-lettered, and never one that is neither.
             await consume(stream.noack().events(), name, guard, dispatch, manual_ack,
-                          self._halt, self.app.in_flight)
+                          self._halt, self.app.in_flight, lane=lane)
 
         agent.__name__ = agent_name
         self.app.agent(topic, name=agent_name)(agent)

@@ -19,6 +19,14 @@ which runs each record through a ``RecordGuard``, in this order:
 
 It never swallows a failure without either a dead letter or a stop.
 
+An agent given ``lane`` (the writer's: the aggregate id, the record's key) handles records of
+different lanes at once and each lane's in the order read, at most ``LANES_WINDOW`` records at a
+time, each acknowledged when it is done (Faust still commits only a run of acknowledged
+offsets, so nothing is committed past a record not yet handled). The writer waits on the
+broker for every command's records (decision 0007); one command at a time across all of its
+partitions made every command wait for all those before it — at 40 commands/s the writer was
+busy waiting, and ``edge.post_message`` queued for seconds on a loaded machine.
+
 A record that carries a W3C ``traceparent`` is handled inside a ``process {topic}`` span that
 continues its trace (``streams.tracing``), so what the handler produces and the model and tool
 calls it makes belong to the request that started it. A record without one (a timer's, a
@@ -31,7 +39,7 @@ import asyncio
 import contextlib
 import functools
 import logging
-from collections.abc import AsyncIterable, Awaitable, Callable, Iterator
+from collections.abc import AsyncIterable, Awaitable, Callable, Hashable, Iterator
 from contextlib import AbstractContextManager, nullcontext
 from typing import Any
 
@@ -45,6 +53,10 @@ from streams.tracing import continued, has_trace
 log = logging.getLogger(__name__)
 
 RawDispatch = Callable[[Raw, Any], Awaitable[None]]
+Lane = Callable[[Raw], Hashable]
+
+LANES_WINDOW = 128
+"""At most this many records of one laned agent are in flight (read ahead, being handled)."""
 
 
 class InFlight:
@@ -58,12 +70,18 @@ class InFlight:
     @contextlib.contextmanager
     def handling(self, raw: Raw) -> Iterator[None]:
         """Count ``raw`` as in flight for the ``with`` block."""
-        key = id(raw)
-        self._records[key] = raw
+        self.add(raw)
         try:
             yield
         finally:
-            del self._records[key]
+            self.discard(raw)
+
+    def add(self, raw: Raw) -> None:
+        """Count ``raw`` as in flight (until ``discard``)."""
+        self._records[id(raw)] = raw
+
+    def discard(self, raw: Raw) -> None:
+        self._records.pop(id(raw), None)
 
     def records(self) -> list[Raw]:
         """The records in flight now."""
@@ -110,18 +128,28 @@ class RecordGuard:
         return False
 
 
+def _raw(topic: str, event: Any) -> Raw:
+    msg = event.message
+    headers = list(msg.headers.items()) if isinstance(msg.headers, dict) else msg.headers
+    return Raw(topic, msg.partition, msg.offset, msg.key, msg.value, headers)
+
+
 async def consume(events: AsyncIterable[Any], topic: str, guard: RecordGuard,
                   dispatch: RawDispatch, manual_ack: bool,
                   halt: Callable[[Halt], Awaitable[object]],
-                  in_flight: InFlight | None = None) -> None:
+                  in_flight: InFlight | None = None, lane: Lane | None = None,
+                  window: int = LANES_WINDOW) -> None:
     """The body of one agent: every Faust event of ``topic`` through ``guard`` (module
     docstring), each counted in ``in_flight`` while it is handled; ``events`` must not
-    acknowledge by itself (``stream.noack().events()``)."""
+    acknowledge by itself (``stream.noack().events()``). With ``lane``, records of different
+    lanes are handled at once, each lane's in order, at most ``window`` in flight."""
     in_flight = in_flight or InFlight()
+    if lane is not None:
+        await _consume_in_lanes(events, topic, guard, dispatch, manual_ack, halt, in_flight,
+                                lane, window)
+        return
     async for event in events:
-        msg = event.message
-        headers = list(msg.headers.items()) if isinstance(msg.headers, dict) else msg.headers
-        raw = Raw(topic, msg.partition, msg.offset, msg.key, msg.value, headers)
+        raw = _raw(topic, event)
         with in_flight.handling(raw):
             try:
                 with _span(raw):
@@ -132,6 +160,67 @@ async def consume(events: AsyncIterable[Any], topic: str, guard: RecordGuard,
                 return
             if not (manual_ack and handled):
                 event.ack()
+
+
+async def _consume_in_lanes(events: AsyncIterable[Any], topic: str, guard: RecordGuard,
+                            dispatch: RawDispatch, manual_ack: bool,
+                            halt: Callable[[Halt], Awaitable[object]], in_flight: InFlight,
+                            lane: Lane, window: int) -> None:
+    """``consume`` with lanes: one task per record, chained behind its lane's last one."""
+    last: dict[Hashable, asyncio.Task[None]] = {}
+    running: set[asyncio.Task[None]] = set()
+    slots = asyncio.Semaphore(window)
+    stopped = asyncio.Event()
+
+    async def stop(exc: Halt) -> None:
+        if not stopped.is_set():
+            stopped.set()
+            log.critical("stopping: %s", exc)
+            await halt(exc)
+
+    async def one(raw: Raw, event: Any, before: asyncio.Task[None] | None) -> None:
+        try:
+            if before is not None:
+                await asyncio.wait([before])  # its lane's previous record, however it ended
+            if stopped.is_set():
+                return  # neither handled nor acknowledged: the worker is stopping
+            with _span(raw):
+                handled = await guard.run(raw, functools.partial(dispatch, raw, event))
+            if not (manual_ack and handled):
+                event.ack()
+        except Halt as exc:
+            await stop(exc)
+        except Exception as exc:  # not a record's failure (the guard has those): stop too
+            await stop(Halt(f"{raw.topic}[{raw.partition}]@{raw.offset}: the agent failed "
+                            f"({describe(exc)})"))
+        finally:
+            in_flight.discard(raw)
+            slots.release()
+
+    def forget(key: Hashable, task: asyncio.Task[None]) -> None:
+        if last.get(key) is task:
+            del last[key]
+
+    async for event in events:
+        await slots.acquire()
+        if stopped.is_set():
+            slots.release()
+            return
+        raw = _raw(topic, event)
+        key = lane(raw)
+        in_flight.add(raw)  # from now: a handover waits for it (its table write)
+        task = asyncio.ensure_future(one(raw, event, last.get(key)))
+        last[key] = task
+        running.add(task)
+        task.add_done_callback(running.discard)
+        task.add_done_callback(functools.partial(forget, key))
+    if running:  # the events ended (a test's, a stopping stream's): finish what was read
+        await asyncio.wait(running)
+
+
+def by_key(raw: Raw) -> Hashable:
+    """The lane of a keyed record: its key (an aggregate's commands, in order)."""
+    return raw.key
 
 
 def _span(raw: Raw) -> AbstractContextManager[object]:

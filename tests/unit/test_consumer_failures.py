@@ -453,3 +453,78 @@ def test_a_partition_assigned_but_left_out_of_the_fetch_is_found() -> None:
     a0, a1, a2, cl = TP("t.c", 0), TP("t.c", 1), TP("t.c", 2), TP("t.c-changelog", 1)
     assert unfetched({a0, a1, a2, cl}, {"t.c-changelog"}, {a0}, {a2}) == {a1}
     assert unfetched({a0, cl}, {"t.c-changelog"}, {a0}, set()) == set()
+
+
+# --- lanes: the writer's aggregates at once, each one's commands in order ------------------
+
+
+def keyed(offset: int, key: bytes, value: bytes = b"ok") -> Event:
+    return Event(Message(offset % 3, offset, key, value, {}, "t.voice.commands"))
+
+
+def test_records_of_different_lanes_are_handled_at_once_each_acked_when_done() -> None:
+    """Regression: the writer handled one command at a time across all its partitions, each
+    waiting on the broker for its records, so every command queued behind all the others."""
+    from consumers.frame.failures import by_key
+
+    guard = RecordGuard("a", FakeProducer, RetryPolicy(1, 0, 0), Sleeps())
+    b_done = asyncio.Event()
+    order: list[int] = []
+
+    async def dispatch(r: Raw, _event: Any) -> None:
+        if r.key == b"a":  # waits on the broker; b's command must not wait behind it
+            await asyncio.wait_for(b_done.wait(), 10)
+        else:
+            b_done.set()
+        order.append(r.offset or 0)
+
+    evs = [keyed(0, b"a"), keyed(1, b"b")]
+    asyncio.run(consume(events_of(*evs), "t", guard, dispatch, False, _no_halt, lane=by_key))
+    assert order == [1, 0] and [e.acks for e in evs] == [[0], [1]]
+
+
+def test_one_lanes_records_are_handled_in_order_and_a_failing_one_is_dead_lettered() -> None:
+    from consumers.frame.failures import InFlight, by_key
+
+    producer = FakeProducer()
+    guard = RecordGuard("a", lambda: producer, RetryPolicy(1, 0, 0), Sleeps())
+    in_flight = InFlight()
+    seen: list[tuple[bytes | None, int | None]] = []
+    most = 0
+
+    async def dispatch(r: Raw, _event: Any) -> None:
+        nonlocal most
+        most = max(most, len(in_flight.records()))
+        await asyncio.sleep(0.03 if r.offset in (0, 3) else 0)  # the first ones are slowest
+        if r.value == b"poison":
+            raise Unprocessable("impossible")
+        seen.append((r.key, r.offset))
+
+    evs = [keyed(0, b"a"), keyed(1, b"b"), keyed(2, b"a", b"poison"), keyed(3, b"b"),
+           keyed(4, b"a"), keyed(5, b"b")]
+    asyncio.run(consume(events_of(*evs), "t", guard, dispatch, False, _no_halt, in_flight,
+                        lane=by_key, window=4))
+    assert [o for k, o in seen if k == b"a"] == [0, 4]  # 2 dead-lettered, in its place
+    assert [o for k, o in seen if k == b"b"] == [1, 3, 5]
+    assert [e.acks for e in evs] == [[0], [1], [2], [3], [4], [5]]
+    assert producer.reasons() == ["a failed after 1 attempt: Unprocessable: impossible"]
+    assert 1 < most <= 4 and in_flight.records() == []  # at once, within the window
+
+
+def test_a_lane_that_halts_stops_the_agent_and_its_record_is_never_acked() -> None:
+    from consumers.frame.failures import by_key
+
+    producer = FakeProducer(failures=10**6)  # no dead letter goes
+    guard = RecordGuard("a", lambda: producer, RetryPolicy(1, 0, 0), Sleeps())
+    halts: list[Halt] = []
+
+    async def halt(exc: Halt) -> None:
+        halts.append(exc)
+
+    async def dispatch(r: Raw, _event: Any) -> None:
+        if r.key == b"a":
+            raise ValueError("cannot apply")
+
+    evs = [keyed(0, b"a"), keyed(1, b"a")]
+    asyncio.run(consume(events_of(*evs), "t", guard, dispatch, False, halt, lane=by_key))
+    assert len(halts) == 1 and evs[0].acks == [] and evs[1].acks == []
