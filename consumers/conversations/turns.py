@@ -205,8 +205,11 @@ class Turns:
         self.reader = reader
         self.read_bytes = read_bytes
         self.crash = crash or CrashPoints()
+        # A completed turn's step has recorded its end already: only a failed one has
+        # bookkeeping left (``on_end``), so only it waits to be settled.
         self.definition = WorkflowDef(KIND, (StepDef("reply", self.reply_step),),
-                                      on_end=self.on_end, sealed_by=lambda i: i["conversation"])
+                                      on_end=self.on_end, on_end_when=("failed",),
+                                      sealed_by=lambda i: i["conversation"])
 
     async def on_conversation_record(self, env: Envelope, partition: int, offset: int) -> None:
         """Index the record at ``partition``/``offset``; start the workflow of each

@@ -74,6 +74,9 @@ class WorkflowDef:
     steps: tuple[StepDef, ...]
     on_end: Callable[[WorkflowState], Awaitable[None]] | None = None
     """Called once the workflow completed or failed (e.g. record the turn's outcome)."""
+    on_end_when: tuple[Status, ...] = ("completed", "failed")
+    """The ends ``on_end`` acts on; a workflow that ends otherwise is settled with its end
+    (no bookkeeping to wait for: one table write, not two)."""
     answers: Callable[[WorkflowState, WorkflowCommandReceived], str] | None = None
     """Which pause a command answers, when not the one its name says (e.g. a ``review``
     answers whichever of the two reviews the workflow waits for)."""

@@ -231,9 +231,10 @@ class WorkflowRuntime:
 
     async def _apply(self, t: Transition, correlation: str) -> None:
         s = t.state
-        # Ended: unsettled until ``_settle`` has run its on_end. Running again (a retried
-        # failure): its next end settles it.
-        s.settled = not (t.ended and self.defs[s.kind].on_end is not None)
+        # Ended: unsettled until ``_settle`` has run its on_end (when it acts on this end).
+        # Running again (a retried failure): its next end settles it.
+        wf = self.defs[s.kind]
+        s.settled = not (t.ended and wf.on_end is not None and s.status in wf.on_end_when)
         futs = []
         for e in t.emits:
             env = Envelope(record=e.record, key=s.workflow, source=SOURCE, subject=s.workflow,
