@@ -4,14 +4,15 @@
 ``RecordingSink`` keeps effects in memory (tests, replay). ``KafkaEffectSink`` turns each effect
 into its record from ``schemas.agent`` and produces it: key = workflow id, record id = the
 effect's idempotency key (so a redelivered effect is deduplicated downstream), correlation =
-workflow id. Display events emitted in a row go out as one ``DisplayEventsRecorded`` (before the
-next model or tool call's record, so the log keeps their order), and a turn's telemetry facts as
-one ``TelemetryEvents`` when it drains: a turn is a handful of records, not one per event
-(``docs/benchmarks.md``, "Records per turn"); the first's id is each batch's. When the turn
-belongs to a conversation, every piece of content (model responses, tool arguments and results,
-display data, the persisted reply) is sealed with the conversation's key first: nothing of a
-conversation travels in plaintext. The sink never swallows a produce failure: the step fails and
-is retried with the same keys.
+workflow id. The display events since the last model call go out as one
+``DisplayEventsRecorded`` just before the next model call's record (and the rest when the turn
+drains); a tool call's record is not held back for them, so a tool's display events follow its
+record on the log. A turn's telemetry facts go out as one ``TelemetryEvents`` when it drains: a
+turn is a handful of records, not one per event (``docs/benchmarks.md``, "Records per turn");
+the first's id is each batch's. When the turn belongs to a conversation, every piece of content
+(model responses, tool arguments and results, display data, the persisted reply) is sealed with
+the conversation's key first: nothing of a conversation travels in plaintext. The sink never
+swallows a produce failure: the step fails and is retried with the same keys.
 """
 
 from __future__ import annotations
@@ -132,7 +133,8 @@ class KafkaEffectSink:
         elif isinstance(record, DisplayEventRecorded):
             self._add(self._display, self._agent_topic, effect, record)
         else:
-            self._flush(self._display, self._agent_topic)
+            if isinstance(record, ModelCallRecorded):  # a model iteration's events go first
+                self._flush(self._display, self._agent_topic)
             self._send(self._agent_topic, effect.key, effect.turn_id, record)
 
     def _add(self, batch: _Batch, topic: str, effect: Effect, record: Record) -> None:

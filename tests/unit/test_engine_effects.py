@@ -182,12 +182,12 @@ async def test_a_whole_turn_through_the_kafka_sink_leaks_no_plaintext(settings):
     for _, env in producer.sent:
         key, value, headers = encode(env)
         assert b"Elm Street" not in value + b"".join(v for _, v in headers), env.record
-    # Two model calls, one tool call; display events in a row batched between them (one
-    # batch per model iteration, and the turn's end); the turn's telemetry one record.
+    # Two model calls, one tool call; the display events before each model call one record,
+    # those after the last one record; the turn's telemetry one record.
     kinds = [type(env.record).__name__ for _, env in producer.sent]
-    assert kinds == ["DisplayEventsRecorded", "ModelCallRecorded", "DisplayEventRecorded",
-                     "ToolCallRecorded", "DisplayEventRecorded", "ModelCallRecorded",
-                     "DisplayEventsRecorded", "TelemetryEvents"]
+    assert kinds == ["DisplayEventsRecorded", "ModelCallRecorded", "ToolCallRecorded",
+                     "DisplayEventsRecorded", "ModelCallRecorded", "DisplayEventsRecorded",
+                     "TelemetryEvents"]
     shown = [e.type for _, env in producer.sent for e in display_events(env.record)]
     assert shown == ["busy", "text_delta", "reasoning", "tool_call", "tool_result",
                      "text_delta", "text_complete", "message_persisted", "cost", "idle", "done"]
