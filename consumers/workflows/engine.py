@@ -12,13 +12,12 @@ holds, recorded as a failed attempt (``WorkerLost``) and retried elsewhere.
 
 from __future__ import annotations
 
-import copy
 from collections.abc import Awaitable, Callable
-from dataclasses import asdict, dataclass, field
+from dataclasses import dataclass, field
 from typing import Any, Literal
 
 from consumers.engine.cancel import CancelToken
-from consumers.frame.aggregate import Ack
+from consumers.frame.aggregate import Ack, plain_copy, plain_fields
 from schemas.base import Record, Sealed
 from schemas.workflow import (
     StepFailed,
@@ -125,11 +124,15 @@ class WorkflowState:
     worker dying in between never leaves a turn open."""
 
     def to_dict(self) -> dict[str, Any]:
-        return copy.deepcopy(asdict(self))
+        return plain_fields(self)
 
     @classmethod
     def from_dict(cls, d: dict[str, Any] | None) -> WorkflowState | None:
-        return None if d is None else cls(**copy.deepcopy(d))
+        return None if d is None else cls(**plain_copy(d))
+
+    def copied(self) -> WorkflowState:
+        """A deep copy (a transition changes its own, never the state it was given)."""
+        return WorkflowState(**plain_fields(self))
 
 
 def error_content_id(workflow: str, step_index: int, attempt: int) -> str:
@@ -179,7 +182,7 @@ def start(wf: WorkflowDef, started: WorkflowStarted) -> Transition:
 
 
 def step_succeeded(wf: WorkflowDef, state: WorkflowState, output: dict[str, Any]) -> Transition:
-    t = Transition(copy.deepcopy(state))
+    t = Transition(state.copied())
     s = t.state
     name = wf.step(s.step_index).name
     s.outputs[name] = output
@@ -204,7 +207,7 @@ def step_failed(wf: WorkflowDef, state: WorkflowState, error: str | None, error_
     comes as ``sealed_error`` under ``sealed_by``'s key and stays sealed in every record and
     in the state.
     """
-    t = Transition(copy.deepcopy(state))
+    t = Transition(state.copied())
     s = t.state
     name = wf.step(s.step_index).name
     s.failures += 1
@@ -227,7 +230,7 @@ def step_failed(wf: WorkflowDef, state: WorkflowState, error: str | None, error_
 
 
 def step_paused(wf: WorkflowDef, state: WorkflowState, pause: Pause) -> Transition:
-    t = Transition(copy.deepcopy(state))
+    t = Transition(state.copied())
     s = t.state
     s.status, s.waiting_for = "paused", pause.waiting_for
     _emit(t, WorkflowPaused(workflow=s.workflow, step=wf.step(s.step_index).name,

@@ -24,7 +24,6 @@ fails ``DEADLINE_EXCEEDED``, not retried, so its workflow fails and ``on_end`` e
 from __future__ import annotations
 
 import asyncio
-import copy
 import logging
 import time
 from collections.abc import Callable
@@ -172,7 +171,7 @@ class WorkflowRuntime:
                     # Not this tenant's to command: as if there were no such workflow.
                     self._answer(address(env), Ack.rejected(f"no such workflow {workflow!r}"))
                 else:
-                    t = engine.Transition(copy.deepcopy(state))
+                    t = engine.Transition(state.copied())
                     commands.receive(self.defs[state.kind], t, rec, address(env))
             elif isinstance(rec, StepOutcome) and state is not None:
                 t = self._outcome(state, rec)

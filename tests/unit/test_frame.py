@@ -211,3 +211,39 @@ async def test_transient_events_dropped_before_a_stream_sends_them_do_not_make_i
     view.add_live("delta c")  # a new one is still sent
     assert [s.data for s in await collect(sse_stream(feed, 1, bound_s=0.6))
             if s.data] == ["delta c"]
+
+
+def test_a_states_dict_is_a_deep_copy_both_ways_as_asdict_made_it() -> None:
+    """``plain_copy`` (the table value's copy) gives what ``copy.deepcopy(asdict(...))`` gave:
+    equal values, no structure shared with the state or the table's dict."""
+    import copy
+    from dataclasses import asdict, dataclass, field
+
+    from consumers.frame.aggregate import AggregateState, plain_copy
+
+    @dataclass
+    class Inner:
+        n: int = 1
+        tags: list[str] = field(default_factory=lambda: ["a"])
+
+    @dataclass(kw_only=True)
+    class State(AggregateState):
+        commands: dict[str, dict[str, object]] = field(default_factory=dict)
+        pair: tuple[int, ...] = (1, 2)
+        inner: Inner = field(default_factory=Inner)
+
+    state = State(seq=3, tenant="t1", commands={"c1": {"seq": 1, "detail": {"turn": "x"}}})
+    d = state.to_dict()
+    assert d == copy.deepcopy(asdict(state))
+    d["commands"]["c1"]["detail"]["turn"] = "changed"
+    d["inner"]["tags"].append("b")
+    assert state.commands["c1"]["detail"]["turn"] == "x" and state.inner.tags == ["a"]
+    inner = Inner()
+    raw = {"seq": 1, "tenant": None, "commands": {"c": {"seq": 1}}, "pair": (1, 2),
+           "inner": inner}
+    back = State.from_dict(raw)
+    back.commands["c"]["seq"] = 9
+    assert raw["commands"]["c"]["seq"] == 1 and back.pair == (1, 2)
+    assert back.inner == inner and back.inner is not inner  # copied as deepcopy did
+    odd = {1.5, 2.5}  # not a table value's type: still copied deeply
+    assert plain_copy(odd) == odd and plain_copy(odd) is not odd
