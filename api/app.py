@@ -25,7 +25,7 @@ from api.assistant import AssistantViews
 from api.assistant.upload import UPLOAD_PATH, upload_body_limit
 from api.conversations import ConversationViews
 from api.frame.body import BodyGuard, BodyLimit
-from api.frame.cold import ColdLog, conversation_reader
+from api.frame.cold import ColdLog, conversation_gap_reader, conversation_reader
 from api.frame.commands import edge_producer
 from api.frame.deadline import RequestDeadline
 from api.frame.errors import EDGE_ERRORS, EdgeErrors, install_error_handlers
@@ -68,7 +68,9 @@ def create_app(settings: VoiceSettings | None = None, bind_host: str | None = No
         cold = ColdLog(settings)
         views = ConversationViews(kept=settings.edge_events_kept, cold=(
             None if settings.edge_history_s is None
-            else lambda key: conversation_reader(cold, app.state.tail)(key)))
+            else lambda key: conversation_reader(cold, app.state.tail)(key)),
+            gap=lambda key, after, upto: conversation_gap_reader(cold, app.state.tail)(
+                key, after, upto))
         sealer = await asyncio.to_thread(sealer_for, settings)
         app.state.settings = settings
         app.state.views = views

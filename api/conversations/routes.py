@@ -35,6 +35,7 @@ from api.conversations.models import (
     TurnOut,
 )
 from api.conversations.views import ConversationView, ConversationViews
+from api.frame.cold import ColdReadFailed
 from api.frame.commands import CommandsDep, conversation_refused, refused
 from api.frame.deadline import cut_short, remaining
 from api.frame.deps import (
@@ -81,7 +82,7 @@ owned_conversation = owned_dependency(
 
 ViewsDep = Annotated[ConversationViews, Depends(get_views)]
 OwnedDep = Annotated[ConversationView, Depends(owned_conversation)]
-CursorDep = Annotated[int, Depends(cursor_dependency(owned_conversation))]
+CursorDep = Annotated[int, Depends(cursor_dependency(owned_conversation, reads_older=True))]
 
 
 @contextmanager
@@ -283,6 +284,14 @@ async def stream(view: OwnedDep, cursor: CursorDep, settings: SettingsDep, views
             views.mark_erased(conversation)
             raise StreamEnd(erased) from None
 
+    async def older(after: int, upto: int) -> list[tuple[int, ServerSentEvent | None]]:
+        try:
+            envs = await views.older(conversation, after, upto)
+        except ColdReadFailed as exc:
+            raise StreamEnd(f"end; cursor {after} is too old to serve: {exc}") from None
+        return [(env.seq or 0, render_event(env)) for env in envs]
+
     feed = Feed(view=current, render=render_shared, gone=erased, render_live=render_delta,
-                wait=lambda until, timeout: views.wait(conversation, lambda _v: until(), timeout))
+                wait=lambda until, timeout: views.wait(conversation, lambda _v: until(), timeout),
+                older=older)
     return event_stream(sse_stream(feed, cursor, settings.gateway_bound_s))

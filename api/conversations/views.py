@@ -16,6 +16,7 @@ from collections import OrderedDict
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
+from api.frame.cold import ColdReadFailed
 from api.frame.projection import DEFAULT_KEPT, Caller, KeptEvents, StreamProjection
 from schemas.conversation import (
     ConversationErased,
@@ -90,6 +91,14 @@ ColdRead = Callable[[str], list[Envelope]]
 """Blocking: every record of one conversation from before the edge's history window, in log
 order (``api.frame.cold.conversation_reader``)."""
 
+ColdGap = Callable[[str, int, int], list[Envelope]]
+"""Blocking: one conversation's records with seq in ``(after, upto]`` from anywhere in the log
+(``api.frame.cold.conversation_gap_reader``): what a cursor older than the kept events needs."""
+
+GAPS_KEPT = 16
+"""Gap reads remembered (by conversation and range): a client whose stream ends while one is
+read reconnects with the same cursor and gets its result, not a second scan."""
+
 ABSENT_KEPT = 10_000
 """Ids found in no record before the window, remembered so that asking again scans nothing."""
 COLD_SCANS = 1
@@ -108,9 +117,14 @@ class ConversationViews(StreamProjection[ConversationView]):
     first, then the held ones — each once, by seq, in order (decision 0011).
     """
 
-    def __init__(self, kept: int = DEFAULT_KEPT, cold: ColdRead | None = None) -> None:
+    def __init__(self, kept: int = DEFAULT_KEPT, cold: ColdRead | None = None,
+                 gap: ColdGap | None = None) -> None:
         super().__init__(kept)
         self.cold = cold
+        self.gap = gap
+        """Reads events older than a view keeps, for an old cursor (None: 409 instead)."""
+        self._gaps: OrderedDict[tuple[str, int, int], asyncio.Future[list[Envelope]]] = (
+            OrderedDict())
         self.pending: dict[str, list[Envelope]] = {}
         """Records of conversations started before the window, not asked for yet."""
         self._absent: OrderedDict[str, None] = OrderedDict()
@@ -134,6 +148,41 @@ class ConversationViews(StreamProjection[ConversationView]):
         if fut.done():
             fut.result()  # ColdReadFailed, when the read failed
         return settled
+
+    async def older(self, key: str, after: int, upto: int) -> list[Envelope]:
+        """The conversation's records with seq in ``(after, upto]`` — those before the oldest
+        its view keeps — read from the log: each seq exactly once, in order, or
+        ``ColdReadFailed`` (never a stream with a hole). One read per range, shared by every
+        asker and remembered for the next few (decision 0011, step 5)."""
+        if self.gap is None:
+            raise ColdReadFailed("this edge reads no events older than it keeps")
+        view = self.by_key.get(key)
+        tenant = None if view is None else view.tenant
+        fut = self._gaps.get((key, after, upto))
+        if fut is None or (fut.done() and (fut.cancelled() or fut.exception() is not None)):
+            fut = asyncio.ensure_future(self._read_gap(key, after, upto))
+            self._gaps[(key, after, upto)] = fut
+            while len(self._gaps) > GAPS_KEPT:
+                self._gaps.popitem(last=False)
+        found = await asyncio.shield(fut)
+        if any(env.tenant != tenant for env in found):
+            raise ColdReadFailed(f"conversation {key}: records of another tenant in the log")
+        return found
+
+    async def _read_gap(self, key: str, after: int, upto: int) -> list[Envelope]:
+        assert self.gap is not None
+        async with self._scans:
+            found = await asyncio.to_thread(self.gap, key, after, upto)
+        by_seq: dict[int, Envelope] = {}
+        for env in found:
+            if env.seq is not None:
+                by_seq.setdefault(env.seq, env)  # a redelivered record: the first one
+        missing = [s for s in range(after + 1, upto + 1) if s not in by_seq]
+        if missing:
+            raise ColdReadFailed(f"conversation {key}: the log no longer holds seq "
+                                 f"{missing[0]}" + (f" and {len(missing) - 1} more"
+                                                    if len(missing) > 1 else ""))
+        return [by_seq[s] for s in range(after + 1, upto + 1)]
 
     def _read_done(self, key: str, fut: asyncio.Future[None]) -> None:
         self._loading.pop(key, None)

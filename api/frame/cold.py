@@ -73,6 +73,25 @@ class ColdLog:
             finally:
                 consumer.unassign()
 
+    def read_seqs(self, topic: str, partition: int, key: str, after: int, upto: int,
+                  timeout: float = SCAN_TIMEOUT_S) -> list[Envelope]:
+        """The records of ``key`` in ``topic[partition]`` whose seq is in ``(after, upto]``, in
+        log order: the events a resumed stream needs from before what the edge keeps
+        (blocking: call it in a thread; scans wait for each other). Reads from the
+        partition's start until the record of seq ``upto`` (or the end the partition had
+        when the scan began)."""
+        if upto <= after:
+            return []
+        with self._lock:
+            consumer = self._client()
+            try:
+                _low, high = consumer.get_watermark_offsets(TopicPartition(topic, partition), 10)
+                found = _scan(consumer, topic, partition, key.encode(), high, timeout,
+                              stop=lambda env: env.seq is not None and env.seq >= upto)
+            finally:
+                consumer.unassign()
+        return [env for env in found if env.seq is not None and after < env.seq <= upto]
+
     def close(self) -> None:
         with self._lock:
             if self._consumer is not None:
@@ -81,7 +100,10 @@ class ColdLog:
 
 
 def _scan(consumer: Consumer, topic: str, partition: int, wanted: bytes, end: int,
-          timeout: float) -> list[Envelope]:
+          timeout: float, stop: Callable[[Envelope], bool] = lambda _env: False
+          ) -> list[Envelope]:
+    """``wanted``'s decodable records below offset ``end``, in log order, up to and including
+    the first one ``stop`` says ends the scan."""
     out: list[Envelope] = []
     deadline = time.monotonic() + timeout
     low, _high = consumer.get_watermark_offsets(TopicPartition(topic, partition), 10)
@@ -105,10 +127,14 @@ def _scan(consumer: Consumer, topic: str, partition: int, wanted: bytes, end: in
             if msg.key() != wanted:
                 continue
             try:
-                out.append(decode(msg.key(), msg.value(), msg.headers()))
+                env = decode(msg.key(), msg.value(), msg.headers())
             except DecodeError as exc:
                 log.info("edge cold read skips %s[%s]@%s: %s", topic, partition, offset,
                          exc.reason)
+                continue
+            out.append(env)
+            if stop(env):
+                return out
     return out
 
 
@@ -123,5 +149,20 @@ def conversation_reader(log_: ColdLog, tail: EdgeTail) -> Callable[[str], list[E
             return []
         partition = partition_of(key, len(starts))
         return log_.read_before(tail.conv_topic, partition, key, starts[partition])
+
+    return read
+
+
+def conversation_gap_reader(log_: ColdLog, tail: EdgeTail
+                            ) -> Callable[[str, int, int], list[Envelope]]:
+    """A blocking reader of one conversation's records with seq in ``(after, upto]``, from
+    anywhere in its partition: what a cursor older than the edge keeps needs (decision 0011,
+    step 5)."""
+
+    def read(key: str, after: int, upto: int) -> list[Envelope]:
+        if not tail.assigned.wait(SCAN_TIMEOUT_S):
+            raise ColdReadFailed("the edge's tail is not assigned yet")
+        partition = partition_of(key, tail.conv_partitions)
+        return log_.read_seqs(tail.conv_topic, partition, key, after, upto)
 
     return read

@@ -5,6 +5,7 @@ no conversation is read once; without a cold reader nothing changes."""
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import threading
 
 import pytest
@@ -161,3 +162,66 @@ def test_a_read_longer_than_the_wait_is_not_settled_and_goes_on_for_the_retry() 
 
     asyncio.run(main())
     assert views[CNV].last_seq == 5
+
+
+class GapReader:
+    """A gap reader over a fixed list of records (seq range per key); counts its calls."""
+
+    def __init__(self, records: list[Envelope]) -> None:
+        self.records = records
+        self.calls = 0
+        self.gate = threading.Event()
+        self.gate.set()
+
+    def __call__(self, key: str, after: int, upto: int) -> list[Envelope]:
+        self.calls += 1
+        self.gate.wait(10)
+        return [e for e in self.records
+                if e.key == key and e.seq is not None and after < e.seq <= upto]
+
+
+def test_events_older_than_kept_are_read_each_once_in_order_and_shared() -> None:
+    full = log(3)  # seqs 1..13
+    gap = GapReader([*full, full[4]])  # a redelivered record on the log too
+    views = ConversationViews(kept=4, gap=gap)
+    for env in full:
+        views.apply(env)
+    view = views.get(CNV)
+    assert view is not None and view.oldest_cursor() == 9
+
+    async def go() -> tuple[list[Envelope], list[Envelope]]:
+        gap.gate.clear()
+        a = asyncio.ensure_future(views.older(CNV, 2, 9))
+        b = asyncio.ensure_future(views.older(CNV, 2, 9))
+        await asyncio.sleep(0.05)
+        gap.gate.set()
+        return await a, await b
+
+    a, b = asyncio.run(go())
+    assert [e.seq for e in a] == list(range(3, 10)) and a == b
+    assert gap.calls == 1
+
+
+def test_a_hole_in_the_older_events_is_refused_never_served() -> None:
+    full = log(3)
+    views = ConversationViews(kept=4, gap=GapReader([e for e in full if e.seq != 5]))
+    for env in full:
+        views.apply(env)
+    with pytest.raises(ColdReadFailed, match="no longer holds seq 5"):
+        asyncio.run(views.older(CNV, 0, 9))
+
+
+def test_older_records_of_another_tenant_are_refused() -> None:
+    full = log(3)
+    other = [dataclasses.replace(e, tenant="t2") if e.seq == 3 else e for e in full]
+    views = ConversationViews(kept=4, gap=GapReader(other))
+    for env in full:
+        views.apply(env)
+    with pytest.raises(ColdReadFailed, match="another tenant"):
+        asyncio.run(views.older(CNV, 0, 9))
+
+
+def test_without_a_gap_reader_older_events_are_refused() -> None:
+    views = ConversationViews(kept=4)
+    with pytest.raises(ColdReadFailed):
+        asyncio.run(views.older(CNV, 0, 9))
