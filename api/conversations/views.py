@@ -158,13 +158,21 @@ class ConversationViews(StreamProjection[ConversationView]):
             raise ColdReadFailed("this edge reads no events older than it keeps")
         view = self.by_key.get(key)
         tenant = None if view is None else view.tenant
-        fut = self._gaps.get((key, after, upto))
-        if fut is None or (fut.done() and (fut.cancelled() or fut.exception() is not None)):
+        # A read of the same range, or of a wider one (a lower ``after``), serves this one:
+        # clients resuming at different old cursors of one conversation share one scan.
+        fut = None
+        for (k, a, u), f in self._gaps.items():
+            if k == key and u == upto and a <= after and not (
+                    f.done() and (f.cancelled() or f.exception() is not None)):
+                fut = f
+                break
+        if fut is None:
             fut = asyncio.ensure_future(self._read_gap(key, after, upto))
             self._gaps[(key, after, upto)] = fut
             while len(self._gaps) > GAPS_KEPT:
                 self._gaps.popitem(last=False)
-        found = await asyncio.shield(fut)
+        found = [env for env in await asyncio.shield(fut) if env.seq is not None
+                 and env.seq > after]
         if any(env.tenant != tenant for env in found):
             raise ColdReadFailed(f"conversation {key}: records of another tenant in the log")
         return found

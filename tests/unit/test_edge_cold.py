@@ -200,6 +200,11 @@ def test_events_older_than_kept_are_read_each_once_in_order_and_shared() -> None
     a, b = asyncio.run(go())
     assert [e.seq for e in a] == list(range(3, 10)) and a == b
     assert gap.calls == 1
+    # A later cursor within a range already read is served from it; a lower one reads again.
+    assert [e.seq for e in asyncio.run(views.older(CNV, 6, 9))] == [7, 8, 9]
+    assert gap.calls == 1
+    assert [e.seq for e in asyncio.run(views.older(CNV, 0, 9))] == list(range(1, 10))
+    assert gap.calls == 2
 
 
 def test_a_hole_in_the_older_events_is_refused_never_served() -> None:
