@@ -12,7 +12,7 @@ from __future__ import annotations
 import asyncio
 import re
 import secrets
-from collections.abc import Iterator
+from collections.abc import AsyncIterator, Iterator
 from contextlib import contextmanager
 from typing import Annotated
 
@@ -294,4 +294,9 @@ async def stream(view: OwnedDep, cursor: CursorDep, settings: SettingsDep, views
     feed = Feed(view=current, render=render_shared, gone=erased, render_live=render_delta,
                 wait=lambda until, timeout: views.wait(conversation, lambda _v: until(), timeout),
                 older=older)
-    return event_stream(sse_stream(feed, cursor, settings.gateway_bound_s))
+    async def held() -> AsyncIterator[ServerSentEvent]:
+        with views.streaming(conversation):  # never evicted while a stream of it is open
+            async for sse in sse_stream(feed, cursor, settings.gateway_bound_s):
+                yield sse
+
+    return event_stream(held())

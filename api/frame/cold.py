@@ -1,11 +1,12 @@
-"""Reading one aggregate's records from before the edge's history window, on demand.
+"""Reading one aggregate's records from the log on demand, by key.
 
 An edge started with ``VOICE_EDGE_HISTORY_S`` reads its logs only from that far back
-(``api.frame.tail``); an aggregate whose records start earlier is read here when a request
-first asks for it (decision 0011). Kafka has no index by key, so this reads the key's one
-partition (``streams.topics.partition_of``) from its start up to the offset the tail
-started at, and keeps the key's records — a scan of one partition's history, paid once per
-cold aggregate and never on the event loop (callers run it in a thread).
+(``api.frame.tail``) and keeps only conversations in use; one it does not hold is read here
+when a request asks for it (decision 0011). Kafka has no index by key, so this reads the key's
+one partition (``streams.topics.partition_of``) from its start up to the end it has when the
+read begins, and keeps the key's records — a scan of one partition's history, paid once per
+cold aggregate and never on the event loop (callers run it in a thread). The same scan serves
+a stream's cursor older than the events kept in memory (``read_seqs``).
 
 It never writes, never commits (no group: ``assign`` only), and skips what it cannot decode,
 as the tail does (the writer side dead-letters it).
@@ -60,16 +61,15 @@ class ColdLog:
             })
         return self._consumer
 
-    def read_before(self, topic: str, partition: int, key: str, end: int,
+    def read_to_end(self, topic: str, partition: int, key: str,
                     timeout: float = SCAN_TIMEOUT_S) -> list[Envelope]:
-        """Every decodable record of ``key`` in ``topic[partition]`` below offset ``end``, in
-        log order (blocking: call it in a thread; scans wait for each other)."""
-        if end <= 0:
-            return []
+        """Every decodable record of ``key`` in ``topic[partition]``, up to the end the
+        partition has when the read begins, in log order (blocking: call it in a thread)."""
         with self._lock:
             consumer = self._client()
             try:
-                return _scan(consumer, topic, partition, key.encode(), end, timeout)
+                _low, high = consumer.get_watermark_offsets(TopicPartition(topic, partition), 10)
+                return _scan(consumer, topic, partition, key.encode(), high, timeout)
             finally:
                 consumer.unassign()
 
@@ -139,16 +139,14 @@ def _scan(consumer: Consumer, topic: str, partition: int, wanted: bytes, end: in
 
 
 def conversation_reader(log_: ColdLog, tail: EdgeTail) -> Callable[[str], list[Envelope]]:
-    """A blocking reader of one conversation's records below where ``tail`` started."""
+    """A blocking reader of one conversation's records, from its partition's start to the end
+    it has when the read begins (the tail brings what comes after)."""
 
     def read(key: str) -> list[Envelope]:
         if not tail.assigned.wait(SCAN_TIMEOUT_S):
             raise ColdReadFailed("the edge's tail is not assigned yet")
-        starts = tail.conv_starts
-        if not starts:  # the tail reads from the beginning: nothing is cold
-            return []
-        partition = partition_of(key, len(starts))
-        return log_.read_before(tail.conv_topic, partition, key, starts[partition])
+        partition = partition_of(key, tail.conv_partitions)
+        return log_.read_to_end(tail.conv_topic, partition, key)
 
     return read
 

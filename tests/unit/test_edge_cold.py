@@ -7,6 +7,7 @@ from __future__ import annotations
 import asyncio
 import dataclasses
 import threading
+import time
 
 import pytest
 
@@ -57,16 +58,23 @@ class Reader:
         return [e for e in self.records if e.key == key]
 
 
-def test_older_records_then_held_ones_each_once_in_order() -> None:
+def test_records_the_tail_brings_during_the_read_apply_after_it_each_once_in_order() -> None:
     full = log(3)  # seqs 1..13
-    reader = Reader(full[:8])  # the cold part ends at seq 8 …
+    reader = Reader(full[:8])  # the partition ended at seq 8 when the read began …
+    reader.gate.clear()
     views = ConversationViews(cold=reader)
-    for env in full[6:]:  # … and the tail started at seq 7: seqs 7 and 8 are read twice
-        assert views.apply(env) is None  # held, not a view yet
-    assert CNV not in views and len(views.pending[CNV]) == 7
+    assert views.apply(full[3]) is None and not views.pending  # not asked for: dropped
 
-    asyncio.run(views.ensure(CNV))
+    async def main() -> None:
+        asker = asyncio.create_task(views.ensure(CNV))
+        await asyncio.sleep(0.05)
+        for env in full[6:]:  # … and the tail brings seqs 7..13 while it runs
+            assert views.apply(env) is None  # held, not a view yet
+        assert CNV not in views and len(views.pending[CNV]) == 7
+        reader.gate.set()
+        await asyncio.wait_for(asker, 5)
 
+    asyncio.run(main())
     view = views[CNV]
     assert reader.calls == 1 and CNV not in views.pending
     assert [e.seq for e in view.events_after(0)] == list(range(1, 14))
@@ -74,6 +82,39 @@ def test_older_records_then_held_ones_each_once_in_order() -> None:
     assert [t.state for t in view.turns.values()] == ["Replied"] * 3
     asyncio.run(views.ensure(CNV))  # known now: nothing is read again
     assert reader.calls == 1
+
+
+def test_an_unused_view_is_evicted_and_read_again_when_asked_for() -> None:
+    full = log(2)
+    reader = Reader(full)
+    views = ConversationViews(cold=reader)
+    asyncio.run(views.ensure(CNV))
+    used = views[CNV].used_at
+    assert views.evict_idle(60, now=used + 30) == 0  # used within the window: kept
+    with views.streaming(CNV):  # an open stream keeps it, however long
+        assert views.evict_idle(60, now=used + 3600) == 0
+    assert views.evict_idle(60, now=time.monotonic() + 61) == 1 and CNV not in views
+    assert views.apply(full[-1]) is None and not views.pending  # not in memory: dropped
+    asyncio.run(views.ensure(CNV))
+    assert reader.calls == 2
+    assert [e.seq for e in views[CNV].events_after(0)] == list(range(1, 10))
+
+
+def test_a_waiter_keeps_a_view_and_an_edge_without_a_cold_reader_evicts_nothing() -> None:
+    views = ConversationViews(cold=Reader(log(1)))
+    asyncio.run(views.ensure(CNV))
+
+    async def main() -> None:
+        waiter = asyncio.create_task(views.wait(CNV, lambda v: False, 5))
+        await asyncio.sleep(0.01)
+        assert views.evict_idle(0, now=time.monotonic() + 10) == 0
+        waiter.cancel()
+
+    asyncio.run(main())
+    full_edge = ConversationViews()
+    for env in log(1):
+        full_edge.apply(env)
+    assert full_edge.evict_idle(0, now=time.monotonic() + 10) == 0 and CNV in full_edge
 
 
 def test_a_record_after_the_load_applies_as_usual() -> None:
