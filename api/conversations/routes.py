@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import asyncio
 import re
-import secrets
 from collections.abc import AsyncIterator, Iterator
 from contextlib import contextmanager
 from typing import Annotated
@@ -64,11 +63,13 @@ from api.frame.sse import (
 )
 from schemas.conversation import EraseConversation, MessageRecorded, SendMessage, StartConversation
 from streams.envelope import Envelope, new_id
+from streams.ids import CONVERSATION_ID as CONVERSATION_ID_PATTERN
+from streams.ids import new_conversation_id
 from streams.sealing import KeyErased, Sealer
 
 router = APIRouter(prefix="/me/conversations", tags=["conversations"])
 
-CONVERSATION_ID = re.compile(r"^cnv-[0-9a-f]{8,32}$")
+CONVERSATION_ID = re.compile(CONVERSATION_ID_PATTERN)
 NOT_FOUND = {404: {"description": "No such conversation of the caller's (or it was erased)."}}
 
 
@@ -100,7 +101,7 @@ async def create_conversation(
     commands: CommandsDep, views: ViewsDep, sealer: SealerDep, principal: ConverseDep,
 ) -> ConversationCreated:
     """Open a conversation owned by the caller."""
-    conversation = f"cnv-{secrets.token_hex(8)}"
+    conversation = new_conversation_id()
     # The data key exists before the conversation does, so its first message can be sealed.
     await asyncio.to_thread(sealer.create, conversation, principal.tenant)
     ack = await commands.submit(

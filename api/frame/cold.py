@@ -4,7 +4,8 @@ An edge started with ``VOICE_EDGE_HISTORY_S`` reads its logs only from that far 
 (``api.frame.tail``) and keeps only conversations in use; one it does not hold is read here
 when a request asks for it (decision 0011). Kafka has no index by key, so this reads the key's
 one partition (``streams.topics.partition_of``) from its start up to the end it has when the
-read begins, and keeps the key's records — a scan of one partition's history, paid once per
+read begins — from the time in its id (``streams.ids.conversation_since_ms``) when it has
+one — and keeps the key's records — a scan of one partition's history, paid once per
 cold aggregate and never on the event loop (callers run it in a thread). The same scan serves
 a stream's cursor older than the events kept in memory (``read_seqs``).
 
@@ -23,6 +24,7 @@ from confluent_kafka import Consumer, KafkaError, TopicPartition
 
 from api.frame.tail import EdgeTail
 from streams.envelope import DecodeError, Envelope, decode
+from streams.ids import conversation_since_ms
 from streams.settings import VoiceSettings
 from streams.topics import partition_of
 
@@ -61,20 +63,24 @@ class ColdLog:
             })
         return self._consumer
 
-    def read_to_end(self, topic: str, partition: int, key: str,
+    def read_to_end(self, topic: str, partition: int, key: str, since_ms: int | None = None,
                     timeout: float = SCAN_TIMEOUT_S) -> list[Envelope]:
         """Every decodable record of ``key`` in ``topic[partition]``, up to the end the
-        partition has when the read begins, in log order (blocking: call it in a thread)."""
+        partition has when the read begins, in log order (blocking: call it in a thread).
+        ``since_ms``: no record of ``key`` is older (its id says so), so the scan starts at
+        the first offset of that time, not at the partition's start."""
         with self._lock:
             consumer = self._client()
             try:
                 _low, high = consumer.get_watermark_offsets(TopicPartition(topic, partition), 10)
-                return _scan(consumer, topic, partition, key.encode(), high, timeout)
+                return _scan(consumer, topic, partition, key.encode(), high, timeout,
+                             since_ms=since_ms)
             finally:
                 consumer.unassign()
 
     def read_seqs(self, topic: str, partition: int, key: str, after: int, upto: int,
-                  timeout: float = SCAN_TIMEOUT_S) -> list[Envelope]:
+                  since_ms: int | None = None, timeout: float = SCAN_TIMEOUT_S
+                  ) -> list[Envelope]:
         """The records of ``key`` in ``topic[partition]`` whose seq is in ``(after, upto]``, in
         log order: the events a resumed stream needs from before what the edge keeps
         (blocking: call it in a thread; scans wait for each other). Reads from the
@@ -87,7 +93,8 @@ class ColdLog:
             try:
                 _low, high = consumer.get_watermark_offsets(TopicPartition(topic, partition), 10)
                 found = _scan(consumer, topic, partition, key.encode(), high, timeout,
-                              stop=lambda env: env.seq is not None and env.seq >= upto)
+                              stop=lambda env: env.seq is not None and env.seq >= upto,
+                              since_ms=since_ms)
             finally:
                 consumer.unassign()
         return [env for env in found if env.seq is not None and after < env.seq <= upto]
@@ -100,13 +107,20 @@ class ColdLog:
 
 
 def _scan(consumer: Consumer, topic: str, partition: int, wanted: bytes, end: int,
-          timeout: float, stop: Callable[[Envelope], bool] = lambda _env: False
-          ) -> list[Envelope]:
-    """``wanted``'s decodable records below offset ``end``, in log order, up to and including
-    the first one ``stop`` says ends the scan."""
+          timeout: float, stop: Callable[[Envelope], bool] = lambda _env: False,
+          since_ms: int | None = None) -> list[Envelope]:
+    """``wanted``'s decodable records below offset ``end``, from the first offset of
+    ``since_ms`` (the partition's start when None), in log order, up to and including the
+    first one ``stop`` says ends the scan."""
     out: list[Envelope] = []
     deadline = time.monotonic() + timeout
     low, _high = consumer.get_watermark_offsets(TopicPartition(topic, partition), 10)
+    if since_ms is not None:
+        (found,) = consumer.offsets_for_times([TopicPartition(topic, partition, since_ms)], 10)
+        if found.error is not None:
+            raise ColdReadFailed(f"{topic}[{partition}]: no offset by time: {found.error}")
+        # -1: no record that recent, so none of ``wanted`` (which is no older) is there.
+        low = end if found.offset < 0 else max(low, found.offset)
     if low >= end:
         return []
     consumer.assign([TopicPartition(topic, partition, low)])
@@ -146,7 +160,7 @@ def conversation_reader(log_: ColdLog, tail: EdgeTail) -> Callable[[str], list[E
         if not tail.assigned.wait(SCAN_TIMEOUT_S):
             raise ColdReadFailed("the edge's tail is not assigned yet")
         partition = partition_of(key, tail.conv_partitions)
-        return log_.read_to_end(tail.conv_topic, partition, key)
+        return log_.read_to_end(tail.conv_topic, partition, key, conversation_since_ms(key))
 
     return read
 
@@ -161,6 +175,7 @@ def conversation_gap_reader(log_: ColdLog, tail: EdgeTail
         if not tail.assigned.wait(SCAN_TIMEOUT_S):
             raise ColdReadFailed("the edge's tail is not assigned yet")
         partition = partition_of(key, tail.conv_partitions)
-        return log_.read_seqs(tail.conv_topic, partition, key, after, upto)
+        return log_.read_seqs(tail.conv_topic, partition, key, after, upto,
+                              conversation_since_ms(key))
 
     return read

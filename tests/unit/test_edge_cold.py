@@ -271,3 +271,24 @@ def test_without_a_gap_reader_older_events_are_refused() -> None:
     views = ConversationViews(kept=4)
     with pytest.raises(ColdReadFailed):
         asyncio.run(views.older(CNV, 0, 9))
+
+
+def test_conversation_ids_carry_their_time() -> None:
+    import re
+
+    from streams.ids import (
+        CLOCK_SLACK_MS,
+        CONVERSATION_ID,
+        conversation_since_ms,
+        new_conversation_id,
+    )
+
+    ids = {new_conversation_id(now=1_800_000_000.123) for _ in range(100)}
+    assert len(ids) == 100 and all(re.match(CONVERSATION_ID, i) for i in ids)
+    for i in ids:  # the records take them
+        assert ConversationStarted(conversation=i, owner="alice").conversation == i
+    assert {conversation_since_ms(i) for i in ids} == {1_800_000_000_123 - CLOCK_SLACK_MS}
+    assert new_conversation_id(now=4.0) < new_conversation_id(now=5.0)  # ordered by time
+    for old in ("cnv-00000000000000aa", "cnv-0123456789abcdef0123456789abcdef", "cnv-12345678"):
+        assert conversation_since_ms(old) is None
+    assert conversation_since_ms(new_conversation_id(now=1.0)) == 0  # never negative
