@@ -60,6 +60,11 @@ class ColdLog:
                 "enable.partition.eof": True,
                 # A scan reads through history once: a small prefetch buffer is enough.
                 "queued.max.messages.kbytes": PREFETCH_KIB,
+                # A fetch at a partition's end waits this long on the broker, and the next
+                # scan's first fetch waits behind it (500 ms by default, paid by every read
+                # after the first); a scan's client is unassigned between scans, so it is
+                # never polling an idle partition.
+                "fetch.wait.max.ms": 10,
             })
         return self._consumer
 
@@ -129,7 +134,9 @@ def _scan(consumer: Consumer, topic: str, partition: int, wanted: bytes, end: in
         if time.monotonic() > deadline:
             raise ColdReadFailed(f"{topic}[{partition}] not read to offset {end} in "
                                  f"{timeout:g} s (at {position})")
-        for msg in consumer.consume(num_messages=BATCH, timeout=0.5):
+        # Never more than is left to read: ``consume`` waits until it has that many.
+        for msg in consumer.consume(num_messages=max(1, min(BATCH, end - position)),
+                                    timeout=0.5):
             if msg.error():
                 if msg.error().code() == KafkaError._PARTITION_EOF:
                     position = end  # nothing more is there (end past a gap): done
