@@ -28,6 +28,7 @@ from api.frame.body import BodyGuard, BodyLimit
 from api.frame.cold import ColdLog, conversation_reader
 from api.frame.commands import edge_producer
 from api.frame.deadline import RequestDeadline
+from api.frame.deps import InspectDep
 from api.frame.errors import EDGE_ERRORS, EdgeErrors, install_error_handlers
 from api.frame.models import CursorTooOldOut
 from api.frame.projection import CursorTooOld
@@ -47,6 +48,26 @@ GZIP_MIN_BYTES = 1024
 
 class Health(BaseModel):
     status: str
+
+
+class HeldConversations(BaseModel):
+    """What this edge holds of the conversation log (decision 0011)."""
+
+    in_memory: int
+    """Conversations whose view is in memory: with a history window, those asked for or
+    started inside it."""
+    held: int
+    """Conversations started before the window whose newer records wait until one is asked
+    for."""
+
+
+class EdgeState(BaseModel):
+    """An edge process's own state, for its operators: deployment-wide counts, no ids."""
+
+    conversations: HeldConversations
+    skipped: dict[str, dict[str, int]]
+    """Per topic, the records the tail skipped by reason (undecodable, or a view raised on
+    them): not a reason to be unready — the writer side dead-letters them — but worth seeing."""
 
 
 def on_record(views: ConversationViews) -> Callable[[Envelope], None]:
@@ -117,7 +138,8 @@ def create_app(settings: VoiceSettings | None = None, bind_host: str | None = No
 
     @app.get("/readyz", tags=["ops"], responses={503: {"description": "not ready"}})
     async def readyz() -> JSONResponse:
-        """Broker reachable, topics present, the edge's consumers assigned and caught up."""
+        """Broker reachable, topics present, the edge's consumers assigned and caught up: ready
+        or not, and why — nothing more, since anyone may ask (``/ops/edge`` has the counts)."""
         checks: dict[str, object] = {}
         try:
             missing = await asyncio.to_thread(missing_topics, app.state.settings, 3.0)
@@ -131,16 +153,18 @@ def create_app(settings: VoiceSettings | None = None, bind_host: str | None = No
         checks["caught_up"] = tail.caught_up.is_set()
         keys = getattr(app.state.sealer.store, "ready", None)
         checks["keys"] = "ready" if keys is None or keys.is_set() else "reading"
-        # Records the tail skipped (undecodable, or a view raised on them): not a reason to
-        # be unready — the writer side dead-letters them — but worth seeing.
-        checks["skipped"] = tail.skipped_counts()
-        # What this edge holds in memory: with a history window, the conversations asked for
-        # or started inside it, and those with records held until asked (decision 0011).
-        views: ConversationViews = app.state.views
-        checks["conversations"] = {"in_memory": len(views), "held": len(views.pending)}
         ready = (checks["broker"] == "ok" and checks["topics"] == "ok"
                  and tail.assigned.is_set() and tail.caught_up.is_set()
                  and checks["keys"] == "ready")
         return JSONResponse({"ready": ready, "checks": checks}, status_code=200 if ready else 503)
+
+    @app.get("/ops/edge", tags=["ops"], responses=EDGE_ERRORS)
+    async def edge_state(_operator: InspectDep) -> EdgeState:
+        """This edge's own state: the conversations it holds, the records its tail skipped."""
+        views: ConversationViews = app.state.views
+        tail: EdgeTail = app.state.tail
+        return EdgeState(conversations=HeldConversations(in_memory=len(views),
+                                                         held=len(views.pending)),
+                         skipped=tail.skipped_counts())
 
     return app

@@ -92,6 +92,7 @@ PrincipalDep = Annotated[Principal, Depends(get_principal)]
 ConverseDep = Annotated[Principal, Depends(require("converse"))]
 PublicDep = Annotated[Principal, Depends(require("issues.public"))]
 ContributorDep = Annotated[Principal, Depends(require("contribute"))]
+InspectDep = Annotated[Principal, Depends(require("edge.inspect"))]
 
 
 def not_found(what: str, key: str) -> HTTPException:
