@@ -30,6 +30,7 @@ from api.frame.commands import edge_producer
 from api.frame.deadline import RequestDeadline
 from api.frame.deps import InspectDep
 from api.frame.errors import EDGE_ERRORS, EdgeErrors, install_error_handlers
+from api.frame.lane import StreamLane
 from api.frame.models import CursorTooOldOut
 from api.frame.projection import CursorTooOld
 from api.frame.tail import EdgeTail
@@ -123,6 +124,8 @@ def create_app(settings: VoiceSettings | None = None, bind_host: str | None = No
                        by_path={UPLOAD_PATH: upload_body_limit(chat_settings)})
     app.add_middleware(GZipMiddleware, minimum_size=GZIP_MIN_BYTES, compresslevel=6,
                        exclude_content_types=DEFAULT_EXCLUDED_CONTENT_TYPES)
+    # Held streams go no further: not gzipped, no body to read, no deadline (api.frame.lane).
+    app.add_middleware(StreamLane, routes=[conversations.STREAM_LANE])
     app.add_middleware(EdgeErrors)
     app.add_middleware(TraceRequests)  # outermost: the request's span covers all of it
 

@@ -12,7 +12,7 @@ from __future__ import annotations
 import asyncio
 import re
 import secrets
-from collections.abc import Iterator
+from collections.abc import AsyncIterator, Iterator
 from contextlib import contextmanager
 from typing import Annotated
 
@@ -42,6 +42,7 @@ from api.frame.deps import (
     ConverseDep,
     SealerDep,
     SettingsDep,
+    allowed,
     behind,
     check_text_size,
     check_turn,
@@ -49,21 +50,27 @@ from api.frame.deps import (
     no_turn,
     not_found,
     owned_dependency,
+    owned_view,
+    principal_from,
 )
+from api.frame.lane import LaneRoute, StreamParams
 from api.frame.models import CancelRequested, HeaderText, sse_event_schema
-from api.frame.quotas import TOO_MANY, quota, stream_slot
+from api.frame.quotas import TOO_MANY, Admission, edge_quotas, quota, stream_slot
 from api.frame.sse import (
     TOO_OLD,
+    EventStream,
     Feed,
     StreamEnd,
     cursor_dependency,
     event_stream,
     serialized,
+    served_cursor,
     sse_stream,
 )
 from schemas.conversation import EraseConversation, MessageRecorded, SendMessage, StartConversation
 from streams.envelope import Envelope, new_id
 from streams.sealing import KeyErased, Sealer
+from streams.settings import VoiceSettings
 
 router = APIRouter(prefix="/me/conversations", tags=["conversations"])
 
@@ -75,8 +82,13 @@ async def get_views(request: Request) -> ConversationViews:
     return request.app.state.views
 
 
+def valid_conversation(conversation: str) -> bool:
+    """Whether ``conversation`` is a conversation id at all (else 404 without a lookup)."""
+    return CONVERSATION_ID.match(conversation) is not None
+
+
 owned_conversation = owned_dependency(
-    get_views, valid=lambda c: CONVERSATION_ID.match(c) is not None,
+    get_views, valid=valid_conversation,
     description="The conversation id (cnv-…).")
 
 ViewsDep = Annotated[ConversationViews, Depends(get_views)]
@@ -256,7 +268,39 @@ async def stream(view: OwnedDep, cursor: CursorDep, settings: SettingsDep, views
                  sealer: SealerDep) -> EventSourceResponse:
     """Events: ``message`` (participant's or agent's), ``proposal``, ``turn``; ``id:`` = seq.
     While a turn runs, ``delta`` events (no ``id:``) carry its reply as the model writes it."""
-    conversation = view.conversation
+    return event_stream(conversation_events(views, sealer, view.conversation, cursor,
+                                            settings.gateway_bound_s))
+
+
+async def open_stream(request: Request, path: dict[str, str], params: StreamParams
+                      ) -> EventStream:
+    """``stream`` served by the stream lane (``api.frame.lane``): its dependencies' checks,
+    in their order, through the same functions — then the same events."""
+    settings: VoiceSettings = request.app.state.settings
+    tenant = params.tenant()
+    principal = allowed(await principal_from(settings, params.token, tenant), "converse")
+    admission = Admission(edge_quotas(request), principal)
+    admission.open_stream()
+    try:
+        views: ConversationViews = request.app.state.views
+        sealer: Sealer = request.app.state.sealer
+        view = await owned_view(views, path["conversation"], principal, sealer,
+                                valid=valid_conversation)
+        cursor = served_cursor(view, params.cursor())
+    except BaseException:
+        admission.release()
+        raise
+    return event_stream(conversation_events(views, sealer, view.conversation, cursor,
+                                            settings.gateway_bound_s), ended=admission.release)
+
+
+STREAM_LANE = LaneRoute(f"{router.prefix}/{{conversation}}/stream", open_stream)
+"""The conversation stream, for ``api.frame.lane.StreamLane``."""
+
+
+def conversation_events(views: ConversationViews, sealer: Sealer, conversation: str,
+                        cursor: int, bound_s: float) -> AsyncIterator[ServerSentEvent]:
+    """The conversation's events after ``cursor``, then live ones (the frame's SSE loop)."""
     erased = "end; the conversation was erased"
 
     def current() -> ConversationView | None:
@@ -285,4 +329,4 @@ async def stream(view: OwnedDep, cursor: CursorDep, settings: SettingsDep, views
 
     feed = Feed(view=current, render=render_shared, gone=erased, render_live=render_delta,
                 wait=lambda until, timeout: views.wait(conversation, lambda _v: until(), timeout))
-    return event_stream(sse_stream(feed, cursor, settings.gateway_bound_s))
+    return sse_stream(feed, cursor, bound_s)
