@@ -126,6 +126,7 @@ class StreamLane:
             for route in self.routes:
                 found = route.match(scope["path"])
                 if found is not None:
+                    scope["route"] = route  # its template names the request's span
                     await self._serve(route, found, scope, receive, send)
                     return
         await self.app(scope, receive, send)
