@@ -143,6 +143,7 @@ class StreamLane:
             response = handler(request, exc)
             if inspect.isawaitable(response):
                 response = await response
+        del request  # not kept for the stream's life
         await response(scope, receive, send)
 
 
