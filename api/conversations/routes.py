@@ -55,7 +55,7 @@ from api.frame.deps import (
 )
 from api.frame.lane import LaneRoute, StreamParams
 from api.frame.models import CancelRequested, HeaderText, sse_event_schema
-from api.frame.quotas import TOO_MANY, Admission, edge_quotas, quota, stream_slot
+from api.frame.quotas import TOO_MANY, edge_quotas, hold_stream, quota, stream_slot
 from api.frame.sse import (
     TOO_OLD,
     EventStream,
@@ -279,8 +279,7 @@ async def open_stream(request: Request, path: dict[str, str], params: StreamPara
     settings: VoiceSettings = request.app.state.settings
     tenant = params.tenant()
     principal = allowed(await principal_from(settings, params.token, tenant), "converse")
-    admission = Admission(edge_quotas(request), principal)
-    admission.open_stream()
+    slot = hold_stream(edge_quotas(request), principal)
     try:
         views: ConversationViews = request.app.state.views
         sealer: Sealer = request.app.state.sealer
@@ -288,10 +287,10 @@ async def open_stream(request: Request, path: dict[str, str], params: StreamPara
                                 valid=valid_conversation)
         cursor = served_cursor(view, params.cursor())
     except BaseException:
-        admission.release()
+        slot.release()
         raise
     return event_stream(conversation_events(views, sealer, view.conversation, cursor,
-                                            settings.gateway_bound_s), ended=admission.release)
+                                            settings.gateway_bound_s), ended=slot.release)
 
 
 STREAM_LANE = LaneRoute(f"{router.prefix}/{{conversation}}/stream", open_stream)

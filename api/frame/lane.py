@@ -122,29 +122,41 @@ class StreamLane:
         self.routes = list(routes)
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
-        if scope["type"] == "http" and scope["method"] == "GET":
-            for route in self.routes:
-                found = route.match(scope["path"])
-                if found is not None:
-                    scope["route"] = route  # its template names the request's span
-                    await self._serve(route, found, scope, receive, send)
-                    return
-        await self.app(scope, receive, send)
-
-    async def _serve(self, route: LaneRoute, path: dict[str, str], scope: Scope,
-                     receive: Receive, send: Send) -> None:
+        matched = self._match(scope) if scope["type"] == "http" else None
+        if matched is None:
+            await self.app(scope, receive, send)
+            return
+        # Served here, in this frame: one less frame kept by every held stream.
+        route, path = matched
+        scope["route"] = route  # its template names the request's span
         request = Request(scope, receive, send)
         try:
             response = await route.open(request, path, StreamParams.of(scope))
         except Exception as exc:
-            handler = _handler_for(request, exc)
-            if handler is None:
-                raise  # EdgeErrors answers it: 500 with the request id
-            response = handler(request, exc)
-            if inspect.isawaitable(response):
-                response = await response
+            response = await _answer(request, exc)
         del request  # not kept for the stream's life
         await response(scope, receive, send)
+
+    def _match(self, scope: Scope) -> tuple[LaneRoute, dict[str, str]] | None:
+        if scope["method"] != "GET":
+            return None
+        for route in self.routes:
+            found = route.match(scope["path"])
+            if found is not None:
+                return route, found
+        return None
+
+
+async def _answer(request: Request, exc: Exception) -> Response:
+    """The app's own answer to ``exc`` (the handler of the nearest class of its MRO, as
+    routes get); re-raised when it has none (``EdgeErrors``: 500 with the request id)."""
+    handler = _handler_for(request, exc)
+    if handler is None:
+        raise exc
+    response = handler(request, exc)
+    if inspect.isawaitable(response):
+        response = await response
+    return response
 
 
 def _handler_for(request: Request, exc: Exception

@@ -232,13 +232,6 @@ class EventStream(EventSourceResponse):
     """Called once the response is over, however it ends (the stream lane's slot release)."""
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
-        try:
-            await self._stream(scope, receive, send)
-        finally:
-            if self.ended is not None:
-                self.ended()
-
-    async def _stream(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] != "http":
             await super().__call__(scope, receive, send)
             return
@@ -261,6 +254,8 @@ class EventStream(EventSourceResponse):
                 raise
         finally:
             watcher.cancel()
+            if self.ended is not None:
+                self.ended()
         if self.background is not None:
             await self.background()
 
