@@ -13,6 +13,7 @@ import asyncio
 import re
 import uuid
 from collections.abc import AsyncIterator
+from functools import partial
 from typing import Annotated, Any
 
 from fastapi import APIRouter, Header, HTTPException, Request, Response
@@ -88,8 +89,7 @@ def display_stream(conversations: AssistantConversations, sealer: Sealer, conver
         return v.running is None if until_done is None else v.ended(until_done)
 
     feed = Feed(view=current, render=render,
-                wait=lambda until, timeout: conversations.wait(
-                    conversation, lambda _v: until(), timeout),
+                wait=partial(conversations.changed, conversation),
                 gone=ERASED, ends_after=ends_after, idle=idle)
     return sse_stream(feed, cursor, bound_s)
 

@@ -14,6 +14,7 @@ import re
 import secrets
 from collections.abc import AsyncIterator, Iterator
 from contextlib import contextmanager
+from functools import partial
 from typing import Annotated
 
 from fastapi import APIRouter, Depends, Header, Request, Response
@@ -327,5 +328,5 @@ def conversation_events(views: ConversationViews, sealer: Sealer, conversation: 
             raise StreamEnd(erased) from None
 
     feed = Feed(view=current, render=render_shared, gone=erased, render_live=render_delta,
-                wait=lambda until, timeout: views.wait(conversation, lambda _v: until(), timeout))
+                wait=partial(views.changed, conversation))
     return sse_stream(feed, cursor, bound_s)

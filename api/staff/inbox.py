@@ -7,6 +7,7 @@ under another seq (a writer's replay) is not shown twice, so ids may have gaps.
 
 from __future__ import annotations
 
+from functools import partial
 from typing import Annotated
 
 from fastapi import APIRouter, Depends, Query, Response
@@ -100,6 +101,5 @@ async def stream_inbox(view: InboxDep, cursor: CursorDep, settings: SettingsDep,
         return ServerSentEvent(event="notification", id=str(out.seq), data=out)
 
     feed = Feed(view=lambda: views.inboxes.inbox(tenant, recipient), render=render,
-                wait=lambda until, timeout: views.inboxes.wait(
-                    key, lambda _v: until(), timeout))
+                wait=partial(views.inboxes.changed, key))
     return event_stream(sse_stream(feed, cursor, settings.gateway_bound_s))

@@ -10,6 +10,7 @@ those who may read reviews (``reviews.read``), each in its own tenant only.
 
 from __future__ import annotations
 
+from functools import partial
 from typing import Annotated, Literal
 
 from fastapi import APIRouter, Depends, Response
@@ -105,5 +106,5 @@ async def stream_review_queue(view: QueueDep, cursor: CursorDep, settings: Setti
         return ServerSentEvent(event="queue", id=str(out.seq), data=out)
 
     feed = Feed(view=lambda: views.queues.queue(tenant), render=render,
-                wait=lambda until, timeout: views.queues.wait(key, lambda _v: until(), timeout))
+                wait=partial(views.queues.changed, key))
     return event_stream(sse_stream(feed, cursor, settings.gateway_bound_s))
