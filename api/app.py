@@ -17,6 +17,7 @@ from contextlib import asynccontextmanager
 
 from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse
+from fastapi.telemetry import TelemetryConfig
 from pydantic import BaseModel
 from starlette.middleware.gzip import DEFAULT_EXCLUDED_CONTENT_TYPES, GZipMiddleware
 
@@ -45,6 +46,16 @@ from streams.topics import DELTAS, missing_topics
 
 GZIP_MIN_BYTES = 1024
 """Responses at least this large are gzipped for a client that accepts it (seed 000 §2)."""
+
+
+NO_FASTAPI_TELEMETRY: TelemetryConfig = {"tracing": False, "metrics": False, "logs": False,
+                                          "operation_spans": False}
+"""FastAPI's own OpenTelemetry, off: ``TraceRequests`` is the edge's one request span (never a
+query, a header's value or a body). FastAPI's turns itself on once the process has a tracer
+provider (every Voice process has one, ``streams.tracing.configure``) and would add a second
+server span per request, spans of dependency resolution and serialisation, and exception
+messages in logs — and wrap every message a stream sends (docs/benchmarks.md, "Streams per
+edge … second pass")."""
 
 
 class Health(BaseModel):
@@ -112,7 +123,8 @@ def create_app(settings: VoiceSettings | None = None, bind_host: str | None = No
             app.state.producer.close()
             await asyncio.to_thread(sealer.close)
 
-    app = FastAPI(title="Voice edge", version="0.1.0", lifespan=lifespan)
+    app = FastAPI(title="Voice edge", version="0.1.0", lifespan=lifespan,
+                  telemetry=NO_FASTAPI_TELEMETRY)
     for router in (conversations.router, staff.router, assistant.router):
         app.include_router(router, responses=EDGE_ERRORS)
     install_web(app, settings, bind_host)

@@ -239,6 +239,19 @@ def test_a_streams_span_ends_when_its_response_starts_not_with_the_stream(spans)
         assert server.status.status_code != StatusCode.ERROR
 
 
+def test_the_edge_app_leaves_request_spans_to_trace_requests(tmp_path):
+    """FastAPI's own telemetry (on once a process has a tracer provider, as every Voice
+    process does) would add a second server span per request and wrap every stream's
+    messages: the edge's app turns it off."""
+    from api.app import create_app
+
+    app = create_app(VoiceSettings(env="test", kafka_bootstrap="127.0.0.1:1",
+                                   state_dir=tmp_path))
+    provider = TracerProvider()
+    app._native_telemetry.config["tracer_provider"] = provider  # configured, as in production
+    assert not app._native_telemetry.enabled()
+
+
 def test_a_failing_route_marks_its_span_in_error(spans):
     with TestClient(edge_app([]), raise_server_exceptions=False) as client:
         assert client.get("/broken").status_code == 500
