@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import asyncio
 import re
-import secrets
 from collections.abc import AsyncIterator, Iterator
 from contextlib import contextmanager
 from functools import partial
@@ -36,6 +35,7 @@ from api.conversations.models import (
     TurnOut,
 )
 from api.conversations.views import ConversationView, ConversationViews
+from api.frame.cold import ColdReadFailed
 from api.frame.commands import CommandsDep, conversation_refused, refused
 from api.frame.deadline import cut_short, remaining
 from api.frame.deps import (
@@ -65,17 +65,18 @@ from api.frame.sse import (
     cursor_dependency,
     event_stream,
     serialized,
-    served_cursor,
     sse_stream,
 )
 from schemas.conversation import EraseConversation, MessageRecorded, SendMessage, StartConversation
 from streams.envelope import Envelope, new_id
+from streams.ids import CONVERSATION_ID as CONVERSATION_ID_PATTERN
+from streams.ids import new_conversation_id
 from streams.sealing import KeyErased, Sealer
 from streams.settings import VoiceSettings
 
 router = APIRouter(prefix="/me/conversations", tags=["conversations"])
 
-CONVERSATION_ID = re.compile(r"^cnv-[0-9a-f]{8,32}$")
+CONVERSATION_ID = re.compile(CONVERSATION_ID_PATTERN)
 NOT_FOUND = {404: {"description": "No such conversation of the caller's (or it was erased)."}}
 
 
@@ -94,7 +95,7 @@ owned_conversation = owned_dependency(
 
 ViewsDep = Annotated[ConversationViews, Depends(get_views)]
 OwnedDep = Annotated[ConversationView, Depends(owned_conversation)]
-CursorDep = Annotated[int, Depends(cursor_dependency(owned_conversation))]
+CursorDep = Annotated[int, Depends(cursor_dependency(owned_conversation, reads_older=True))]
 
 
 @contextmanager
@@ -112,7 +113,7 @@ async def create_conversation(
     commands: CommandsDep, views: ViewsDep, sealer: SealerDep, principal: ConverseDep,
 ) -> ConversationCreated:
     """Open a conversation owned by the caller."""
-    conversation = f"cnv-{secrets.token_hex(8)}"
+    conversation = new_conversation_id()
     # The data key exists before the conversation does, so its first message can be sealed.
     await asyncio.to_thread(sealer.create, conversation, principal.tenant)
     ack = await commands.submit(
@@ -286,7 +287,7 @@ async def open_stream(request: Request, path: dict[str, str], params: StreamPara
         sealer: Sealer = request.app.state.sealer
         view = await owned_view(views, path["conversation"], principal, sealer,
                                 valid=valid_conversation)
-        cursor = served_cursor(view, params.cursor())
+        cursor = params.cursor()  # any cursor: one older than the view keeps is read from the log
     except BaseException:
         slot.release()
         raise
@@ -327,6 +328,19 @@ def conversation_events(views: ConversationViews, sealer: Sealer, conversation: 
             views.mark_erased(conversation)
             raise StreamEnd(erased) from None
 
+    async def older(after: int, upto: int) -> list[tuple[int, ServerSentEvent | None]]:
+        try:
+            envs = await views.older(conversation, after, upto)
+        except ColdReadFailed as exc:
+            raise StreamEnd(f"end; cursor {after} is too old to serve: {exc}") from None
+        return [(env.seq or 0, render_event(env)) for env in envs]
+
     feed = Feed(view=current, render=render_shared, gone=erased, render_live=render_delta,
-                wait=partial(views.changed, conversation))
-    return sse_stream(feed, cursor, bound_s)
+                wait=partial(views.changed, conversation), older=older)
+
+    async def held() -> AsyncIterator[ServerSentEvent]:
+        with views.streaming(conversation):  # never evicted while a stream of it is open
+            async for sse in sse_stream(feed, cursor, bound_s):
+                yield sse
+
+    return held()

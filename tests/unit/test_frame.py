@@ -211,3 +211,45 @@ async def test_transient_events_dropped_before_a_stream_sends_them_do_not_make_i
     view.add_live("delta c")  # a new one is still sent
     assert [s.data for s in await collect(sse_stream(feed, 1, bound_s=0.6))
             if s.data] == ["delta c"]
+
+
+async def test_a_cursor_older_than_kept_is_served_from_older_then_the_kept_ones() -> None:
+    streams = Streams(kept=2)
+    streams.add("k", 1, 3, 5, 7)  # keeps 5, 7: the oldest cursor it serves is 4
+    asked: list[tuple[int, int]] = []
+
+    async def older(after: int, upto: int) -> list[tuple[int, ServerSentEvent | None]]:
+        asked.append((after, upto))
+        return [(c, ServerSentEvent(event="n", id=str(c)) if c % 2 else None)
+                for c in range(after + 1, upto + 1)]
+
+    out = await collect(sse_stream(feed_of(streams, older=older), 0, bound_s=0.6))
+    assert asked == [(0, 4)]
+    assert [s.id for s in out if s.id] == ["1", "3", "5", "7"]  # each once, in order
+    assert out[-1].comment == "end; reconnect with after=7"
+
+
+async def test_older_events_that_cannot_be_read_end_the_stream_with_the_reason() -> None:
+    streams = Streams(kept=2)
+    streams.add("k", 1, 3, 5)
+
+    async def older(after: int, upto: int) -> list[tuple[int, ServerSentEvent | None]]:
+        raise StreamEnd(f"end; cursor {after} is too old to serve: gone from the log")
+
+    out = await collect(sse_stream(feed_of(streams, older=older), 0, bound_s=30))
+    assert [s.comment for s in out] == ["end; cursor 0 is too old to serve: gone from the log"]
+
+
+async def test_an_older_read_longer_than_the_bound_ends_with_where_to_resume() -> None:
+    streams = Streams(kept=2)
+    streams.add("k", 1, 3, 5)
+
+    async def older(after: int, upto: int) -> list[tuple[int, ServerSentEvent | None]]:
+        await asyncio.sleep(10)
+        return []
+
+    loop = asyncio.get_running_loop()
+    started = loop.time()
+    out = await collect(sse_stream(feed_of(streams, older=older), 0, bound_s=0.6))
+    assert loop.time() - started < 1.0
+    assert [s.comment for s in out] == ["end; reconnect with after=0"]

@@ -1,6 +1,6 @@
 """The stream lane (``api.frame.lane``) answers a conversation stream request exactly as the
 route it serves below FastAPI's routing would: the same status and detail for every refusal
-(401, 403, 404, 409, 422 naming the field), the same events and final comment for a stream,
+(401, 403, 404, 422 naming the field), the same events and final comment for a stream,
 and request ids and SSE headers on both. The real app (``create_app``), no broker: one twin
 with the lane, one without (the route's own dependencies)."""
 
@@ -84,7 +84,6 @@ CASES: dict[str, tuple[str, dict[str, str], int]] = {
     "a negative cursor": (f"{MINE}/stream?after=-1", {}, 422),
     "a cursor not a number": (f"{MINE}/stream?after=x", {}, 422),
     "a bad Last-Event-ID": (f"{MINE}/stream", {"Last-Event-ID": "x"}, 422),
-    "a cursor too old": (f"{MINE}/stream?after=1", {}, 409),
 }
 
 
