@@ -253,3 +253,38 @@ async def test_an_older_read_longer_than_the_bound_ends_with_where_to_resume() -
     out = await collect(sse_stream(feed_of(streams, older=older), 0, bound_s=0.6))
     assert loop.time() - started < 1.0
     assert [s.comment for s in out] == ["end; reconnect with after=0"]
+
+def test_a_states_dict_is_a_deep_copy_both_ways_as_asdict_made_it() -> None:
+    """``plain_copy`` (the table value's copy) gives what ``copy.deepcopy(asdict(...))`` gave:
+    equal values, no structure shared with the state or the table's dict."""
+    import copy
+    from dataclasses import asdict, dataclass, field
+
+    from consumers.frame.aggregate import AggregateState, plain_copy
+
+    @dataclass
+    class Inner:
+        n: int = 1
+        tags: list[str] = field(default_factory=lambda: ["a"])
+
+    @dataclass(kw_only=True)
+    class State(AggregateState):
+        commands: dict[str, dict[str, object]] = field(default_factory=dict)
+        pair: tuple[int, ...] = (1, 2)
+        inner: Inner = field(default_factory=Inner)
+
+    state = State(seq=3, tenant="t1", commands={"c1": {"seq": 1, "detail": {"turn": "x"}}})
+    d = state.to_dict()
+    assert d == copy.deepcopy(asdict(state))
+    d["commands"]["c1"]["detail"]["turn"] = "changed"
+    d["inner"]["tags"].append("b")
+    assert state.commands["c1"]["detail"]["turn"] == "x" and state.inner.tags == ["a"]
+    inner = Inner()
+    raw = {"seq": 1, "tenant": None, "commands": {"c": {"seq": 1}}, "pair": (1, 2),
+           "inner": inner}
+    back = State.from_dict(raw)
+    back.commands["c"]["seq"] = 9
+    assert raw["commands"]["c"]["seq"] == 1 and back.pair == (1, 2)
+    assert back.inner == inner and back.inner is not inner  # copied as deepcopy did
+    odd = {1.5, 2.5}  # not a table value's type: still copied deeply
+    assert plain_copy(odd) == odd and plain_copy(odd) is not odd
