@@ -10,14 +10,13 @@ from __future__ import annotations
 import asyncio
 import hashlib
 from collections.abc import Iterable
-from typing import Any
 
 from confluent_kafka import TopicPartition
 
 from streams.dead_letters import send_dead_letter
 from streams.producer import RecordProducer
 from streams.settings import VoiceSettings
-from telemetry.envelopes import Columns, Verdict
+from telemetry.envelopes import Columns
 from telemetry.rows import RawRecord
 
 DLQ_TIMEOUT_MS = 30_000
@@ -57,6 +56,7 @@ class Batch:
         """Inserts of this batch the store refused (answered, and said no)."""
         self.inserted = False
         self._ranges: dict[tuple[str, int], list[int]] | None = None
+        """Computed once the batch is complete (it is no longer added to)."""
 
     @property
     def records(self) -> int:
@@ -68,14 +68,6 @@ class Batch:
         if self._ranges is None:
             self._ranges = ranges_of(self.cols, range(len(self.cols)))
         return self._ranges
-
-    def add(self, topic: str, partition: int, offset: int, key: bytes | None,
-            value: bytes | None, headers: Any, kafka_ms: int | None, verdict: Verdict,
-            now: float) -> None:
-        self.cols.add(topic, partition, offset, key, value, headers, kafka_ms, verdict)
-        self._ranges = None
-        if self.started is None:
-            self.started = now
 
     def token(self) -> str:
         """Same records → same token: the batch's offset ranges, hashed (tokens stay short)."""

@@ -193,8 +193,10 @@ class Sink:
         v = verdict(topic, key, value, headers, self._kinds)
         ts_type, ts = msg.timestamp()
         batch = self._batch
-        batch.add(topic, msg.partition(), msg.offset(), key, value, headers,
-                  ts if ts_type and ts > 0 else None, v, self._clock())
+        if batch.started is None:
+            batch.started = self._clock()
+        batch.cols.add(topic, msg.partition(), msg.offset(), key, value, headers,
+                       ts if ts_type and ts > 0 else None, v)
         if v.error is not None and topic in self.sole_reader:
             batch.dead.append((batch.cols.raw(batch.records - 1), f"telemetry: {v.error}"))
         return 1
@@ -226,17 +228,17 @@ class Sink:
         is committed). Only a successful insert is followed by a commit.
         """
         done = 0
-        if self._pending is not None:
-            pending = self._pending
-            if not self._settle_pending(max_attempts):
-                return 0
-            done += pending.records
-        batch = self._batch
-        if batch.records:
-            if not self._settle(batch, None, max_attempts):
-                return 0
-            self._batch = Batch()
-            done += batch.records
+        while True:
+            if self._pending is not None:
+                pending = self._pending
+                if not self._settle_pending(max_attempts):
+                    return 0
+                done += pending.records
+            if not self._batch.records:
+                break
+            # Handed over like any batch (here settled in this thread): records taken after
+            # an InsertFailed go to a new batch, never into one whose token is made.
+            self._pending, self._batch = self._batch, Batch()
         held, self._held = self._held, []
         for msg in held:
             self._take(msg)
