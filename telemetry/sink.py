@@ -6,11 +6,14 @@ Order, always: **flush batch → insert → commit offsets.**
   or the reason it is not) and held, raw, in one columnar batch. ClickHouse does the parsing:
   a flush is one Arrow insert into ``voice.envelopes``, whose materialized views
   (``telemetry.derive``) write ``events``, ``event_blobs`` and the derived tables.
-* The batch is flushed when it holds ``telemetry_batch_rows`` records or its oldest record has
-  waited ``telemetry_flush_ms``, whichever comes first.
+* The batch is handed to the inserter thread when it holds ``telemetry_batch_rows`` records,
+  or when its oldest record has waited ``telemetry_flush_ms`` and the inserter is free (while
+  it inserts the batch before, this one keeps growing). Records are taken and checked while
+  the previous batch is inserted; that batch is settled — its dead letters sent, its offsets
+  committed — before the next is handed over.
 * Only after the insert (and with it every view's) succeeded does the sink commit the batch's
-  offsets, synchronously (``enable.auto.commit`` is off). A crash anywhere before the
-  commit means the records are read again — at least once, never lost.
+  offsets, in the sink's loop, synchronously (``enable.auto.commit`` is off). A crash anywhere
+  before the commit means the records are read again — at least once, never lost.
 * Reading again never duplicates rows. A retried insert of the same batch carries the same
   ``insert_deduplication_token`` (a hash of the batch's offset ranges), which every view's
   table drops;
@@ -67,6 +70,11 @@ log = logging.getLogger(__name__)
 TABLES = ("events", "event_blobs", "model_calls", "tool_calls", "workflow_steps")
 """The tables the sink fills: all of them through ``voice.envelopes`` and its views."""
 LANDING_TABLE = f"{DATABASE}.{LANDING}"
+
+
+BUSY_POLL_S = 0.02
+"""How often an overdue batch looks whether the inserter is free (at most this is added to its
+wait)."""
 
 
 class RowsRefused(Exception):
@@ -165,7 +173,10 @@ class Sink:
             self._settle_pending(None)
         flush_s = self.settings.telemetry_flush_ms / 1000
         if self._batch.started is not None:
-            timeout = max(0.0, min(timeout, self._batch.started + flush_s - self._clock()))
+            left = self._batch.started + flush_s - self._clock()
+            # Overdue while the inserter works: take what comes, and look again soon.
+            timeout = max(0.0, min(timeout, left)) if left > 0 or not self._busy() else min(
+                timeout, BUSY_POLL_S)
         room = max(1, min(1000, self.settings.telemetry_batch_rows - self._batch.records))
         taken = 0
         for msg in self.consumer.consume(num_messages=room, timeout=timeout):
@@ -174,11 +185,17 @@ class Sink:
             self._hand_over()
         return taken
 
+    def _busy(self) -> bool:
+        return self._future is not None and not self._future.done()
+
     def _due(self) -> bool:
+        """Full; or old enough and the inserter free. A batch that comes of age while the
+        inserter works keeps growing (up to full): the faster records come, the larger each
+        insert, whose fixed cost (~50 ms of ClickHouse for the five views) is then spread."""
         b = self._batch
         if b.records >= self.settings.telemetry_batch_rows:
             return True
-        return b.started is not None and (
+        return b.started is not None and not self._busy() and (
             self._clock() - b.started >= self.settings.telemetry_flush_ms / 1000
         )
 

@@ -240,6 +240,28 @@ def test_the_next_batch_is_taken_while_one_is_inserted_and_commits_stay_in_order
     assert count(store, "events") == 8
 
 
+def test_a_batch_of_age_grows_while_the_inserter_works_then_goes(gated):
+    log, consumer, store, sink = gated
+    now = [100.0]
+    sink._clock = lambda: now[0]
+    consumer.queue = [msg(i) for i in range(5)]
+    sink.poll_once()  # full: handed over; its insert waits for the store
+    until(lambda: "inserting" in log, "the insert to start")
+    consumer.queue = [msg(5)]
+    sink.poll_once(timeout=0)
+    now[0] += 61.0  # of age, but the inserter is busy: it keeps growing
+    consumer.queue = [msg(6), msg(7)]
+    assert sink.poll_once(timeout=0) == 2
+    assert log == ["inserting"]
+    store.gate.set()
+    until(lambda: "insert voice.envelopes" in log, "the insert")
+    sink.poll_once(timeout=0)  # settles the first; the second, of age, goes
+    until(lambda: log.count("insert voice.envelopes") == 2, "the second insert")
+    sink.poll_once(timeout=0)
+    assert [e for e in log if e.startswith("commit")] == ["commit voice.agent:0:5",
+                                                          "commit voice.agent:0:8"]
+
+
 def test_a_dropped_batch_drops_the_one_behind_it(gated):
     log, consumer, store, sink = gated
     consumer.queue = [msg(i) for i in range(7)]
