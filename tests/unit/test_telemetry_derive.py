@@ -137,6 +137,9 @@ def samples() -> list[RawRecord]:
         RawRecord("voice.agent", 2, n + 6, raws[0].key, raws[0].value,
                   [(n, b"later" if n == "ce_time" else val) for n, val in raws[0].headers]
                   + [("ce_time", None)], 6),
+        # Two header values, each invalid UTF-8, that would make one valid character joined.
+        RawRecord("voice.agent", 1, n + 8, raws[14].key, raws[14].value,
+                  [*raws[14].headers, ("half", b"\xc3"), ("other-half", b"\xa9")], 8),
         RawRecord("voice.workflows", 2, n + 7, raws[4].key, raws[4].value,
                   [(n, b"id-seq-twice" if n == "ce_id" else val) for n, val in raws[4].headers]
                   + [("voice_seq", None)], 7),
