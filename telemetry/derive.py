@@ -79,28 +79,16 @@ _TRACEPARENT = r"""extractGroups(h['traceparent'],
          if(tp_valid, tp[3], NULL) AS tp_span_id"""
 
 
-# Header values as text: NULL values dropped, invalid UTF-8 replaced (as Python's
-# ``decode('utf-8', 'replace')``). Nearly every record's headers need neither, and the two
-# lambdas cost ~1 µs a record, so they run only for a record that does (``if`` evaluates a
-# branch only for its rows). The check is exact: joined with an ASCII byte, which no multi-byte
-# UTF-8 character contains, the values are valid UTF-8 exactly when each one is.
-HEADER_JOIN = ","
-"""Any ASCII byte does (see above)."""
-_HEADERS_AS_TEXT = f"""if(NOT has(mapValues(headers), NULL)
-              AND isValidUTF8(arrayStringConcat(mapValues(headers), '{HEADER_JOIN}')),
-            CAST(headers, 'Map(String, String)'),
-            CAST(mapApply((k, v) -> (k, toValidUTF8(assumeNotNull(v))),
-                          mapFilter((k, v) -> v IS NOT NULL, headers)),
-                 'Map(String, String)'))"""
-
-
-# One inner SELECT that every view reads from: header bytes as text, the time and payload
-# size. A view that keeps few of the records filters them first, on the raw columns, so the
-# rest are never parsed.
+# One inner SELECT that every view reads from: header bytes as text (invalid UTF-8 replaced,
+# as Python's ``decode('utf-8', 'replace')``; NULL values dropped), the time and payload size.
+# A view that keeps few of the records filters them first, on the raw columns, so the rest
+# are never parsed.
 def _source(where: str = "1") -> str:
     return f"""(
   SELECT topic, partition, offset, value, decode_error, seq, kind,
-         {_HEADERS_AS_TEXT} AS h,
+         CAST(mapApply((k, v) -> (k, toValidUTF8(assumeNotNull(v))),
+                       mapFilter((k, v) -> v IS NOT NULL, headers)),
+              'Map(String, String)') AS h,
          toValidUTF8(ifNull(key, '')) AS aggregate_key,
          length(value) AS size,
          decode_error IS NULL AS decoded,

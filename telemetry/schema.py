@@ -19,7 +19,6 @@ from telemetry.derive import (
     DERIVATIONS,
     landing_table_sql,
     materialized_view_sql,
-    view_name,
 )
 from telemetry.store import TelemetryStore
 
@@ -224,14 +223,6 @@ WHERE s.status = 'failed'
 ORDER BY time""",
 }
 
-def _recreate_views() -> list[str]:
-    """Statements that replace every derivation view with the code's definition."""
-    out = []
-    for table in DERIVATIONS:
-        out += [f"DROP VIEW IF EXISTS {view_name(table)}", materialized_view_sql(table)]
-    return out
-
-
 # Versioned, append-only: a later change to a table is a new entry (e.g. ALTER TABLE … ADD
 # COLUMN IF NOT EXISTS). Statements are idempotent, so a crash mid-migration is re-run safely.
 MIGRATIONS: list[tuple[int, list[str]]] = [
@@ -240,10 +231,6 @@ MIGRATIONS: list[tuple[int, list[str]]] = [
          for name in ("trace_id", "span_id")]),
     # The sink inserts raw records into a Null table; views derive every table (issue 14).
     (3, [landing_table_sql()] + [materialized_view_sql(t) for t in DERIVATIONS]),
-    # The views' headers without lambdas when they need none (issue 14, second pass): the
-    # same rows, cheaper. Between a view's DROP and its CREATE an insert would miss that
-    # view, so a store is migrated by the one sink that opens it first (docs/telemetry.md).
-    (4, _recreate_views()),
 ]
 
 

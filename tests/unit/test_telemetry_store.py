@@ -18,7 +18,6 @@ from schemas.agent import ModelCallRecorded, TelemetryEvent
 from schemas.workflow import StepStarted, StepSucceeded, WorkflowStarted
 from streams.envelope import Envelope, encode
 from streams.sealing import MemoryKeyStore, Sealer
-from telemetry.derive import materialized_view_sql
 from telemetry.endpoint import EndpointRefused, QueryServer, ask_endpoint
 from telemetry.query import SqlRefused, check_read_only, client_token, render, run_sql
 from telemetry.rows import BLOB_THRESHOLD, RawRecord, Rows, map_record
@@ -106,30 +105,10 @@ def test_migration_2_adds_the_trace_columns_to_a_version_1_events_table(store):
     store.command("TRUNCATE TABLE voice.schema_migrations")
     store.insert("voice.schema_migrations", ["version"], [[1]])
     assert [d[0] for d in store.query("DESCRIBE TABLE voice.events").rows] == [n for n, _ in v1]
-    assert ensure_schema(store) == [2, 3, 4]  # 3: the envelopes and its views (idempotent)
+    assert ensure_schema(store) == [2, 3]  # 3: the envelopes table and its views (idempotent)
     desc = store.query("DESCRIBE TABLE voice.events").rows
     assert [(d[0], d[1]) for d in desc] == list(COLUMNS["events"])
     assert ensure_schema(store) == []  # once
-
-
-def test_migration_4_replaces_a_version_3_view_with_the_code_s(store):
-    from telemetry.derive import view_name
-
-    events_view = view_name("events")
-    store.command(f"DROP VIEW {events_view}")
-    # The view as version 3 left it (here: never taking the lambda-free branch).
-    old = materialized_view_sql("events").replace(" AND isValidUTF8(", " AND 0 AND isValidUTF8(")
-    store.command(old)
-    store.command("DELETE FROM voice.schema_migrations WHERE version = 4")
-
-    def definition() -> str:
-        return store.query(f"SELECT as_select FROM system.tables WHERE database = 'voice' "
-                           f"AND name = '{events_view.split('.')[1]}'").rows[0][0]
-
-    assert "AND 0 AND" in definition()
-    assert ensure_schema(store) == [4]
-    assert "AND 0 AND" not in definition() and "isValidUTF8(arrayStringConcat" in definition()
-    assert ensure_schema(store) == []
 
 
 def test_rows_round_trip_through_the_store(store):
