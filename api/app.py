@@ -25,7 +25,7 @@ from api.assistant import AssistantViews
 from api.assistant.upload import UPLOAD_PATH, upload_body_limit
 from api.conversations import ConversationViews
 from api.frame.body import BodyGuard, BodyLimit
-from api.frame.cold import ColdLog, conversation_reader
+from api.frame.cold import ColdLog, conversation_gap_reader, conversation_reader
 from api.frame.commands import edge_producer
 from api.frame.deadline import RequestDeadline
 from api.frame.errors import EDGE_ERRORS, EdgeErrors, install_error_handlers
@@ -55,6 +55,14 @@ def on_record(views: ConversationViews) -> Callable[[Envelope], None]:
     return views.apply
 
 
+async def evict_unused(views: ConversationViews, window_s: float) -> None:
+    """Drop the conversation views unused for the history window, now and then, so an edge
+    holds the conversations in use, not every one it was asked for (decision 0011, step 4)."""
+    while True:
+        await asyncio.sleep(max(1.0, window_s / 4))
+        views.evict_idle(window_s)
+
+
 def create_app(settings: VoiceSettings | None = None, bind_host: str | None = None) -> FastAPI:
     """Build the edge app for ``settings`` (read from the environment when omitted), to listen
     on ``bind_host`` (it decides whether the dev sign-in route exists; None: unknown, it does
@@ -68,7 +76,9 @@ def create_app(settings: VoiceSettings | None = None, bind_host: str | None = No
         cold = ColdLog(settings)
         views = ConversationViews(kept=settings.edge_events_kept, cold=(
             None if settings.edge_history_s is None
-            else lambda key: conversation_reader(cold, app.state.tail)(key)))
+            else lambda key: conversation_reader(cold, app.state.tail)(key)),
+            gap=lambda key, after, upto: conversation_gap_reader(cold, app.state.tail)(
+                key, after, upto))
         sealer = await asyncio.to_thread(sealer_for, settings)
         app.state.settings = settings
         app.state.views = views
@@ -82,9 +92,13 @@ def create_app(settings: VoiceSettings | None = None, bind_host: str | None = No
                                            **app.state.staff.located_handlers()},
                                   live={DELTAS: views.apply_delta})
         app.state.tail.start()
+        evicting = (None if settings.edge_history_s is None else
+                    asyncio.create_task(evict_unused(views, settings.edge_history_s)))
         try:
             yield
         finally:
+            if evicting is not None:
+                evicting.cancel()
             app.state.tail.stop()
             await asyncio.to_thread(cold.close)
             app.state.producer.close()

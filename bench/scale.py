@@ -48,7 +48,7 @@ from schemas.conversation import (
     TurnStateChanged,
 )
 from streams.envelope import Envelope, encode
-from streams.ids import turn_id
+from streams.ids import new_conversation_id, turn_id
 from streams.producer import PRODUCER_CONFIG
 from streams.settings import VoiceSettings
 from streams.tokens import mint_token
@@ -67,10 +67,15 @@ TURNS_PER_CONVERSATION = 2
 RECORDS_PER_CONVERSATION = 1 + 5 * TURNS_PER_CONVERSATION
 CIPHERTEXT_BYTES = 80
 """As ``bench.kafka_baseline``: a short sealed message (a record's value is ~300 bytes)."""
-WINDOW_S = 5.0
-"""``VOICE_EDGE_HISTORY_S`` of the windowed edge: every history record is older."""
+WINDOW_S = 600.0
+"""``VOICE_EDGE_HISTORY_S`` of the windowed edge: every history record is older (the history
+ends an hour ago), and no view is evicted while the figure runs."""
 COLD_OPENS = 10
-"""Old conversations whose streams are opened once each edge is ready."""
+"""Old conversations whose streams are opened once each edge is ready (spread over the
+history), and as many of the most recent ones (``cold_open_recent``)."""
+HISTORY_DAYS = 90.0
+"""The history's conversations were made evenly over this many days, ending an hour ago (their
+ids and record times say so): an edge reads a cold conversation from its id's time on."""
 EDGE_READY_TIMEOUT_S = 600.0
 """Generous: the edge reads the whole log before it is ready (the thing measured)."""
 TENANT = "default"
@@ -186,8 +191,9 @@ def conversation_records(conversation: str, rng: random.Random) -> list[Record]:
 def produce_history(bootstrap: str, topic: str, records: int, seed: int = 14
                     ) -> tuple[int, list[str]]:
     """Produce about ``records`` conversation records (whole conversations, the real envelope
-    and encoder) onto ``topic``; returns how many were produced (all acked) and a sample of
-    the conversation ids, spread over the history."""
+    and encoder) onto ``topic``, made evenly over ``HISTORY_DAYS`` (ids and record times);
+    returns how many were produced (all acked) and a sample of the conversation ids, spread
+    over the history, then the ``COLD_OPENS`` most recent."""
     rng = random.Random(seed)
     producer = Producer({**PRODUCER_CONFIG, "bootstrap.servers": bootstrap,
                          "linger.ms": 20, "batch.size": 1_000_000,
@@ -202,9 +208,14 @@ def produce_history(bootstrap: str, topic: str, records: int, seed: int = 14
     total = max(1, records // RECORDS_PER_CONVERSATION)
     every = max(1, total // COLD_OPENS)
     sample: list[str] = []
+    end_s = time.time() - 3600
+    step_s = HISTORY_DAYS * 86400 / total
     for i in range(total):
-        conversation = f"cnv-{rng.randbytes(8).hex()}"
-        if i % every == 0:
+        made_s = end_s - (total - i) * step_s
+        conversation = new_conversation_id(now=made_s)
+        if i % every == 0 and len(sample) < COLD_OPENS:
+            sample.append(conversation)
+        if i >= total - COLD_OPENS:
             sample.append(conversation)
         for seq, rec in enumerate(conversation_records(conversation, rng), start=1):
             key, value, headers = encode(Envelope(
@@ -213,6 +224,7 @@ def produce_history(bootstrap: str, topic: str, records: int, seed: int = 14
             while True:
                 try:
                     producer.produce(topic, value, key, headers=headers,
+                                     timestamp=int(made_s * 1000) + seq,
                                      on_delivery=on_delivery)
                     break
                 except BufferError:  # the local queue is full: let it drain
@@ -240,8 +252,6 @@ def _history(ctx: Context) -> tuple[VoiceSettings, int, list[str], float]:
                                            topic_name(settings, CONVERSATIONS), HISTORY)
         produce_s = time.perf_counter() - t0
         ctx.log(f"  {produced} history records produced in {produce_s:.1f} s")
-        # Every record older than the windowed edge's window before any edge starts.
-        time.sleep(WINDOW_S + 1.0)
         _HISTORY[ctx.run_id] = (settings, produced, sample, produce_s)
     return _HISTORY[ctx.run_id]
 
@@ -281,10 +291,15 @@ def _edge_start(ctx: Context, settings: VoiceSettings, open_cold: list[str] | No
         out["in_memory"] = httpx.get(f"{url}/readyz", timeout=10).json()["checks"].get(
             "conversations")
         if open_cold:
-            opened = _cold_open(settings, url, open_cold)
+            spread, recent = open_cold[:COLD_OPENS], open_cold[COLD_OPENS:]
+            opened = _cold_open(settings, url, spread)
             out["cold_open"] = {**latency_summary(opened), "conversations": len(opened)}
+            if recent:  # made in the last quarter hour of the history: a short read each
+                opened = _cold_open(settings, url, recent)
+                out["cold_open_recent"] = {**latency_summary(opened),
+                                           "conversations": len(opened)}
             # The same conversations again: in memory now, whichever edge this is.
-            out["open_again"] = latency_summary(_cold_open(settings, url, open_cold))
+            out["open_again"] = latency_summary(_cold_open(settings, url, spread))
             out["rss_after_cold_opens_mib"] = round(rss_kib(edge.pid) / 1024, 1)
     finally:
         stop(edge)
@@ -311,7 +326,7 @@ def _drop_state(settings: VoiceSettings) -> None:
 def _with_history(ctx: Context, windowed: bool) -> Result:
     settings, produced, sample, produce_s = _history(ctx)
     env = {"VOICE_EDGE_HISTORY_S": str(WINDOW_S)} if windowed else {}
-    result = _edge_start(ctx, settings, sample[:COLD_OPENS], **env)
+    result = _edge_start(ctx, settings, sample, **env)
     return {**result, "history_records": produced,
             "conversations": produced // RECORDS_PER_CONVERSATION,
             "history_produce_s": round(produce_s, 1),

@@ -10,6 +10,7 @@ from contextlib import contextmanager
 from typing import Any
 
 from api.conversations.render import sse_event
+from schemas.agent import DisplayEventRecorded, DisplayEventsRecorded
 from streams.envelope import DecodeError, Envelope, decode
 from streams.ids import turn_conversation
 from streams.reading import read_topic
@@ -76,27 +77,33 @@ def replay_conversation(settings: VoiceSettings, conversation: str,
 
 def replay_workflow(settings: VoiceSettings, workflow: str,
                     sealer: Sealer | None = None) -> Iterator[str]:
-    """The workflow's lifecycle and its agent's records (display events opened if possible)."""
+    """The workflow's lifecycle and its agent's records (display events opened if possible),
+    a batch of display events one line per event, as each record of them was before."""
     envs = records(settings, WORKFLOWS, workflow) + records(settings, AGENT, workflow)
     envs.sort(key=lambda e: e.time)
     with _sealing(settings, sealer) as opener:
         for env in envs:
-            payload = env.record.model_dump(mode="json")
-            conversation = payload.get("conversation_id") or (
-                turn_conversation(workflow))
-            for field in ("data", "response", "arguments", "result"):
-                sealed = payload.get(field)
-                if conversation and isinstance(sealed, dict) and "ciphertext" in sealed:
-                    payload[field] = _open(opener, conversation, env, field, sealed)
-            seq = "-" if env.seq is None else env.seq
-            yield f"{env.time.isoformat(timespec='milliseconds')} seq={seq} {env.type} " \
-                  f"{json.dumps(payload, separators=(',', ':'))}"
+            rec = env.record
+            parts = [(DisplayEventRecorded.ce_type, e.event_id, e) for e in rec.events] \
+                if isinstance(rec, DisplayEventsRecorded) else [(env.type, env.id, rec)]
+            for ce_type, content, part in parts:
+                payload = part.model_dump(mode="json")
+                conversation = payload.get("conversation_id") or (
+                    turn_conversation(workflow))
+                for field in ("data", "response", "arguments", "result"):
+                    sealed = payload.get(field)
+                    if conversation and isinstance(sealed, dict) and "ciphertext" in sealed:
+                        payload[field] = _open(opener, conversation, content, field, sealed)
+                seq = "-" if env.seq is None else env.seq
+                yield f"{env.time.isoformat(timespec='milliseconds')} seq={seq} {ce_type} " \
+                      f"{json.dumps(payload, separators=(',', ':'))}"
 
 
-def _open(sealer: Sealer, conversation: str, env: Envelope, field: str, sealed: dict) -> Any:
+def _open(sealer: Sealer, conversation: str, content: str, field: str, sealed: dict) -> Any:
+    """``field`` of the record (or batched event) whose content ids start with ``content``."""
     from schemas.base import Sealed
 
-    content_id = f"{env.id}/{field}"
+    content_id = f"{content}/{field}"
     try:
         return sealer.open_json(conversation, content_id, Sealed.model_validate(sealed))
     except (KeyErased, KeyNotFound):

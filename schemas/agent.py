@@ -1,7 +1,8 @@
-"""Records of agent turns (topic voice.agent, key = workflow id): every model call, tool call
-and display event. Content a participant wrote or a model produced is ``Sealed`` with the
-conversation's key when the turn belongs to a conversation, so replay can serve it back and
-erasure still has one place to act.
+"""Records of agent turns (topic voice.agent, key = workflow id): every model call, tool call and
+display event (several display events of a turn in a row as one ``DisplayEventsRecorded``).
+Content a participant wrote or a model produced is ``Sealed`` with the conversation's key when
+the turn belongs to a conversation, so replay can serve it back and erasure still has one place
+to act.
 """
 
 from __future__ import annotations
@@ -91,3 +92,37 @@ class TelemetryEvent(Record):
     conversation_id: str | None = None
     workflow: str | None = None
     attributes: dict[str, Any] = {}
+
+
+@record_type("voice.agent.display_events.v1")
+class DisplayEventsRecorded(Record):
+    """Display events of one turn emitted in a row (between two model or tool calls, or at its
+    end), in order, as one record: each is what one ``DisplayEventRecorded`` would hold, its
+    ``data`` sealed under its own ``<event_id>/data`` as there. A reader takes ``events``
+    where it took one record."""
+
+    workflow: str
+    events: list[DisplayEventRecorded] = Field(min_length=1)
+
+
+@record_type("voice.telemetry.events.v1")
+class TelemetryEvents(Record):
+    """A turn's telemetry facts, in order, as one record (produced when the turn's effects
+    drain): each is what one ``TelemetryEvent`` would hold, with its time (``ts``, Unix
+    seconds) among its ``attributes``. A reader takes ``events`` where it took one record."""
+
+    events: list[TelemetryEvent] = Field(min_length=1)
+
+
+def telemetry_events(record: Record) -> list[TelemetryEvent]:
+    """The telemetry facts a ``voice.telemetry`` record holds, in either shape."""
+    if isinstance(record, TelemetryEvents):
+        return list(record.events)
+    return [record] if isinstance(record, TelemetryEvent) else []
+
+
+def display_events(record: Record) -> list[DisplayEventRecorded]:
+    """The display events a ``voice.agent`` record holds, in either shape."""
+    if isinstance(record, DisplayEventsRecorded):
+        return list(record.events)
+    return [record] if isinstance(record, DisplayEventRecorded) else []

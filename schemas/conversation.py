@@ -6,7 +6,7 @@ from __future__ import annotations
 
 from typing import Literal
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 from schemas.base import Record, Sealed, record_type
 
@@ -176,3 +176,41 @@ class HistorySummarised(Record):
 @record_type("voice.conversation.erased.v1")
 class ConversationErased(Record):
     conversation: str
+
+
+# --- a turn's results in one command (topic voice.commands, key = conversation id) ----------
+
+
+@record_type("voice.conversation.turn_results.v1")
+class RecordTurnResults(Record):
+    """Everything a turn's step records, as one command (id ``{turn}:results``): the sequencer
+    appends the summary, the reply, the proposal and the turn's end, in that order, in one
+    decision — the same records on the log as the four commands it replaces (which it still
+    takes), for one command, one table write and no acknowledgement (nobody waits on it).
+    A turn no longer open refuses it whole, which is also how a redelivery is dropped."""
+
+    conversation: str
+    turn: str
+    summary: HistorySummarised | None = None
+    reply: ReplyRecorded | None = None
+    proposal: ProposalRecorded | None = None
+    ended: TurnStateChanged
+    """The turn's end (``Replied`` or ``CouldNotInterpret``), always last."""
+
+    @model_validator(mode="after")
+    def _one_turn(self) -> RecordTurnResults:
+        for part in (self.summary, self.reply, self.proposal, self.ended):
+            if part is not None and (part.conversation, part.turn) != (self.conversation,
+                                                                       self.turn):
+                raise ValueError(f"a result of turn {part.turn!r} of {part.conversation!r} "
+                                 f"in the results of turn {self.turn!r} of "
+                                 f"{self.conversation!r}")
+        if self.ended.state == "Thinking":
+            raise ValueError(f"the results of turn {self.turn!r} must end it, not leave it "
+                             "'Thinking'")
+        return self
+
+    def parts(self) -> tuple[Record, ...]:
+        """The records it appends, in log order."""
+        return (*(p for p in (self.summary, self.reply, self.proposal) if p is not None),
+                self.ended)

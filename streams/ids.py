@@ -1,6 +1,10 @@
 """Ids that more than one side of Voice builds or reads: tenant ids, inbox and review-queue
 keys, and the one turn-id format.
 
+A conversation id starts with the millisecond it was made (``new_conversation_id``), so a
+reader that must find a conversation's records in its partition — which Kafka does not index by
+key — can start at that time (``conversation_since_ms``) instead of the partition's start.
+
 A tenant id is short and plain (``TENANT_PATTERN``), so ``{tenant}/{sub}`` — the key of a
 principal's inbox — splits one way only. A turn of a conversation (participant or assistant)
 is ``{conversation}:turn-{seq}``, where ``seq`` is the seq of the record that requested it;
@@ -10,9 +14,35 @@ the turn id is also its workflow's id.
 from __future__ import annotations
 
 import re
+import secrets
+import time
 
 TENANT_PATTERN = r"^[A-Za-z0-9][A-Za-z0-9._-]{0,63}$"
 """What a tenant id looks like (in tokens, ``X-Tenant-ID`` and ``VOICE_DEFAULT_TENANT``)."""
+
+
+CONVERSATION_ID = r"^cnv-[0-9a-f]{8,32}$"
+"""What a conversation id looks like: ``cnv-`` and 8 to 32 hex digits (older ids are 16 random
+ones; new ones 12 of time and 12 random)."""
+_TIMED_CONVERSATION = re.compile(r"^cnv-(?P<ms>[0-9a-f]{12})[0-9a-f]{12}$")
+
+CLOCK_SLACK_MS = 10 * 60 * 1000
+"""How far a writer's clock (which stamps the conversation's first record) may run behind the
+clock of the edge that made its id: a reader starts this much before the id's time."""
+
+
+def new_conversation_id(now: float | None = None) -> str:
+    """A fresh conversation id: ``cnv-`` + the creation time in ms (12 hex digits) + 48
+    random bits."""
+    ms = int((time.time() if now is None else now) * 1000)
+    return f"cnv-{ms:012x}{secrets.token_hex(6)}"
+
+
+def conversation_since_ms(conversation: str) -> int | None:
+    """The time (ms) from which a reader finds every record of ``conversation``: its id's
+    time less ``CLOCK_SLACK_MS``; None for an id without a time (read from the start)."""
+    m = _TIMED_CONVERSATION.match(conversation)
+    return None if m is None else max(0, int(m["ms"], 16) - CLOCK_SLACK_MS)
 
 
 def inbox_key(tenant: str | None, sub: str) -> str:

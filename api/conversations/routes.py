@@ -11,8 +11,7 @@ from __future__ import annotations
 
 import asyncio
 import re
-import secrets
-from collections.abc import Iterator
+from collections.abc import AsyncIterator, Iterator
 from contextlib import contextmanager
 from typing import Annotated
 
@@ -35,6 +34,7 @@ from api.conversations.models import (
     TurnOut,
 )
 from api.conversations.views import ConversationView, ConversationViews
+from api.frame.cold import ColdReadFailed
 from api.frame.commands import CommandsDep, conversation_refused, refused
 from api.frame.deadline import cut_short, remaining
 from api.frame.deps import (
@@ -63,11 +63,13 @@ from api.frame.sse import (
 )
 from schemas.conversation import EraseConversation, MessageRecorded, SendMessage, StartConversation
 from streams.envelope import Envelope, new_id
+from streams.ids import CONVERSATION_ID as CONVERSATION_ID_PATTERN
+from streams.ids import new_conversation_id
 from streams.sealing import KeyErased, Sealer
 
 router = APIRouter(prefix="/me/conversations", tags=["conversations"])
 
-CONVERSATION_ID = re.compile(r"^cnv-[0-9a-f]{8,32}$")
+CONVERSATION_ID = re.compile(CONVERSATION_ID_PATTERN)
 NOT_FOUND = {404: {"description": "No such conversation of the caller's (or it was erased)."}}
 
 
@@ -81,7 +83,7 @@ owned_conversation = owned_dependency(
 
 ViewsDep = Annotated[ConversationViews, Depends(get_views)]
 OwnedDep = Annotated[ConversationView, Depends(owned_conversation)]
-CursorDep = Annotated[int, Depends(cursor_dependency(owned_conversation))]
+CursorDep = Annotated[int, Depends(cursor_dependency(owned_conversation, reads_older=True))]
 
 
 @contextmanager
@@ -99,7 +101,7 @@ async def create_conversation(
     commands: CommandsDep, views: ViewsDep, sealer: SealerDep, principal: ConverseDep,
 ) -> ConversationCreated:
     """Open a conversation owned by the caller."""
-    conversation = f"cnv-{secrets.token_hex(8)}"
+    conversation = new_conversation_id()
     # The data key exists before the conversation does, so its first message can be sealed.
     await asyncio.to_thread(sealer.create, conversation, principal.tenant)
     ack = await commands.submit(
@@ -283,6 +285,19 @@ async def stream(view: OwnedDep, cursor: CursorDep, settings: SettingsDep, views
             views.mark_erased(conversation)
             raise StreamEnd(erased) from None
 
+    async def older(after: int, upto: int) -> list[tuple[int, ServerSentEvent | None]]:
+        try:
+            envs = await views.older(conversation, after, upto)
+        except ColdReadFailed as exc:
+            raise StreamEnd(f"end; cursor {after} is too old to serve: {exc}") from None
+        return [(env.seq or 0, render_event(env)) for env in envs]
+
     feed = Feed(view=current, render=render_shared, gone=erased, render_live=render_delta,
-                wait=lambda until, timeout: views.wait(conversation, lambda _v: until(), timeout))
-    return event_stream(sse_stream(feed, cursor, settings.gateway_bound_s))
+                wait=lambda until, timeout: views.wait(conversation, lambda _v: until(), timeout),
+                older=older)
+    async def held() -> AsyncIterator[ServerSentEvent]:
+        with views.streaming(conversation):  # never evicted while a stream of it is open
+            async for sse in sse_stream(feed, cursor, settings.gateway_bound_s):
+                yield sse
+
+    return event_stream(held())

@@ -12,10 +12,13 @@ Content stays sealed here; routes open it for the owner (``api.conversations.ren
 from __future__ import annotations
 
 import asyncio
-from collections import OrderedDict
-from collections.abc import Callable
+import time
+from collections import Counter, OrderedDict
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 
+from api.frame.cold import ColdReadFailed
 from api.frame.projection import DEFAULT_KEPT, Caller, KeptEvents, StreamProjection
 from schemas.conversation import (
     ConversationErased,
@@ -55,6 +58,9 @@ class ConversationView(KeptEvents[Envelope]):
     content: dict[int, Envelope] = field(default_factory=dict)
     """Messages, replies and proposals by seq (sealed)."""
     turns: dict[str, TurnView] = field(default_factory=dict)
+    used_at: float = 0.0
+    """``time.monotonic()`` when a request last asked for it or the log last changed it: a
+    view unused for the history window is evicted (``ConversationViews.evict_idle``)."""
 
     @property
     def stream_name(self) -> str:
@@ -90,6 +96,14 @@ ColdRead = Callable[[str], list[Envelope]]
 """Blocking: every record of one conversation from before the edge's history window, in log
 order (``api.frame.cold.conversation_reader``)."""
 
+ColdGap = Callable[[str, int, int], list[Envelope]]
+"""Blocking: one conversation's records with seq in ``(after, upto]`` from anywhere in the log
+(``api.frame.cold.conversation_gap_reader``): what a cursor older than the kept events needs."""
+
+GAPS_KEPT = 16
+"""Gap reads remembered (by conversation and range): a client whose stream ends while one is
+read reconnects with the same cursor and gets its result, not a second scan."""
+
 ABSENT_KEPT = 10_000
 """Ids found in no record before the window, remembered so that asking again scans nothing."""
 COLD_SCANS = 1
@@ -102,25 +116,38 @@ request passes what is left of its gateway bound)."""
 class ConversationViews(StreamProjection[ConversationView]):
     """Every conversation this edge has seen, by id and by owner.
 
-    With a ``cold`` reader (``VOICE_EDGE_HISTORY_S``), the tail starts inside the log: a
-    record of a conversation started before it is held in ``pending`` until the conversation
-    is first asked for (``ensure``), when its older records are read from the log and applied
-    first, then the held ones — each once, by seq, in order (decision 0011).
+    With a ``cold`` reader (``VOICE_EDGE_HISTORY_S``), the tail starts inside the log, and
+    this holds only the conversations in use: one started before the window, or evicted after
+    a window unused (``evict_idle``), has no view until it is asked for (``ensure``); then its
+    records are read from its partition of the log, up to the partition's end, and applied,
+    then the records the tail brought meanwhile (held in ``pending`` while the read runs) —
+    each once, by seq, in order (decision 0011). Records of a conversation not in memory and
+    not being read are dropped: the read gets them from the log when it is asked for.
     """
 
-    def __init__(self, kept: int = DEFAULT_KEPT, cold: ColdRead | None = None) -> None:
+    def __init__(self, kept: int = DEFAULT_KEPT, cold: ColdRead | None = None,
+                 gap: ColdGap | None = None) -> None:
         super().__init__(kept)
         self.cold = cold
+        self.gap = gap
+        """Reads events older than a view keeps, for an old cursor (None: 409 instead)."""
+        self._gaps: OrderedDict[tuple[str, int, int], asyncio.Future[list[Envelope]]] = (
+            OrderedDict())
         self.pending: dict[str, list[Envelope]] = {}
         """Records of conversations started before the window, not asked for yet."""
         self._absent: OrderedDict[str, None] = OrderedDict()
         self._loading: dict[str, asyncio.Future[None]] = {}
+        self._streaming: Counter[str] = Counter()
         self._scans = asyncio.Semaphore(COLD_SCANS)
 
     async def ensure(self, key: str, timeout: float = COLD_WAIT_S) -> bool:
         """Read ``key``'s records from before the window, once, if this edge has not; waits
         at most ``timeout`` and says whether that is settled (False: still reading)."""
-        if self.cold is None or key in self.by_key or key in self._absent:
+        if self.cold is None or key in self._absent:
+            return True
+        view = self.by_key.get(key)
+        if view is not None:
+            view.used_at = time.monotonic()
             return True
         fut = self._loading.get(key)
         if fut is None:
@@ -134,6 +161,49 @@ class ConversationViews(StreamProjection[ConversationView]):
         if fut.done():
             fut.result()  # ColdReadFailed, when the read failed
         return settled
+
+    async def older(self, key: str, after: int, upto: int) -> list[Envelope]:
+        """The conversation's records with seq in ``(after, upto]`` — those before the oldest
+        its view keeps — read from the log: each seq exactly once, in order, or
+        ``ColdReadFailed`` (never a stream with a hole). One read per range, shared by every
+        asker and remembered for the next few (decision 0011, step 5)."""
+        if self.gap is None:
+            raise ColdReadFailed("this edge reads no events older than it keeps")
+        view = self.by_key.get(key)
+        tenant = None if view is None else view.tenant
+        # A read of the same range, or of a wider one (a lower ``after``), serves this one:
+        # clients resuming at different old cursors of one conversation share one scan.
+        fut = None
+        for (k, a, u), f in self._gaps.items():
+            if k == key and u == upto and a <= after and not (
+                    f.done() and (f.cancelled() or f.exception() is not None)):
+                fut = f
+                break
+        if fut is None:
+            fut = asyncio.ensure_future(self._read_gap(key, after, upto))
+            self._gaps[(key, after, upto)] = fut
+            while len(self._gaps) > GAPS_KEPT:
+                self._gaps.popitem(last=False)
+        found = [env for env in await asyncio.shield(fut) if env.seq is not None
+                 and env.seq > after]
+        if any(env.tenant != tenant for env in found):
+            raise ColdReadFailed(f"conversation {key}: records of another tenant in the log")
+        return found
+
+    async def _read_gap(self, key: str, after: int, upto: int) -> list[Envelope]:
+        assert self.gap is not None
+        async with self._scans:
+            found = await asyncio.to_thread(self.gap, key, after, upto)
+        by_seq: dict[int, Envelope] = {}
+        for env in found:
+            if env.seq is not None:
+                by_seq.setdefault(env.seq, env)  # a redelivered record: the first one
+        missing = [s for s in range(after + 1, upto + 1) if s not in by_seq]
+        if missing:
+            raise ColdReadFailed(f"conversation {key}: the log no longer holds seq "
+                                 f"{missing[0]}" + (f" and {len(missing) - 1} more"
+                                                    if len(missing) > 1 else ""))
+        return [by_seq[s] for s in range(after + 1, upto + 1)]
 
     def _read_done(self, key: str, fut: asyncio.Future[None]) -> None:
         self._loading.pop(key, None)
@@ -151,14 +221,14 @@ class ConversationViews(StreamProjection[ConversationView]):
             if key in self.by_key:
                 return
             if not any(isinstance(env.record, ConversationStarted) for env in older):
-                self.pending.pop(key, None)  # no conversation: what was held is orphaned
-                self._absent[key] = None
+                self._absent[key] = None  # no conversation: what was held is orphaned
                 while len(self._absent) > ABSENT_KEPT:
                     self._absent.popitem(last=False)
                 return
             for env in (*older, *self.pending.pop(key, ())):
                 self.apply(env)
         finally:
+            self.pending.pop(key, None)
             self.notify(key)  # wake ``ensure``'s waiters, whatever the outcome
 
     def apply(self, env: Envelope) -> ConversationView | None:
@@ -173,11 +243,12 @@ class ConversationViews(StreamProjection[ConversationView]):
         else:
             view = self.by_key.get(env.key)
             if view is None:
-                if self.cold is not None and env.key not in self._absent:
-                    self.pending.setdefault(env.key, []).append(env)  # started before
+                if env.key in self._loading:  # being read from the log: applied after it
+                    self.pending.setdefault(env.key, []).append(env)
                 return None
         if not view.accept(env):
             return None
+        view.used_at = time.monotonic()
         if not view.first_seen:
             view.first_seen = view.last_seq
         if isinstance(rec, ConversationErased):
@@ -222,6 +293,35 @@ class ConversationViews(StreamProjection[ConversationView]):
             return
         view.add_live(env)
         self.notify(env.key)
+
+    @contextmanager
+    def streaming(self, key: str) -> Iterator[None]:
+        """While a stream of ``key`` is open, its view is never evicted."""
+        self._streaming[key] += 1
+        try:
+            yield
+        finally:
+            self._streaming[key] -= 1
+            if self._streaming[key] <= 0:
+                del self._streaming[key]
+            view = self.by_key.get(key)
+            if view is not None:
+                view.used_at = time.monotonic()
+
+    def evict_idle(self, idle_s: float, now: float | None = None) -> int:
+        """Drop the views unused for ``idle_s`` — no request asked for them, no record changed
+        them, no stream is open, nobody waits — when this edge reads cold conversations from
+        the log (a later request reads them again); how many were dropped. Without a cold
+        reader nothing is dropped: the edge holds all history (decision 0011, step 4)."""
+        if self.cold is None:
+            return 0
+        before = (time.monotonic() if now is None else now) - idle_s
+        idle = [key for key, view in self.by_key.items()
+                if view.used_at < before and key not in self._streaming
+                and key not in self._loading and not self.waiting(key)]
+        for key in idle:
+            del self.by_key[key]
+        return len(idle)
 
     def mark_erased(self, conversation: str) -> None:
         """Forget a conversation's content now (its key is gone), before the log says so."""

@@ -1,11 +1,13 @@
-"""Reading one aggregate's records from before the edge's history window, on demand.
+"""Reading one aggregate's records from the log on demand, by key.
 
 An edge started with ``VOICE_EDGE_HISTORY_S`` reads its logs only from that far back
-(``api.frame.tail``); an aggregate whose records start earlier is read here when a request
-first asks for it (decision 0011). Kafka has no index by key, so this reads the key's one
-partition (``streams.topics.partition_of``) from its start up to the offset the tail
-started at, and keeps the key's records — a scan of one partition's history, paid once per
-cold aggregate and never on the event loop (callers run it in a thread).
+(``api.frame.tail``) and keeps only conversations in use; one it does not hold is read here
+when a request asks for it (decision 0011). Kafka has no index by key, so this reads the key's
+one partition (``streams.topics.partition_of``) from its start up to the end it has when the
+read begins — from the time in its id (``streams.ids.conversation_since_ms``) when it has
+one — and keeps the key's records — a scan of one partition's history, paid once per
+cold aggregate and never on the event loop (callers run it in a thread). The same scan serves
+a stream's cursor older than the events kept in memory (``read_seqs``).
 
 It never writes, never commits (no group: ``assign`` only), and skips what it cannot decode,
 as the tail does (the writer side dead-letters it).
@@ -22,6 +24,7 @@ from confluent_kafka import Consumer, KafkaError, TopicPartition
 
 from api.frame.tail import EdgeTail
 from streams.envelope import DecodeError, Envelope, decode
+from streams.ids import conversation_since_ms
 from streams.settings import VoiceSettings
 from streams.topics import partition_of
 
@@ -57,21 +60,49 @@ class ColdLog:
                 "enable.partition.eof": True,
                 # A scan reads through history once: a small prefetch buffer is enough.
                 "queued.max.messages.kbytes": PREFETCH_KIB,
+                # A fetch at a partition's end waits this long on the broker, and the next
+                # scan's first fetch waits behind it (500 ms by default, paid by every read
+                # after the first); a scan's client is unassigned between scans, so it is
+                # never polling an idle partition.
+                "fetch.wait.max.ms": 10,
             })
         return self._consumer
 
-    def read_before(self, topic: str, partition: int, key: str, end: int,
+    def read_to_end(self, topic: str, partition: int, key: str, since_ms: int | None = None,
                     timeout: float = SCAN_TIMEOUT_S) -> list[Envelope]:
-        """Every decodable record of ``key`` in ``topic[partition]`` below offset ``end``, in
-        log order (blocking: call it in a thread; scans wait for each other)."""
-        if end <= 0:
+        """Every decodable record of ``key`` in ``topic[partition]``, up to the end the
+        partition has when the read begins, in log order (blocking: call it in a thread).
+        ``since_ms``: no record of ``key`` is older (its id says so), so the scan starts at
+        the first offset of that time, not at the partition's start."""
+        with self._lock:
+            consumer = self._client()
+            try:
+                _low, high = consumer.get_watermark_offsets(TopicPartition(topic, partition), 10)
+                return _scan(consumer, topic, partition, key.encode(), high, timeout,
+                             since_ms=since_ms)
+            finally:
+                consumer.unassign()
+
+    def read_seqs(self, topic: str, partition: int, key: str, after: int, upto: int,
+                  since_ms: int | None = None, timeout: float = SCAN_TIMEOUT_S
+                  ) -> list[Envelope]:
+        """The records of ``key`` in ``topic[partition]`` whose seq is in ``(after, upto]``, in
+        log order: the events a resumed stream needs from before what the edge keeps
+        (blocking: call it in a thread; scans wait for each other). Reads from the
+        partition's start until the record of seq ``upto`` (or the end the partition had
+        when the scan began)."""
+        if upto <= after:
             return []
         with self._lock:
             consumer = self._client()
             try:
-                return _scan(consumer, topic, partition, key.encode(), end, timeout)
+                _low, high = consumer.get_watermark_offsets(TopicPartition(topic, partition), 10)
+                found = _scan(consumer, topic, partition, key.encode(), high, timeout,
+                              stop=lambda env: env.seq is not None and env.seq >= upto,
+                              since_ms=since_ms)
             finally:
                 consumer.unassign()
+        return [env for env in found if env.seq is not None and after < env.seq <= upto]
 
     def close(self) -> None:
         with self._lock:
@@ -81,10 +112,20 @@ class ColdLog:
 
 
 def _scan(consumer: Consumer, topic: str, partition: int, wanted: bytes, end: int,
-          timeout: float) -> list[Envelope]:
+          timeout: float, stop: Callable[[Envelope], bool] = lambda _env: False,
+          since_ms: int | None = None) -> list[Envelope]:
+    """``wanted``'s decodable records below offset ``end``, from the first offset of
+    ``since_ms`` (the partition's start when None), in log order, up to and including the
+    first one ``stop`` says ends the scan."""
     out: list[Envelope] = []
     deadline = time.monotonic() + timeout
     low, _high = consumer.get_watermark_offsets(TopicPartition(topic, partition), 10)
+    if since_ms is not None:
+        (found,) = consumer.offsets_for_times([TopicPartition(topic, partition, since_ms)], 10)
+        if found.error is not None:
+            raise ColdReadFailed(f"{topic}[{partition}]: no offset by time: {found.error}")
+        # -1: no record that recent, so none of ``wanted`` (which is no older) is there.
+        low = end if found.offset < 0 else max(low, found.offset)
     if low >= end:
         return []
     consumer.assign([TopicPartition(topic, partition, low)])
@@ -93,7 +134,9 @@ def _scan(consumer: Consumer, topic: str, partition: int, wanted: bytes, end: in
         if time.monotonic() > deadline:
             raise ColdReadFailed(f"{topic}[{partition}] not read to offset {end} in "
                                  f"{timeout:g} s (at {position})")
-        for msg in consumer.consume(num_messages=BATCH, timeout=0.5):
+        # Never more than is left to read: ``consume`` waits until it has that many.
+        for msg in consumer.consume(num_messages=max(1, min(BATCH, end - position)),
+                                    timeout=0.5):
             if msg.error():
                 if msg.error().code() == KafkaError._PARTITION_EOF:
                     position = end  # nothing more is there (end past a gap): done
@@ -105,23 +148,41 @@ def _scan(consumer: Consumer, topic: str, partition: int, wanted: bytes, end: in
             if msg.key() != wanted:
                 continue
             try:
-                out.append(decode(msg.key(), msg.value(), msg.headers()))
+                env = decode(msg.key(), msg.value(), msg.headers())
             except DecodeError as exc:
                 log.info("edge cold read skips %s[%s]@%s: %s", topic, partition, offset,
                          exc.reason)
+                continue
+            out.append(env)
+            if stop(env):
+                return out
     return out
 
 
 def conversation_reader(log_: ColdLog, tail: EdgeTail) -> Callable[[str], list[Envelope]]:
-    """A blocking reader of one conversation's records below where ``tail`` started."""
+    """A blocking reader of one conversation's records, from its partition's start to the end
+    it has when the read begins (the tail brings what comes after)."""
 
     def read(key: str) -> list[Envelope]:
         if not tail.assigned.wait(SCAN_TIMEOUT_S):
             raise ColdReadFailed("the edge's tail is not assigned yet")
-        starts = tail.conv_starts
-        if not starts:  # the tail reads from the beginning: nothing is cold
-            return []
-        partition = partition_of(key, len(starts))
-        return log_.read_before(tail.conv_topic, partition, key, starts[partition])
+        partition = partition_of(key, tail.conv_partitions)
+        return log_.read_to_end(tail.conv_topic, partition, key, conversation_since_ms(key))
+
+    return read
+
+
+def conversation_gap_reader(log_: ColdLog, tail: EdgeTail
+                            ) -> Callable[[str, int, int], list[Envelope]]:
+    """A blocking reader of one conversation's records with seq in ``(after, upto]``, from
+    anywhere in its partition: what a cursor older than the edge keeps needs (decision 0011,
+    step 5)."""
+
+    def read(key: str, after: int, upto: int) -> list[Envelope]:
+        if not tail.assigned.wait(SCAN_TIMEOUT_S):
+            raise ColdReadFailed("the edge's tail is not assigned yet")
+        partition = partition_of(key, tail.conv_partitions)
+        return log_.read_seqs(tail.conv_topic, partition, key, after, upto,
+                              conversation_since_ms(key))
 
     return read

@@ -4,10 +4,11 @@ Every stream (a conversation's log, an assistant conversation's display events, 
 the same contract: ``id:`` is the stream's cursor (its seq); a client resumes with ``after=N``
 or ``Last-Event-ID: N`` (the query wins) and gets every event after N once, in order, then
 live ones. Comments carry no id: keep-alives after ``KEEPALIVE_S`` of silence, and a final one
-before the gateway bound saying where to resume. A cursor older than this edge keeps answers
-409 with the oldest cursor it can serve (``api.app`` renders ``CursorTooOld``); a client that
-falls that far behind while connected gets a final comment instead. Streams differ only in
-their ``Feed``: what they render per event and when they end early.
+before the gateway bound saying where to resume. A cursor older than this edge keeps is served
+from the log when the stream can read it there (``Feed.older``: a conversation's log); else it
+answers 409 with the oldest cursor it can serve (``api.app`` renders ``CursorTooOld``), and a
+client that falls that far behind while connected gets a final comment instead. Streams differ
+only in their ``Feed``: what they render per event and when they end early.
 """
 
 import asyncio
@@ -76,9 +77,12 @@ def served_cursor(view: KeptEvents[Any], cursor: int) -> int:
     return cursor
 
 
-def cursor_dependency(view_of: Callable[..., Any]) -> Callable[..., Awaitable[int]]:
+def cursor_dependency(view_of: Callable[..., Any], reads_older: bool = False
+                      ) -> Callable[..., Awaitable[int]]:
     """A dependency: where a stream of the view ``view_of`` gives starts (``after`` query or
-    ``Last-Event-ID`` header); ``CursorTooOld`` (→ 409) when this edge cannot serve it."""
+    ``Last-Event-ID`` header); ``CursorTooOld`` (→ 409) when this edge cannot serve it —
+    never when ``reads_older``: the stream reads what the view no longer keeps from the log
+    (its ``Feed.older``)."""
 
     async def stream_cursor(
         view: Annotated[KeptEvents[Any], Depends(view_of)],
@@ -87,7 +91,8 @@ def cursor_dependency(view_of: Callable[..., Any]) -> Callable[..., Awaitable[in
                                            )] = None,
         last_event_id: Annotated[HeaderText | None, Header(alias="Last-Event-ID")] = None,
     ) -> int:
-        return served_cursor(view, resume_cursor(after, last_event_id))
+        cursor = resume_cursor(after, last_event_id)
+        return cursor if reads_older else served_cursor(view, cursor)
 
     return stream_cursor
 
@@ -111,6 +116,11 @@ class Feed(Generic[E]):
     render_live: Callable[[Any], ServerSentEvent | None] | None = None
     """The SSE event (no ``id:``) of one transient event of the view (``KeptEvents.live``);
     None: the stream sends none. A new stream sends every transient event still held."""
+    older: Callable[[int, int], Awaitable[list[tuple[int, ServerSentEvent | None]]]] | None = None
+    """For a cursor older than the view keeps: the events after the first cursor up to the
+    second, read from the log, as (cursor, SSE event or None), every cursor once and in
+    order; raises ``StreamEnd`` when they cannot be read. None: such a cursor ends the stream
+    (and answers 409 at its start)."""
 
 
 async def sse_stream(feed: Feed[E], cursor: int, bound_s: float
@@ -134,9 +144,25 @@ async def sse_stream(feed: Feed[E], cursor: int, bound_s: float
                 # may apply more, and those must be sent, not passed over.
                 head = view.head()
             except CursorTooOld as exc:  # this client fell behind what the edge keeps
-                yield ServerSentEvent(comment=f"end; cursor {cursor} is too old, "
-                                              f"the oldest this edge serves is {exc.oldest}")
-                return
+                if feed.older is None:
+                    yield ServerSentEvent(comment=f"end; cursor {cursor} is too old, "
+                                                  f"the oldest this edge serves is {exc.oldest}")
+                    return
+                remaining = end_at - loop.time()
+                if remaining <= 0:
+                    break
+                try:  # read from the log; the read goes on for a reconnect if this ends first
+                    older = await asyncio.wait_for(feed.older(cursor, exc.oldest), remaining)
+                except TimeoutError:
+                    break
+                for older_cursor, sse in older:
+                    if loop.time() >= end_at:
+                        break
+                    cursor = older_cursor
+                    if sse is not None:
+                        yield sse
+                        last_sent = loop.time()
+                continue
             for event in events:
                 if loop.time() >= end_at:
                     break

@@ -74,6 +74,8 @@ class EdgeTail:
         self.conv_starts: dict[int, int] = {}
         """Per partition of the conversation log, the offset this tail started at (set before
         ``assigned``; empty when it reads from the beginning): older records are cold."""
+        self.conv_partitions = 0
+        """How many partitions the conversation log has (set before ``assigned``)."""
         self.assigned = threading.Event()
         self.caught_up = threading.Event()
         """Set once the conversation log has been read up to its end at start."""
@@ -126,6 +128,7 @@ class EdgeTail:
             if t is None or t.error is not None:
                 raise RuntimeError(f"topic {topic!r} is missing: run `voice topics create`")
             parts += [TopicPartition(topic, p, start) for p in t.partitions]
+        self.conv_partitions = len(md.topics[self.conv_topic].partitions)
         if self.settings.edge_history_s is not None:
             parts = self._windowed(consumer, parts)
         consumer.assign(parts)

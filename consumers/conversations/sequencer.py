@@ -29,6 +29,7 @@ from schemas.conversation import (
     HistorySummarised,
     MessageRecorded,
     ProposalRecorded,
+    RecordTurnResults,
     ReplyRecorded,
     SendMessage,
     StartConversation,
@@ -68,7 +69,8 @@ class ConversationSequencer(Aggregate[ConversationState]):
     log = CONVERSATIONS
     source = SOURCE
     commands = (StartConversation, SendMessage, EraseConversation, ReplyRecorded,
-                ProposalRecorded, TurnStateChanged, HistorySummarised, ExpireTurn)
+                ProposalRecorded, TurnStateChanged, HistorySummarised, ExpireTurn,
+                RecordTurnResults)
 
     def __init__(self, turn_deadline_s: float = 900.0) -> None:
         """``turn_deadline_s`` is ``VOICE_TURN_DEADLINE_S``."""
@@ -79,6 +81,18 @@ class ConversationSequencer(Aggregate[ConversationState]):
         if state is not None and raw is not None and "open_turns" not in raw:
             state.tracked_from = state.seq + 1  # written before turns had deadlines
         return state
+
+    def acknowledges(self, cmd: Envelope) -> bool:
+        """A turn's results are answered to nobody: its step does not wait on them."""
+        return not isinstance(cmd.record, RecordTurnResults)
+
+    def remember(self, state: ConversationState, cmd: Envelope, memo: dict[str, Any]) -> None:
+        """A tracked turn's results are not remembered: the turn they end is closed, which
+        refuses a redelivery as surely, and the state stays as small as before the turn."""
+        rec = cmd.record
+        if isinstance(rec, RecordTurnResults) and _tracked(state, rec.turn):
+            return
+        super().remember(state, cmd, memo)
 
     def overdue(self, key: str, stored: dict[str, Any], now: datetime) -> list[Record]:
         """``ExpireTurn`` for each open turn past its deadline at ``now``, read from the
@@ -134,6 +148,15 @@ class ConversationSequencer(Aggregate[ConversationState]):
                 state.open_turns.pop(rec.turn, None)
             return Decision(state, records, Ack.accepted(state.seq))
 
+        if isinstance(rec, RecordTurnResults):
+            # One decision for all of a turn's results; nothing to answer (no one waits), and
+            # a refusal leaves the table as it was (``Decision(None)``: no changelog write).
+            if not _open(state, rec.turn):
+                return Decision(None)
+            records = append(state, *rec.parts())
+            state.open_turns.pop(rec.turn, None)
+            return Decision(state, records)
+
         if isinstance(rec, ExpireTurn):
             deadline = state.open_turns.get(rec.turn)
             if deadline is None or cmd.time < datetime.fromisoformat(deadline):
@@ -152,6 +175,12 @@ class ConversationSequencer(Aggregate[ConversationState]):
             return Decision(state, records, Ack.accepted(state.seq))
 
         return Decision(state, ack=Ack.rejected(f"not a conversation command: {cmd.type}"))
+
+
+def _tracked(state: ConversationState, turn: str) -> bool:
+    """Whether ``turn`` is one whose end ``open_turns`` tracks (not older than the tracking)."""
+    parsed = parse_turn(turn)
+    return parsed is not None and parsed[1] >= state.tracked_from
 
 
 def _open(state: ConversationState, turn: str) -> bool:

@@ -10,8 +10,9 @@ records stay small however long the conversation grows, and no table value holds
 The one step reads those records back from the log (``consumers.frame.logrefs``), opens them,
 hands them to the concern-extraction agent, and submits the summary (when the engine made one
 because the history was over its budget), reply, proposal and turn state to the
-conversation's sequencer as commands with ids derived from the turn — a step re-run after a
-crash submits the same ids, and the sequencer records each exactly once.
+conversation's sequencer as one command (``RecordTurnResults``) whose id is derived from the
+turn — a step re-run after a crash submits the same, and the sequencer records it once (the
+turn it ends is closed by then).
 """
 
 from __future__ import annotations
@@ -27,12 +28,13 @@ from consumers.engine.history import lead_with_stored
 from consumers.frame.logrefs import LogReader, LogUnavailable, Position, recent
 from consumers.workflows.engine import StepContext, StepDef, WorkflowDef, WorkflowState
 from consumers.workflows.runtime import Erased, StepError, failure_words
-from schemas.base import Record, Sealed
+from schemas.base import Sealed
 from schemas.conversation import (
     ConversationErased,
     HistorySummarised,
     MessageRecorded,
     ProposalRecorded,
+    RecordTurnResults,
     ReplyRecorded,
     TurnRequested,
     TurnStateChanged,
@@ -203,8 +205,11 @@ class Turns:
         self.reader = reader
         self.read_bytes = read_bytes
         self.crash = crash or CrashPoints()
+        # A completed turn's step has recorded its end already: only a failed one has
+        # bookkeeping left (``on_end``), so only it waits to be settled.
         self.definition = WorkflowDef(KIND, (StepDef("reply", self.reply_step),),
-                                      on_end=self.on_end, sealed_by=lambda i: i["conversation"])
+                                      on_end=self.on_end, on_end_when=("failed",),
+                                      sealed_by=lambda i: i["conversation"])
 
     async def on_conversation_record(self, env: Envelope, partition: int, offset: int) -> None:
         """Index the record at ``partition``/``offset``; start the workflow of each
@@ -253,35 +258,38 @@ class Turns:
                                     retryable=False)
         tenant = ctx.input.get("tenant")
         reply = await self.agent(conversation, turn, ctx.attempt, history, ctx.cancel, tenant)
+        summary = None
         if reply.summary is not None and 0 < reply.summary.summary_through <= len(seqs):
             summary_id = f"{turn}:summary"
-            await self._submit(conversation, turn, tenant, "summary", HistorySummarised(
+            summary = HistorySummarised(
                 conversation=conversation, turn=turn, summary_id=summary_id,
                 through_seq=seqs[reply.summary.summary_through - 1],
-                text=self.sealer.seal(conversation, summary_id, reply.summary.text)))
+                text=self.sealer.seal(conversation, summary_id, reply.summary.text))
         if reply.cancelled:
-            await self._submit(conversation, turn, tenant, "state", self._ended(
-                conversation, turn, "cancelled", f"the turn was {reply.cancelled}"))
+            await self._results(conversation, turn, tenant, self._ended(
+                conversation, turn, "cancelled", f"the turn was {reply.cancelled}"), summary)
             return {"state": "CouldNotInterpret", "cancelled": True}
         if reply.could_not_interpret:
             # The model's words, which may quote the participant: sealed, never plain.
-            await self._submit(conversation, turn, tenant, "state", self._ended(
+            await self._results(conversation, turn, tenant, self._ended(
                 conversation, turn, "could_not_interpret",
-                f"the agent could not interpret the message: {reply.could_not_interpret}"))
+                f"the agent could not interpret the message: {reply.could_not_interpret}"),
+                summary)
             return {"state": "CouldNotInterpret"}
         reply_id = f"{turn}:reply"
-        await self._submit(conversation, turn, tenant, "reply", ReplyRecorded(
-            conversation=conversation, turn=turn, reply_id=reply_id,
-            text=self.sealer.seal(conversation, reply_id, reply.text or "…")))
-        self.crash.hit("after_reply", turn)
+        proposal = None
         if reply.proposal is not None:
             proposal_id = f"{turn}:proposal"
-            await self._submit(conversation, turn, tenant, "proposal", ProposalRecorded(
+            proposal = ProposalRecorded(
                 conversation=conversation, turn=turn, proposal_id=proposal_id,
                 proposal=self.sealer.seal_json(conversation, proposal_id,
-                                               reply.proposal.model_dump(mode="json"))))
-        await self._submit(conversation, turn, tenant, "state", TurnStateChanged(
-            conversation=conversation, turn=turn, state="Replied"))
+                                               reply.proposal.model_dump(mode="json")))
+        await self._results(conversation, turn, tenant, TurnStateChanged(
+            conversation=conversation, turn=turn, state="Replied"), summary,
+            ReplyRecorded(conversation=conversation, turn=turn, reply_id=reply_id,
+                          text=self.sealer.seal(conversation, reply_id, reply.text or "…")),
+            proposal)
+        self.crash.hit("after_reply", turn)
         return {"state": "Replied", "reply_id": reply_id,
                 "proposal": reply.proposal is not None}
 
@@ -290,10 +298,10 @@ class Turns:
         if state.status != "failed":
             return
         conversation, turn = state.input["conversation"], state.input["turn"]
-        await self._submit(conversation, turn, state.input.get("tenant"), "state",
-                           self._ended(conversation, turn, "step_failed",
-                                       f"the turn failed after {state.attempt} attempts: "
-                                       f"{failure_words(self.sealer, state)}"))
+        await self._results(conversation, turn, state.input.get("tenant"),
+                            self._ended(conversation, turn, "step_failed",
+                                        f"the turn failed after {state.attempt} attempts: "
+                                        f"{failure_words(self.sealer, state)}"))
 
     def _ended(self, conversation: str, turn: str, code: str, words: str) -> TurnStateChanged:
         """A ``CouldNotInterpret`` end: ``code`` plain, ``words`` sealed with the
@@ -305,8 +313,14 @@ class Turns:
         return TurnStateChanged(conversation=conversation, turn=turn, state="CouldNotInterpret",
                                 reason_code=code, sealed_reason=sealed)
 
-    async def _submit(self, conversation: str, turn: str, tenant: str | None, part: str,
-                      record: Record) -> None:
+    async def _results(self, conversation: str, turn: str, tenant: str | None,
+                       ended: TurnStateChanged, summary: HistorySummarised | None = None,
+                       reply: ReplyRecorded | None = None,
+                       proposal: ProposalRecorded | None = None) -> None:
+        """Submit the turn's results as one command (``RecordTurnResults``, id
+        ``{turn}:results``: a step re-run submits the same, which the closed turn refuses)."""
+        record = RecordTurnResults(conversation=conversation, turn=turn, summary=summary,
+                                   reply=reply, proposal=proposal, ended=ended)
         env = Envelope(record=record, key=conversation, source=SOURCE, subject=conversation,
-                       tenant=tenant, correlation=turn, id=f"{turn}:{part}")
+                       tenant=tenant, correlation=turn, id=f"{turn}:results")
         await self.publisher.send(COMMANDS, env)

@@ -4,15 +4,22 @@
 ``RecordingSink`` keeps effects in memory (tests, replay). ``KafkaEffectSink`` turns each effect
 into its record from ``schemas.agent`` and produces it: key = workflow id, record id = the
 effect's idempotency key (so a redelivered effect is deduplicated downstream), correlation =
-workflow id. When the turn belongs to a conversation, every piece of content (model responses,
-tool arguments and results, display data, the persisted reply) is sealed with the
-conversation's key first: nothing of a conversation travels in plaintext. The sink never
+workflow id. The display events since the last model call go out as one
+``DisplayEventsRecorded`` just before the next model call's record (and the rest when the turn
+drains); a tool call's record is not held back for them, so a tool's display events follow its
+record on the log. A turn's telemetry facts go out as one ``TelemetryEvents`` when it drains: a
+turn is a handful of records, not one per event (``docs/benchmarks.md``, "Records per turn");
+the first's id is each batch's. When the turn belongs to a conversation, every piece of content
+(model responses, tool arguments and results, display data, the persisted reply) is sealed with
+the conversation's key first: nothing of a conversation travels in plaintext. The sink never
 swallows a produce failure: the step fails and is retried with the same keys.
 """
 
 from __future__ import annotations
 
 import asyncio
+import json
+import time
 from collections.abc import Awaitable, Iterable
 from typing import Any, Protocol, TypeVar
 
@@ -25,7 +32,14 @@ from consumers.engine.types import (
     TelemetryEffect,
     ToolCallEffect,
 )
-from schemas.agent import DisplayEventRecorded, ModelCallRecorded, TelemetryEvent, ToolCallRecorded
+from schemas.agent import (
+    DisplayEventRecorded,
+    DisplayEventsRecorded,
+    ModelCallRecorded,
+    TelemetryEvent,
+    TelemetryEvents,
+    ToolCallRecorded,
+)
 from schemas.base import Record, Sealed
 from streams.envelope import Envelope
 from streams.settings import VoiceSettings
@@ -36,6 +50,13 @@ PERSIST_EVENT = "message_persisted"
 """``DisplayEventRecorded.type`` a ``PersistMessage`` becomes (no dedicated record type yet)."""
 
 E = TypeVar("E")
+
+BATCH_EVENTS = 64
+"""At most this many events in one batch record (more in a row start the next)."""
+BATCH_BYTES = 256 * 1024
+"""About this many payload bytes in one batch record at most (well under any topic's
+``max.message.bytes`` and ``VOICE_MAX_RECORD_BYTES``); an event alone may be larger, as
+before batching."""
 
 
 class EffectSink(Protocol):
@@ -94,24 +115,91 @@ class KafkaEffectSink:
         self._tenant, self._causation, self._source = tenant, causation, source
         self._agent_topic = topic_name(settings, AGENT)
         self._telemetry_topic = topic_name(settings, TELEMETRY)
+        self._batch_bytes = min(BATCH_BYTES, settings.max_record_bytes // 2)
         self._pending: list[Awaitable[Any]] = []
+        self._display = _Batch()
+        self._telemetry = _Batch()
 
     async def emit(self, effect: Effect) -> None:
         """Produce the effect's record without waiting for its ack (same key, idempotent
         producer: order holds); ``drain`` waits for them all. Waiting per record cost a turn
-        about 30 ms of ack round trips (see docs/benchmarks.md)."""
+        about 30 ms of ack round trips (see docs/benchmarks.md). Display events and telemetry
+        wait in their batch (see the module docstring)."""
         record = to_record(effect, self._workflow, self._sealer)
-        topic = self._telemetry_topic if isinstance(effect, TelemetryEffect) else self._agent_topic
+        if isinstance(record, TelemetryEvent):
+            record = record.model_copy(update={"attributes": {**record.attributes,
+                                                              "ts": time.time()}})
+            self._add(self._telemetry, self._telemetry_topic, effect, record)
+        elif isinstance(record, DisplayEventRecorded):
+            self._add(self._display, self._agent_topic, effect, record)
+        else:
+            if isinstance(record, ModelCallRecorded):  # a model iteration's events go first
+                self._flush(self._display, self._agent_topic)
+            self._send(self._agent_topic, effect.key, effect.turn_id, record)
+
+    def _add(self, batch: _Batch, topic: str, effect: Effect, record: Record) -> None:
+        size = _size(record)
+        if batch.records and (len(batch.records) >= BATCH_EVENTS
+                              or batch.bytes + size > self._batch_bytes):
+            self._flush(batch, topic)
+        batch.add(effect, record, size)
+
+    def _flush(self, batch: _Batch, topic: str) -> None:
+        """Produce what ``batch`` holds: one event as its own record, more as one batch."""
+        if not batch.records:
+            return
+        records, key, turn = batch.take()
+        if len(records) == 1:
+            record: Record = records[0]
+        elif topic == self._telemetry_topic:
+            record = TelemetryEvents(events=records)
+        else:
+            record = DisplayEventsRecorded(workflow=self._workflow, events=records)
+        self._send(topic, key, turn, record)
+
+    def _send(self, topic: str, key: str, turn: str, record: Record) -> None:
         env = Envelope(record=record, key=self._workflow, source=self._source,
-                       subject=effect.turn_id, tenant=self._tenant,
-                       correlation=self._workflow, causation=self._causation, id=effect.key)
+                       subject=turn, tenant=self._tenant,
+                       correlation=self._workflow, causation=self._causation, id=key)
         # A task per record: tasks start in creation order, so records are produced in order.
         self._pending.append(asyncio.ensure_future(self._producer.send(topic, env)))
 
     async def drain(self) -> None:
+        self._flush(self._display, self._agent_topic)
+        self._flush(self._telemetry, self._telemetry_topic)
         pending, self._pending = self._pending, []
         if pending:
             await asyncio.gather(*pending)
+
+
+class _Batch:
+    """Records waiting to go out as one (the first one's effect key and turn name it)."""
+
+    def __init__(self) -> None:
+        self.records: list[Any] = []
+        self.bytes = 0
+        self.key = self.turn = ""
+
+    def add(self, effect: Effect, record: Record, size: int) -> None:
+        if not self.records:
+            self.key, self.turn = effect.key, effect.turn_id
+        self.records.append(record)
+        self.bytes += size
+
+    def take(self) -> tuple[list[Any], str, str]:
+        out = self.records, self.key, self.turn
+        self.records, self.bytes = [], 0
+        return out
+
+
+def _size(record: Record) -> int:
+    """About how many bytes ``record`` adds to a batch (its content, and a bound for the
+    rest), without serialising sealed content."""
+    data = getattr(record, "data", None)
+    if isinstance(data, Sealed):
+        return len(data.ciphertext) + len(data.nonce) + 512
+    other = data if data is not None else getattr(record, "attributes", {})
+    return len(json.dumps(other, default=str)) + 512
 
 
 def _content(sealer: ContentSealer | None, conversation: str | None, content_id: str,

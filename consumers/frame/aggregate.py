@@ -13,7 +13,8 @@ records (same ids, same seqs), which is what makes at-least-once safe.
 from __future__ import annotations
 
 import copy
-from dataclasses import asdict, dataclass, field
+import dataclasses
+from dataclasses import dataclass, field
 from typing import Any, ClassVar, Generic, Literal, Protocol, TypeVar
 
 from schemas.base import Record
@@ -38,7 +39,8 @@ class SeqState(Protocol):
 @dataclass(kw_only=True)
 class AggregateState:
     """The base of every aggregate's state: its seq and tenant, and the dict a Faust table
-    keeps (deep copies both ways, so a state never shares structure with the table's value)."""
+    keeps (deep copies both ways, ``plain_copy``, so a state never shares structure with the
+    table's value)."""
 
     seq: int = 0
     """The seq of the last record appended (the writer gives records the next ones)."""
@@ -47,10 +49,38 @@ class AggregateState:
 
     @classmethod
     def from_dict(cls, d: dict[str, Any] | None) -> Any:
-        return None if d is None else cls(**copy.deepcopy(d))
+        return None if d is None else cls(**plain_copy(d))
 
     def to_dict(self) -> dict[str, Any]:
-        return copy.deepcopy(asdict(self))
+        return plain_fields(self)
+
+
+def plain_copy(value: Any, dataclasses_as_dicts: bool = False) -> Any:
+    """A deep copy of a table value: dicts, lists and tuples of strings, numbers, booleans and
+    None copied by hand, anything else by ``copy.deepcopy`` (a dataclass as its dict with
+    ``dataclasses_as_dicts``, as ``asdict`` makes it).
+
+    ``copy.deepcopy`` (and ``dataclasses.asdict``, which deep-copies every leaf) spent 4–7
+    times as long on a conversation's state, copied four times per command
+    (``docs/benchmarks.md``, "Records per turn").
+    """
+    kind = type(value)
+    if kind is str or kind is int or kind is float or kind is bool or value is None:
+        return value
+    if kind is dict:
+        return {k: plain_copy(v, dataclasses_as_dicts) for k, v in value.items()}
+    if kind is list:
+        return [plain_copy(v, dataclasses_as_dicts) for v in value]
+    if kind is tuple:
+        return tuple(plain_copy(v, dataclasses_as_dicts) for v in value)
+    if dataclasses_as_dicts and dataclasses.is_dataclass(value) and not isinstance(value, type):
+        return plain_fields(value)
+    return copy.deepcopy(value)
+
+
+def plain_fields(obj: Any) -> dict[str, Any]:
+    """A dataclass instance as ``asdict`` makes it (a fresh dict, dataclasses in it as dicts)."""
+    return {f.name: plain_copy(getattr(obj, f.name), True) for f in dataclasses.fields(obj)}
 
 
 S = TypeVar("S", bound=SeqState)

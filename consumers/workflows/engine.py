@@ -12,13 +12,12 @@ holds, recorded as a failed attempt (``WorkerLost``) and retried elsewhere.
 
 from __future__ import annotations
 
-import copy
 from collections.abc import Awaitable, Callable
-from dataclasses import asdict, dataclass, field
+from dataclasses import dataclass, field
 from typing import Any, Literal
 
 from consumers.engine.cancel import CancelToken
-from consumers.frame.aggregate import Ack
+from consumers.frame.aggregate import Ack, plain_copy, plain_fields
 from schemas.base import Record, Sealed
 from schemas.workflow import (
     StepFailed,
@@ -74,6 +73,9 @@ class WorkflowDef:
     steps: tuple[StepDef, ...]
     on_end: Callable[[WorkflowState], Awaitable[None]] | None = None
     """Called once the workflow completed or failed (e.g. record the turn's outcome)."""
+    on_end_when: tuple[Status, ...] = ("completed", "failed")
+    """The ends ``on_end`` acts on; a workflow that ends otherwise is settled with its end
+    (no bookkeeping to wait for: one table write, not two)."""
     answers: Callable[[WorkflowState, WorkflowCommandReceived], str] | None = None
     """Which pause a command answers, when not the one its name says (e.g. a ``review``
     answers whichever of the two reviews the workflow waits for)."""
@@ -122,11 +124,15 @@ class WorkflowState:
     worker dying in between never leaves a turn open."""
 
     def to_dict(self) -> dict[str, Any]:
-        return copy.deepcopy(asdict(self))
+        return plain_fields(self)
 
     @classmethod
     def from_dict(cls, d: dict[str, Any] | None) -> WorkflowState | None:
-        return None if d is None else cls(**copy.deepcopy(d))
+        return None if d is None else cls(**plain_copy(d))
+
+    def copied(self) -> WorkflowState:
+        """A deep copy (a transition changes its own, never the state it was given)."""
+        return WorkflowState(**plain_fields(self))
 
 
 def error_content_id(workflow: str, step_index: int, attempt: int) -> str:
@@ -176,7 +182,7 @@ def start(wf: WorkflowDef, started: WorkflowStarted) -> Transition:
 
 
 def step_succeeded(wf: WorkflowDef, state: WorkflowState, output: dict[str, Any]) -> Transition:
-    t = Transition(copy.deepcopy(state))
+    t = Transition(state.copied())
     s = t.state
     name = wf.step(s.step_index).name
     s.outputs[name] = output
@@ -201,7 +207,7 @@ def step_failed(wf: WorkflowDef, state: WorkflowState, error: str | None, error_
     comes as ``sealed_error`` under ``sealed_by``'s key and stays sealed in every record and
     in the state.
     """
-    t = Transition(copy.deepcopy(state))
+    t = Transition(state.copied())
     s = t.state
     name = wf.step(s.step_index).name
     s.failures += 1
@@ -224,7 +230,7 @@ def step_failed(wf: WorkflowDef, state: WorkflowState, error: str | None, error_
 
 
 def step_paused(wf: WorkflowDef, state: WorkflowState, pause: Pause) -> Transition:
-    t = Transition(copy.deepcopy(state))
+    t = Transition(state.copied())
     s = t.state
     s.status, s.waiting_for = "paused", pause.waiting_for
     _emit(t, WorkflowPaused(workflow=s.workflow, step=wf.step(s.step_index).name,

@@ -24,7 +24,6 @@ fails ``DEADLINE_EXCEEDED``, not retried, so its workflow fails and ``on_end`` e
 from __future__ import annotations
 
 import asyncio
-import copy
 import logging
 import time
 from collections.abc import Callable
@@ -172,7 +171,7 @@ class WorkflowRuntime:
                     # Not this tenant's to command: as if there were no such workflow.
                     self._answer(address(env), Ack.rejected(f"no such workflow {workflow!r}"))
                 else:
-                    t = engine.Transition(copy.deepcopy(state))
+                    t = engine.Transition(state.copied())
                     commands.receive(self.defs[state.kind], t, rec, address(env))
             elif isinstance(rec, StepOutcome) and state is not None:
                 t = self._outcome(state, rec)
@@ -231,9 +230,10 @@ class WorkflowRuntime:
 
     async def _apply(self, t: Transition, correlation: str) -> None:
         s = t.state
-        # Ended: unsettled until ``_settle`` has run its on_end. Running again (a retried
-        # failure): its next end settles it.
-        s.settled = not (t.ended and self.defs[s.kind].on_end is not None)
+        # Ended: unsettled until ``_settle`` has run its on_end (when it acts on this end).
+        # Running again (a retried failure): its next end settles it.
+        wf = self.defs[s.kind]
+        s.settled = not (t.ended and wf.on_end is not None and s.status in wf.on_end_when)
         futs = []
         for e in t.emits:
             env = Envelope(record=e.record, key=s.workflow, source=SOURCE, subject=s.workflow,

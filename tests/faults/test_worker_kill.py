@@ -11,7 +11,8 @@ the previous one's turn; a last worker, armed for nothing, resumes the last. The
   the bookkeeping (the turn's end; the assistant's busy flag) — the next owner runs it;
 - ``before_step``: the step's attempt is recorded, its function never ran;
 - ``model_call``: a model call of the step is in flight;
-- ``after_reply``: the reply command is on ``voice.commands``, the turn's state is not.
+- ``after_reply``: the turn's results (reply and end, one command) are on ``voice.commands``,
+  the step's outcome is not.
 """
 
 from __future__ import annotations

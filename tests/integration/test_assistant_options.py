@@ -15,7 +15,7 @@ from typing import Any
 import httpx
 import pytest
 
-from schemas.agent import TelemetryEvent
+from schemas.agent import TelemetryEvent, telemetry_events
 from schemas.assistant import AssistantChat
 from streams.capabilities import resolve_capabilities
 from streams.settings import VoiceSettings
@@ -80,10 +80,9 @@ def test_agentic_chat_plans_is_warned_and_done_carries_the_work_log(
     assert done["data"]["max_turns_reached"] is False
 
     def guardrail() -> TelemetryEvent | None:
-        return next((e.record for e in records(settings, TELEMETRY)
-                     if isinstance(e.record, TelemetryEvent)
-                     and e.record.name == "completion_guardrail"
-                     and e.record.workflow == turn), None)
+        return next((t for e in records(settings, TELEMETRY)
+                     for t in telemetry_events(e.record)
+                     if t.name == "completion_guardrail" and t.workflow == turn), None)
 
     fired = wait_for(guardrail, timeout=30, what="the completion_guardrail telemetry")
     assert fired.attributes["unfinished_steps"] == 1 and fired.attributes["total_steps"] == 2

@@ -5,7 +5,9 @@ no conversation is read once; without a cold reader nothing changes."""
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import threading
+import time
 
 import pytest
 
@@ -56,16 +58,23 @@ class Reader:
         return [e for e in self.records if e.key == key]
 
 
-def test_older_records_then_held_ones_each_once_in_order() -> None:
+def test_records_the_tail_brings_during_the_read_apply_after_it_each_once_in_order() -> None:
     full = log(3)  # seqs 1..13
-    reader = Reader(full[:8])  # the cold part ends at seq 8 …
+    reader = Reader(full[:8])  # the partition ended at seq 8 when the read began …
+    reader.gate.clear()
     views = ConversationViews(cold=reader)
-    for env in full[6:]:  # … and the tail started at seq 7: seqs 7 and 8 are read twice
-        assert views.apply(env) is None  # held, not a view yet
-    assert CNV not in views and len(views.pending[CNV]) == 7
+    assert views.apply(full[3]) is None and not views.pending  # not asked for: dropped
 
-    asyncio.run(views.ensure(CNV))
+    async def main() -> None:
+        asker = asyncio.create_task(views.ensure(CNV))
+        await asyncio.sleep(0.05)
+        for env in full[6:]:  # … and the tail brings seqs 7..13 while it runs
+            assert views.apply(env) is None  # held, not a view yet
+        assert CNV not in views and len(views.pending[CNV]) == 7
+        reader.gate.set()
+        await asyncio.wait_for(asker, 5)
 
+    asyncio.run(main())
     view = views[CNV]
     assert reader.calls == 1 and CNV not in views.pending
     assert [e.seq for e in view.events_after(0)] == list(range(1, 14))
@@ -73,6 +82,39 @@ def test_older_records_then_held_ones_each_once_in_order() -> None:
     assert [t.state for t in view.turns.values()] == ["Replied"] * 3
     asyncio.run(views.ensure(CNV))  # known now: nothing is read again
     assert reader.calls == 1
+
+
+def test_an_unused_view_is_evicted_and_read_again_when_asked_for() -> None:
+    full = log(2)
+    reader = Reader(full)
+    views = ConversationViews(cold=reader)
+    asyncio.run(views.ensure(CNV))
+    used = views[CNV].used_at
+    assert views.evict_idle(60, now=used + 30) == 0  # used within the window: kept
+    with views.streaming(CNV):  # an open stream keeps it, however long
+        assert views.evict_idle(60, now=used + 3600) == 0
+    assert views.evict_idle(60, now=time.monotonic() + 61) == 1 and CNV not in views
+    assert views.apply(full[-1]) is None and not views.pending  # not in memory: dropped
+    asyncio.run(views.ensure(CNV))
+    assert reader.calls == 2
+    assert [e.seq for e in views[CNV].events_after(0)] == list(range(1, 10))
+
+
+def test_a_waiter_keeps_a_view_and_an_edge_without_a_cold_reader_evicts_nothing() -> None:
+    views = ConversationViews(cold=Reader(log(1)))
+    asyncio.run(views.ensure(CNV))
+
+    async def main() -> None:
+        waiter = asyncio.create_task(views.wait(CNV, lambda v: False, 5))
+        await asyncio.sleep(0.01)
+        assert views.evict_idle(0, now=time.monotonic() + 10) == 0
+        waiter.cancel()
+
+    asyncio.run(main())
+    full_edge = ConversationViews()
+    for env in log(1):
+        full_edge.apply(env)
+    assert full_edge.evict_idle(0, now=time.monotonic() + 10) == 0 and CNV in full_edge
 
 
 def test_a_record_after_the_load_applies_as_usual() -> None:
@@ -161,3 +203,92 @@ def test_a_read_longer_than_the_wait_is_not_settled_and_goes_on_for_the_retry() 
 
     asyncio.run(main())
     assert views[CNV].last_seq == 5
+
+
+class GapReader:
+    """A gap reader over a fixed list of records (seq range per key); counts its calls."""
+
+    def __init__(self, records: list[Envelope]) -> None:
+        self.records = records
+        self.calls = 0
+        self.gate = threading.Event()
+        self.gate.set()
+
+    def __call__(self, key: str, after: int, upto: int) -> list[Envelope]:
+        self.calls += 1
+        self.gate.wait(10)
+        return [e for e in self.records
+                if e.key == key and e.seq is not None and after < e.seq <= upto]
+
+
+def test_events_older_than_kept_are_read_each_once_in_order_and_shared() -> None:
+    full = log(3)  # seqs 1..13
+    gap = GapReader([*full, full[4]])  # a redelivered record on the log too
+    views = ConversationViews(kept=4, gap=gap)
+    for env in full:
+        views.apply(env)
+    view = views.get(CNV)
+    assert view is not None and view.oldest_cursor() == 9
+
+    async def go() -> tuple[list[Envelope], list[Envelope]]:
+        gap.gate.clear()
+        a = asyncio.ensure_future(views.older(CNV, 2, 9))
+        b = asyncio.ensure_future(views.older(CNV, 2, 9))
+        await asyncio.sleep(0.05)
+        gap.gate.set()
+        return await a, await b
+
+    a, b = asyncio.run(go())
+    assert [e.seq for e in a] == list(range(3, 10)) and a == b
+    assert gap.calls == 1
+    # A later cursor within a range already read is served from it; a lower one reads again.
+    assert [e.seq for e in asyncio.run(views.older(CNV, 6, 9))] == [7, 8, 9]
+    assert gap.calls == 1
+    assert [e.seq for e in asyncio.run(views.older(CNV, 0, 9))] == list(range(1, 10))
+    assert gap.calls == 2
+
+
+def test_a_hole_in_the_older_events_is_refused_never_served() -> None:
+    full = log(3)
+    views = ConversationViews(kept=4, gap=GapReader([e for e in full if e.seq != 5]))
+    for env in full:
+        views.apply(env)
+    with pytest.raises(ColdReadFailed, match="no longer holds seq 5"):
+        asyncio.run(views.older(CNV, 0, 9))
+
+
+def test_older_records_of_another_tenant_are_refused() -> None:
+    full = log(3)
+    other = [dataclasses.replace(e, tenant="t2") if e.seq == 3 else e for e in full]
+    views = ConversationViews(kept=4, gap=GapReader(other))
+    for env in full:
+        views.apply(env)
+    with pytest.raises(ColdReadFailed, match="another tenant"):
+        asyncio.run(views.older(CNV, 0, 9))
+
+
+def test_without_a_gap_reader_older_events_are_refused() -> None:
+    views = ConversationViews(kept=4)
+    with pytest.raises(ColdReadFailed):
+        asyncio.run(views.older(CNV, 0, 9))
+
+
+def test_conversation_ids_carry_their_time() -> None:
+    import re
+
+    from streams.ids import (
+        CLOCK_SLACK_MS,
+        CONVERSATION_ID,
+        conversation_since_ms,
+        new_conversation_id,
+    )
+
+    ids = {new_conversation_id(now=1_800_000_000.123) for _ in range(100)}
+    assert len(ids) == 100 and all(re.match(CONVERSATION_ID, i) for i in ids)
+    for i in ids:  # the records take them
+        assert ConversationStarted(conversation=i, owner="alice").conversation == i
+    assert {conversation_since_ms(i) for i in ids} == {1_800_000_000_123 - CLOCK_SLACK_MS}
+    assert new_conversation_id(now=4.0) < new_conversation_id(now=5.0)  # ordered by time
+    for old in ("cnv-00000000000000aa", "cnv-0123456789abcdef0123456789abcdef", "cnv-12345678"):
+        assert conversation_since_ms(old) is None
+    assert conversation_since_ms(new_conversation_id(now=1.0)) == 0  # never negative

@@ -26,7 +26,15 @@ from consumers.engine import (
 )
 from consumers.engine.effects import PERSIST_EVENT, SealingRequired
 from consumers.engine.testing import ScriptedModel, text, tool_use
-from schemas.agent import DisplayEventRecorded, ModelCallRecorded, TelemetryEvent, ToolCallRecorded
+from schemas.agent import (
+    DisplayEventRecorded,
+    DisplayEventsRecorded,
+    ModelCallRecorded,
+    TelemetryEvent,
+    ToolCallRecorded,
+    display_events,
+    telemetry_events,
+)
 from schemas.base import Sealed
 from streams.envelope import Envelope, decode, encode
 from streams.sealing import MemoryKeyStore, Sealer
@@ -85,12 +93,15 @@ async def test_each_effect_becomes_its_record_on_its_topic(settings):
         await sink.emit(e)
     await sink.drain()  # emit hands over; drain is when the records are on the broker
     topics = [t for t, _ in producer.sent]
-    assert topics == ["t-eng.voice.agent"] * 5 + ["t-eng.voice.telemetry"]
+    assert topics == ["t-eng.voice.agent"] * 4 + ["t-eng.voice.telemetry"]
     envs = [env for _, env in producer.sent]
-    assert [env.id for env in envs] == [e.key for e in effects]  # redelivery dedupes by id
+    # redelivery dedupes by id; the two display events in a row are one record, the first's id
+    assert [env.id for env in envs] == ["k/m1", "k/m2", "k/t1", "k/d1", "k/x1"]
     assert {(env.key, env.correlation, env.causation, env.tenant, env.subject)
             for env in envs} == {(WF, WF, "rec-1", "acme", "cnv-42:turn-3")}
-    m1, m2, tool, disp, persist, tel = (env.record for env in envs)
+    m1, m2, tool, batch, tel = (env.record for env in envs)
+    assert isinstance(batch, DisplayEventsRecorded) and batch.workflow == WF
+    disp, persist = batch.events
     assert isinstance(m1, ModelCallRecorded) and m1.call_id == "k/m1" and m1.workflow == WF
     assert (m1.input_tokens, m1.cache_read_input_tokens, m1.cost_usd) == (120, 100, 0.001)
     assert m1.response == effects[0].response  # plaintext: no conversation
@@ -122,7 +133,8 @@ async def test_conversation_content_is_sealed_and_opens_back(settings):
         wire = value + b"".join(v for _, v in headers) + key
         assert SECRET.encode() not in wire, env.record
         assert b"Jane" not in wire
-    m1, _, tool, disp, persist, _ = (env.record for _, env in producer.sent)
+    m1, _, tool, batch, _ = (env.record for _, env in producer.sent)
+    disp, persist = batch.events
     assert isinstance(m1.response, Sealed) and isinstance(tool.arguments, Sealed)
     assert isinstance(tool.result, Sealed) and isinstance(disp.data, Sealed)
     assert isinstance(persist.data, Sealed)
@@ -166,13 +178,52 @@ async def test_a_whole_turn_through_the_kafka_sink_leaks_no_plaintext(settings):
                                             conversation_id="cnv-42"),
                             model, KafkaEffectSink(producer, settings, WF, sealer))
     assert result.end_reason == "end_turn"
-    assert len(producer.sent) > 10
     assert len({env.id for _, env in producer.sent}) == len(producer.sent)
     for _, env in producer.sent:
         key, value, headers = encode(env)
         assert b"Elm Street" not in value + b"".join(v for _, v in headers), env.record
-    kinds = {type(env.record).__name__ for _, env in producer.sent}
-    assert kinds == {"ModelCallRecorded", "ToolCallRecorded", "DisplayEventRecorded",
-                     "TelemetryEvent"}
+    # Two model calls, one tool call; the display events before each model call one record,
+    # those after the last one record; the turn's telemetry one record.
+    kinds = [type(env.record).__name__ for _, env in producer.sent]
+    assert kinds == ["DisplayEventsRecorded", "ModelCallRecorded", "ToolCallRecorded",
+                     "DisplayEventsRecorded", "ModelCallRecorded", "DisplayEventsRecorded",
+                     "TelemetryEvents"]
+    shown = [e.type for _, env in producer.sent for e in display_events(env.record)]
+    assert shown == ["busy", "text_delta", "reasoning", "tool_call", "tool_result",
+                     "text_delta", "text_complete", "message_persisted", "cost", "idle", "done"]
+    facts = [t for _, env in producer.sent for t in telemetry_events(env.record)]
+    assert [t.name for t in facts] == ["user_message_labels", "tool_decision",
+                                       "contract_envelope", "turn_completed"]
+    assert all(isinstance(t.attributes["ts"], float) for t in facts)
     json.dumps([env.record.model_dump(mode="json") for _, env in producer.sent],
                allow_nan=False)
+
+
+async def test_a_batch_is_bounded_in_events_and_bytes(settings):
+    """Display events in a row start a new batch past ``BATCH_EVENTS`` or ``BATCH_BYTES``, so
+    no batch is larger than its topic takes; each event keeps its own id and content id."""
+    from consumers.engine.effects import BATCH_BYTES, BATCH_EVENTS
+
+    sealer = Sealer(MemoryKeyStore())
+    producer = FakeProducer()
+    sink = KafkaEffectSink(producer, settings, WF, sealer)
+    base = {"turn_id": "cnv-42:turn-3", "conversation_id": "cnv-42"}
+    n = BATCH_EVENTS + 1
+    for i in range(n):
+        event = DisplayEvent(id=f"k/d{i}", type="progress", channel="status", ts=1.0,
+                             data={"text": f"step {i}"})
+        await sink.emit(DisplayChunk(key=f"k/d{i}", event=event, **base))
+    big = "x" * (BATCH_BYTES // 2 + 1)
+    for i in (n, n + 1):
+        event = DisplayEvent(id=f"k/d{i}", type="text_delta", channel="response", ts=1.0,
+                             data={"text": big})
+        await sink.emit(DisplayChunk(key=f"k/d{i}", event=event, **base))
+    await sink.drain()
+    sizes = [len(display_events(env.record)) for _, env in producer.sent]
+    assert sizes == [BATCH_EVENTS, 2, 1]
+    assert [env.id for _, env in producer.sent] == ["k/d0", f"k/d{BATCH_EVENTS}", f"k/d{n + 1}"]
+    events = [e for _, env in producer.sent for e in display_events(env.record)]
+    assert [e.event_id for e in events] == [f"k/d{i}" for i in range(n + 2)]
+    assert sealer.open_json("cnv-42", f"k/d{n}/data", events[n].data) == {"text": big}
+    for _, env in producer.sent:
+        assert len(encode(env)[1]) < BATCH_BYTES + 64 * 1024

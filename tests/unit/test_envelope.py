@@ -73,3 +73,82 @@ def test_records_are_frozen() -> None:
     rec = StartConversation(conversation="cnv-0123456789abcdef", owner="alice")
     with pytest.raises(ValueError):
         rec.owner = "mallory"  # type: ignore[misc]
+
+
+# --- the direct paths give what the library gives --------------------------------------------
+
+
+def _samples() -> list[Envelope]:
+    from datetime import UTC, datetime, timedelta, timezone
+
+    from schemas.agent import DisplayEventRecorded, DisplayEventsRecorded
+    from schemas.base import Sealed
+    from schemas.conversation import ReplyRecorded
+
+    sealed = Sealed(key_version=1, nonce="bm9uY2U=", ciphertext="Y2lwaGVy" * 9)
+    reply = ReplyRecorded(conversation="cnv-0123456789abcdef", turn="cnv-0123456789abcdef:turn-2",
+                          reply_id="r", text=sealed)
+    batch = DisplayEventsRecorded(workflow="w", events=[
+        DisplayEventRecorded(workflow="w", event_id=f"w/d{i}", type="busy",
+                             data={"text": "é ✓ \u2028"}, metadata={"ts": 1.5}) for i in (1, 2)])
+    whole = datetime(2026, 12, 1, 11, 0, 0, tzinfo=UTC)
+    return [_env(), _env(subject=None, seq=None, tenant=None, correlation=None, causation=None),
+            _env(record=reply, time=whole), _env(record=batch, traceparent="00-" + "a" * 32
+                                                  + "-" + "b" * 16 + "-01"),
+            _env(time=datetime(2026, 12, 1, 12, 0, 0, 5, tzinfo=timezone(timedelta(hours=2)))),
+            _env(key="cnv-ünïcode", source="/voice/édge", id="id-ü")]
+
+
+@pytest.mark.parametrize("env", _samples())
+def test_the_direct_paths_are_the_librarys(env: Envelope) -> None:
+    """``encode`` writes the bytes the ``cloudevents`` library writes, and ``decode`` of them
+    gives the envelope the library's path gives."""
+    from streams.envelope import _decode_checked, _encode_checked, _header_map
+
+    fast, slow = encode(env), _encode_checked(env)
+    assert fast == slow
+    key, value, headers = fast
+    assert decode(key, value, headers) == _decode_checked(key, value, _header_map(headers))
+    assert decode(key, value, headers) == env
+
+
+@pytest.mark.parametrize("mutate", [
+    lambda h: [(n.upper() if n == "ce_id" else n, v) for n, v in h],  # library lower-cases
+    lambda h: [*h, ("ce_extra", b"x")],
+    lambda h: [(n, b"2026-12-01T11:00:00+01:00" if n == "ce_time" else v) for n, v in h],
+    lambda h: [(n, v) for n, v in h if n != "ce_time"],
+    lambda h: [(n, b"text/plain" if n == "content-type" else v) for n, v in h],
+    lambda h: [(n, b"" if n == "ce_source" else v) for n, v in h],
+])
+def test_anything_else_is_judged_by_the_library(mutate) -> None:  # noqa: ANN001
+    """Headers Voice does not write as it writes them are left to the library: same envelope
+    or same refusal as before the direct path (an id or a time the record lacks is made up
+    afresh by each decode, so those two are not compared)."""
+    import dataclasses
+    from datetime import UTC, datetime
+
+    from streams.envelope import _decode_checked, _decode_direct, _header_map
+
+    def same(env: Envelope) -> Envelope:
+        return dataclasses.replace(env, id="", time=datetime(2000, 1, 1, tzinfo=UTC))
+
+    key, value, headers = encode(_env())
+    changed = mutate(headers)
+    assert _decode_direct(key, value, _header_map(changed)) is None
+    try:
+        expected: object = same(_decode_checked(key, value, _header_map(changed)))
+    except DecodeError as exc:
+        expected = exc.reason
+    try:
+        got: object = same(decode(key, value, changed))
+    except DecodeError as exc:
+        got = exc.reason
+    assert got == expected
+
+
+def test_an_envelope_the_library_refuses_is_still_refused() -> None:
+    from cloudevents.core.exceptions import BaseCloudEventException
+
+    for bad in (_env(id=""), _env(source=""), _env(subject="")):
+        with pytest.raises(BaseCloudEventException):
+            encode(bad)

@@ -211,3 +211,80 @@ async def test_transient_events_dropped_before_a_stream_sends_them_do_not_make_i
     view.add_live("delta c")  # a new one is still sent
     assert [s.data for s in await collect(sse_stream(feed, 1, bound_s=0.6))
             if s.data] == ["delta c"]
+
+
+async def test_a_cursor_older_than_kept_is_served_from_older_then_the_kept_ones() -> None:
+    streams = Streams(kept=2)
+    streams.add("k", 1, 3, 5, 7)  # keeps 5, 7: the oldest cursor it serves is 4
+    asked: list[tuple[int, int]] = []
+
+    async def older(after: int, upto: int) -> list[tuple[int, ServerSentEvent | None]]:
+        asked.append((after, upto))
+        return [(c, ServerSentEvent(event="n", id=str(c)) if c % 2 else None)
+                for c in range(after + 1, upto + 1)]
+
+    out = await collect(sse_stream(feed_of(streams, older=older), 0, bound_s=0.6))
+    assert asked == [(0, 4)]
+    assert [s.id for s in out if s.id] == ["1", "3", "5", "7"]  # each once, in order
+    assert out[-1].comment == "end; reconnect with after=7"
+
+
+async def test_older_events_that_cannot_be_read_end_the_stream_with_the_reason() -> None:
+    streams = Streams(kept=2)
+    streams.add("k", 1, 3, 5)
+
+    async def older(after: int, upto: int) -> list[tuple[int, ServerSentEvent | None]]:
+        raise StreamEnd(f"end; cursor {after} is too old to serve: gone from the log")
+
+    out = await collect(sse_stream(feed_of(streams, older=older), 0, bound_s=30))
+    assert [s.comment for s in out] == ["end; cursor 0 is too old to serve: gone from the log"]
+
+
+async def test_an_older_read_longer_than_the_bound_ends_with_where_to_resume() -> None:
+    streams = Streams(kept=2)
+    streams.add("k", 1, 3, 5)
+
+    async def older(after: int, upto: int) -> list[tuple[int, ServerSentEvent | None]]:
+        await asyncio.sleep(10)
+        return []
+
+    loop = asyncio.get_running_loop()
+    started = loop.time()
+    out = await collect(sse_stream(feed_of(streams, older=older), 0, bound_s=0.6))
+    assert loop.time() - started < 1.0
+    assert [s.comment for s in out] == ["end; reconnect with after=0"]
+
+def test_a_states_dict_is_a_deep_copy_both_ways_as_asdict_made_it() -> None:
+    """``plain_copy`` (the table value's copy) gives what ``copy.deepcopy(asdict(...))`` gave:
+    equal values, no structure shared with the state or the table's dict."""
+    import copy
+    from dataclasses import asdict, dataclass, field
+
+    from consumers.frame.aggregate import AggregateState, plain_copy
+
+    @dataclass
+    class Inner:
+        n: int = 1
+        tags: list[str] = field(default_factory=lambda: ["a"])
+
+    @dataclass(kw_only=True)
+    class State(AggregateState):
+        commands: dict[str, dict[str, object]] = field(default_factory=dict)
+        pair: tuple[int, ...] = (1, 2)
+        inner: Inner = field(default_factory=Inner)
+
+    state = State(seq=3, tenant="t1", commands={"c1": {"seq": 1, "detail": {"turn": "x"}}})
+    d = state.to_dict()
+    assert d == copy.deepcopy(asdict(state))
+    d["commands"]["c1"]["detail"]["turn"] = "changed"
+    d["inner"]["tags"].append("b")
+    assert state.commands["c1"]["detail"]["turn"] == "x" and state.inner.tags == ["a"]
+    inner = Inner()
+    raw = {"seq": 1, "tenant": None, "commands": {"c": {"seq": 1}}, "pair": (1, 2),
+           "inner": inner}
+    back = State.from_dict(raw)
+    back.commands["c"]["seq"] = 9
+    assert raw["commands"]["c"]["seq"] == 1 and back.pair == (1, 2)
+    assert back.inner == inner and back.inner is not inner  # copied as deepcopy did
+    odd = {1.5, 2.5}  # not a table value's type: still copied deeply
+    assert plain_copy(odd) == odd and plain_copy(odd) is not odd

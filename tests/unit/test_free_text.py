@@ -20,7 +20,7 @@ from pydantic import BaseModel, ValidationError
 from consumers.conversations.concern import ConcernReply
 from consumers.workflows.engine import StepContext, StepDef, WorkflowDef, WorkflowState
 from consumers.workflows.runtime import Erased, WorkflowRuntime, failure_words
-from schemas.conversation import TurnStateChanged
+from schemas.conversation import RecordTurnResults, TurnStateChanged
 from schemas.workflow import WorkflowStarted
 from streams.envelope import DecodeError, Envelope, decode, encode
 from streams.free_text import describe, open_text, seal_text
@@ -99,9 +99,9 @@ async def test_could_not_interpret_seals_the_models_words_and_keeps_a_code() -> 
     c.turns.agent = Uninterpretable()
     started = await c.message(f"{MARKER} {MARKER}")
     assert (await c.run(started))["state"] == "CouldNotInterpret"
-    [state] = [e for e in c.out.of(COMMANDS) if isinstance(e.record, TurnStateChanged)]
-    rec = state.record
-    assert isinstance(rec, TurnStateChanged)
+    [state] = [e for e in c.out.of(COMMANDS) if isinstance(e.record, RecordTurnResults)]
+    rec = state.record.ended
+    assert isinstance(rec, TurnStateChanged) and state.record.reply is None
     assert rec.reason is None and rec.reason_code == "could_not_interpret"
     assert MARKER not in plain(state), "the model's quote of the participant is sealed"
     words = open_text(c.sealer, CNV, f"{rec.turn}:reason", rec.sealed_reason)

@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import pytest
+from pydantic import ValidationError
+
 from consumers.conversations.sequencer import ConversationSequencer, ConversationState
 from consumers.frame.writer import outputs
 from schemas.base import Sealed
@@ -9,6 +12,8 @@ from schemas.conversation import (
     ConversationStarted,
     EraseConversation,
     MessageRecorded,
+    RecordTurnResults,
+    ReplyRecorded,
     SendMessage,
     StartConversation,
     TurnRequested,
@@ -95,3 +100,48 @@ def test_start_twice_is_rejected() -> None:
     state, _ = sequence(None, cmd(StartConversation(conversation=CNV, owner="alice")))
     _, out = sequence(state, cmd(StartConversation(conversation=CNV, owner="bob")))
     assert out[0][1].record.outcome == "rejected" and state.owner == "alice"
+
+
+def _results(turn: str, **parts: object) -> Envelope:
+    reply = ReplyRecorded(conversation=CNV, turn=turn, reply_id=f"{turn}:reply", text=SEALED)
+    return cmd(RecordTurnResults(
+        conversation=CNV, turn=turn, reply=parts.get("reply", reply),
+        ended=TurnStateChanged(conversation=CNV, turn=turn, state="Replied")),
+        f"{turn}:results")
+
+
+def test_a_turns_results_are_one_command_appended_in_order_unanswered() -> None:
+    """The step's one command appends reply and end as the two commands did, answers nobody,
+    and keeps the state no larger than before the turn (nothing remembered)."""
+    state, _ = sequence(None, cmd(StartConversation(conversation=CNV, owner="alice")))
+    state, out = sequence(state, send(id_="c1"))
+    turn = out[-1][1].record.detail["turn"]
+    remembered = dict(state.commands)
+    state, out = sequence(state, _results(turn))
+    assert [(s, e.seq, type(e.record)) for s, e in out] == [
+        (CONVERSATIONS, 5, ReplyRecorded), (CONVERSATIONS, 6, TurnStateChanged)]
+    assert [e.id for _, e in out] == [f"{turn}:results-5", f"{turn}:results-6"]
+    assert out[1][1].record.state == "Replied" and turn not in state.open_turns
+    assert state.commands == remembered
+
+
+def test_redelivered_results_are_dropped_without_a_table_write() -> None:
+    """A step re-run (or a redelivery) submits the same results: the closed turn refuses
+    them, with no records, no answer and no new state (``None``: the table is not written)."""
+    state, _ = sequence(None, cmd(StartConversation(conversation=CNV, owner="alice")))
+    state, out = sequence(state, send(id_="c1"))
+    turn = out[-1][1].record.detail["turn"]
+    state, _ = sequence(state, _results(turn))
+    again, out = sequence(state, _results(turn))
+    assert again is None and out == []
+
+
+def test_results_of_another_turn_or_that_leave_it_thinking_are_refused_by_the_schema() -> None:
+    turn = f"{CNV}:turn-2"
+    with pytest.raises(ValidationError, match="turn-9"):
+        RecordTurnResults(conversation=CNV, turn=turn, reply=ReplyRecorded(
+            conversation=CNV, turn=f"{CNV}:turn-9", reply_id="r", text=SEALED),
+            ended=TurnStateChanged(conversation=CNV, turn=turn, state="Replied"))
+    with pytest.raises(ValidationError, match="Thinking"):
+        RecordTurnResults(conversation=CNV, turn=turn,
+                          ended=TurnStateChanged(conversation=CNV, turn=turn, state="Thinking"))

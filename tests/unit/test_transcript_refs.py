@@ -35,6 +35,7 @@ from schemas.conversation import (
     ConversationErased,
     HistorySummarised,
     MessageRecorded,
+    RecordTurnResults,
     ReplyRecorded,
     TurnRequested,
     TurnStateChanged,
@@ -117,7 +118,9 @@ class Conversation:
                           input=started.input, outputs={}, commands={})
         result = await self.turns.reply_step(ctx)
         for cmd in self.out.of(COMMANDS)[before:]:
-            await self.append(cmd.record)
+            rec = cmd.record
+            for part in rec.parts() if isinstance(rec, RecordTurnResults) else (rec,):
+                await self.append(part)
         return result
 
     def index(self) -> dict[str, Any]:
@@ -167,11 +170,13 @@ async def test_a_summary_is_recorded_and_later_turns_read_it_instead() -> None:
     started = await c.message("concern number 3")
     c.agent.summary = HistorySummary("SUMMARY: three concerns so far", 4)
     await c.run(started)
-    summary = next(e for e in reversed(c.out.of(COMMANDS))
-                   if isinstance(e.record, HistorySummarised))
-    assert summary.id == f"{started.workflow}:summary"
-    assert summary.record.through_seq == 9
-    assert c.sealer.open_text(CNV, summary.record.summary_id, summary.record.text) == \
+    results = c.out.of(COMMANDS)[-1]
+    assert results.id == f"{started.workflow}:results"
+    summary = results.record.summary
+    assert isinstance(summary, HistorySummarised)
+    assert summary.summary_id == f"{started.workflow}:summary"
+    assert summary.through_seq == 9
+    assert c.sealer.open_text(CNV, summary.summary_id, summary.text) == \
         "SUMMARY: three concerns so far"
     index = c.index()
     assert index["summary"]["through"] == 9

@@ -170,3 +170,57 @@ async def test_a_handover_releases_the_leases_and_keeps_only_the_steps_of_our_pa
     await rt.handle(outcome, acks("outcome"), "tp0", 9)
     assert acks.done[-1] == "outcome" and ours not in rt.tasks
     assert [e.type for e in producer.sent][-1] == "voice.workflow.completed.v1"
+
+
+class CountingTable(dict):
+    """A table that counts its writes (each one a changelog record)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.writes: list[tuple[str, bool]] = []
+
+    def __setitem__(self, key: str, value: Any) -> None:
+        self.writes.append((value["status"], value["settled"]))
+        super().__setitem__(key, value)
+
+
+async def _run_to_end(wf_fails: bool, on_end_when: tuple[Any, ...]
+                      ) -> tuple[CountingTable, list[str]]:
+    ended: list[str] = []
+
+    async def step(ctx: StepContext) -> dict[str, Any]:
+        if wf_fails:
+            raise RuntimeError("no")
+        return {}
+
+    async def on_end(state: Any) -> None:
+        ended.append(state.status)
+
+    producer, table = FakeProducer(), CountingTable()
+    settings = VoiceSettings(step_attempts=1)
+    rt = WorkflowRuntime(settings, table, Publisher(settings, lambda: producer))  # type: ignore[arg-type, return-value]
+    rt.register(WorkflowDef("k", (StepDef("s", step),), on_end=on_end, on_end_when=on_end_when))
+    await rt.handle(Envelope(record=WorkflowStarted(workflow="w1", kind="k"), key="w1",
+                             source="/t", seq=1), lambda: None, "tp0", 1)
+    for _ in range(50):
+        await asyncio.sleep(0)
+        outcome = next((e for e in producer.sent
+                        if e.type == "voice.workflow.step_outcome.v1"), None)
+        if outcome is not None:
+            break
+    assert outcome is not None
+    await rt.handle(outcome, lambda: None, "tp0", 2)
+    return table, ended
+
+
+async def test_an_end_its_on_end_does_not_act_on_is_settled_in_one_table_write() -> None:
+    """A turn that completed recorded its end in its step: its workflow is settled with its
+    end (one changelog record), while a failed one still waits for its bookkeeping."""
+    table, ended = await _run_to_end(False, ("failed",))
+    assert table.writes == [("running", True), ("completed", True)] and ended == []
+    table, ended = await _run_to_end(True, ("failed",))
+    assert table.writes == [("running", True), ("failed", False), ("failed", True)]
+    assert ended == ["failed"]
+    table, ended = await _run_to_end(False, ("completed", "failed"))  # the default
+    assert table.writes == [("running", True), ("completed", False), ("completed", True)]
+    assert ended == ["completed"]
