@@ -17,6 +17,7 @@ from contextlib import asynccontextmanager
 
 from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse
+from fastapi.telemetry import TelemetryConfig
 from pydantic import BaseModel
 from starlette.middleware.gzip import DEFAULT_EXCLUDED_CONTENT_TYPES, GZipMiddleware
 
@@ -28,7 +29,9 @@ from api.frame.body import BodyGuard, BodyLimit
 from api.frame.cold import ColdLog, conversation_gap_reader, conversation_reader
 from api.frame.commands import edge_producer
 from api.frame.deadline import RequestDeadline
+from api.frame.deps import InspectDep
 from api.frame.errors import EDGE_ERRORS, EdgeErrors, install_error_handlers
+from api.frame.lane import StreamLane
 from api.frame.models import CursorTooOldOut
 from api.frame.projection import CursorTooOld
 from api.frame.tail import EdgeTail
@@ -45,8 +48,37 @@ GZIP_MIN_BYTES = 1024
 """Responses at least this large are gzipped for a client that accepts it (seed 000 §2)."""
 
 
+NO_FASTAPI_TELEMETRY: TelemetryConfig = {"tracing": False, "metrics": False, "logs": False,
+                                          "operation_spans": False}
+"""FastAPI's own OpenTelemetry, off: ``TraceRequests`` is the edge's one request span (never a
+query, a header's value or a body). FastAPI's turns itself on once the process has a tracer
+provider (every Voice process has one, ``streams.tracing.configure``) and would add a second
+server span per request, spans of dependency resolution and serialisation, and exception
+messages in logs — and wrap every message a stream sends (docs/benchmarks.md, "Streams per
+edge … second pass")."""
+
+
 class Health(BaseModel):
     status: str
+
+
+class HeldConversations(BaseModel):
+    """What this edge holds of the conversation log (decision 0011)."""
+
+    in_memory: int
+    """Conversations whose view is in memory: with a history window, those asked for or
+    started inside it."""
+    held: int
+    """Conversations whose records are held while their read from the log runs."""
+
+
+class EdgeState(BaseModel):
+    """An edge process's own state, for its operators: deployment-wide counts, no ids."""
+
+    conversations: HeldConversations
+    skipped: dict[str, dict[str, int]]
+    """Per topic, the records the tail skipped by reason (undecodable, or a view raised on
+    them): not a reason to be unready — the writer side dead-letters them — but worth seeing."""
 
 
 def on_record(views: ConversationViews) -> Callable[[Envelope], None]:
@@ -104,7 +136,8 @@ def create_app(settings: VoiceSettings | None = None, bind_host: str | None = No
             app.state.producer.close()
             await asyncio.to_thread(sealer.close)
 
-    app = FastAPI(title="Voice edge", version="0.1.0", lifespan=lifespan)
+    app = FastAPI(title="Voice edge", version="0.1.0", lifespan=lifespan,
+                  telemetry=NO_FASTAPI_TELEMETRY)
     for router in (conversations.router, staff.router, assistant.router):
         app.include_router(router, responses=EDGE_ERRORS)
     install_web(app, settings, bind_host)
@@ -116,6 +149,8 @@ def create_app(settings: VoiceSettings | None = None, bind_host: str | None = No
                        by_path={UPLOAD_PATH: upload_body_limit(chat_settings)})
     app.add_middleware(GZipMiddleware, minimum_size=GZIP_MIN_BYTES, compresslevel=6,
                        exclude_content_types=DEFAULT_EXCLUDED_CONTENT_TYPES)
+    # Held streams go no further: not gzipped, no body to read, no deadline (api.frame.lane).
+    app.add_middleware(StreamLane, routes=[conversations.STREAM_LANE])
     app.add_middleware(EdgeErrors)
     app.add_middleware(TraceRequests)  # outermost: the request's span covers all of it
 
@@ -131,7 +166,8 @@ def create_app(settings: VoiceSettings | None = None, bind_host: str | None = No
 
     @app.get("/readyz", tags=["ops"], responses={503: {"description": "not ready"}})
     async def readyz() -> JSONResponse:
-        """Broker reachable, topics present, the edge's consumers assigned and caught up."""
+        """Broker reachable, topics present, the edge's consumers assigned and caught up: ready
+        or not, and why — nothing more, since anyone may ask (``/ops/edge`` has the counts)."""
         checks: dict[str, object] = {}
         try:
             missing = await asyncio.to_thread(missing_topics, app.state.settings, 3.0)
@@ -145,16 +181,18 @@ def create_app(settings: VoiceSettings | None = None, bind_host: str | None = No
         checks["caught_up"] = tail.caught_up.is_set()
         keys = getattr(app.state.sealer.store, "ready", None)
         checks["keys"] = "ready" if keys is None or keys.is_set() else "reading"
-        # Records the tail skipped (undecodable, or a view raised on them): not a reason to
-        # be unready — the writer side dead-letters them — but worth seeing.
-        checks["skipped"] = tail.skipped_counts()
-        # What this edge holds in memory: with a history window, the conversations asked for
-        # or started inside it, and those with records held until asked (decision 0011).
-        views: ConversationViews = app.state.views
-        checks["conversations"] = {"in_memory": len(views), "held": len(views.pending)}
         ready = (checks["broker"] == "ok" and checks["topics"] == "ok"
                  and tail.assigned.is_set() and tail.caught_up.is_set()
                  and checks["keys"] == "ready")
         return JSONResponse({"ready": ready, "checks": checks}, status_code=200 if ready else 503)
+
+    @app.get("/ops/edge", tags=["ops"], responses=EDGE_ERRORS)
+    async def edge_state(_operator: InspectDep) -> EdgeState:
+        """This edge's own state: the conversations it holds, the records its tail skipped."""
+        views: ConversationViews = app.state.views
+        tail: EdgeTail = app.state.tail
+        return EdgeState(conversations=HeldConversations(in_memory=len(views),
+                                                         held=len(views.pending)),
+                         skipped=tail.skipped_counts())
 
     return app

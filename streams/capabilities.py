@@ -25,6 +25,7 @@ Capability = Literal[
     "workflows.read",    # workflow runs of the tenant and their failures
     "workflows.retry",   # retry a failed workflow of the tenant (never its sealed inputs)
     "telemetry.query",   # read-only SQL on the telemetry store
+    "edge.inspect",      # an edge process's own state: what it holds, what its tail skipped
 ]
 
 _PUBLIC: frozenset[Capability] = frozenset({"converse", "issues.public"})
@@ -34,7 +35,8 @@ CAPABILITIES: dict[Role, frozenset[Capability]] = {
     "staff": _PUBLIC | {"issues.manage", "issues.read", "reviews.read", "workflows.read"},
     "representative": _PUBLIC | {"issues.read", "investigate"},
     "reviewer": _PUBLIC | {"reviews.read", "reviews.decide"},
-    "operator": frozenset({"workflows.read", "workflows.retry", "telemetry.query"}),
+    "operator": frozenset({"workflows.read", "workflows.retry", "telemetry.query",
+                           "edge.inspect"}),
     "analyst": frozenset({"telemetry.query"}),
 }
 

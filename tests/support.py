@@ -26,6 +26,7 @@ from deploy.processes import (  # noqa: F401  (re-exported for the tests)
 from streams.envelope import Envelope, decode
 from streams.reading import read_topic
 from streams.settings import VoiceSettings
+from streams.tokens import mint_token
 from streams.topics import TopicSpec, create_topics, record_specs, topic_name
 
 REPO = Path(__file__).resolve().parent.parent
@@ -101,6 +102,15 @@ def wait_for(predicate, timeout: float = 20, interval: float = 0.1, what: str = 
             return value
         time.sleep(interval)
     raise TimeoutError(f"{what} not reached in {timeout}s")
+
+
+def edge_state(url: str, settings: VoiceSettings) -> dict[str, Any]:
+    """The edge's own state (``GET /ops/edge``, an operator's): the conversations it holds,
+    the records its tail skipped."""
+    token = mint_token(settings, "ops", "operator")
+    r = httpx.get(f"{url}/ops/edge", headers={"Authorization": f"Bearer {token}"}, timeout=10)
+    assert r.status_code == 200, r.text
+    return r.json()
 
 
 # --- the faults suite: logs read back, a client that retries as the edge asks ------------

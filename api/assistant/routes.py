@@ -13,9 +13,10 @@ import asyncio
 import re
 import uuid
 from collections.abc import AsyncIterator
+from functools import partial
 from typing import Annotated, Any
 
-from fastapi import APIRouter, Header, HTTPException, Request
+from fastapi import APIRouter, Header, HTTPException, Request, Response
 from fastapi.responses import JSONResponse
 from fastapi.sse import EventSourceResponse, ServerSentEvent
 
@@ -46,7 +47,7 @@ from api.frame.deps import (
 from api.frame.model_registry import check_model
 from api.frame.models import CancelRequested, HeaderText, sse_event_schema
 from api.frame.quotas import TOO_MANY, AdmissionDep, quota, stream_slot
-from api.frame.sse import SSE_HEADERS, TOO_OLD, Feed, StreamEnd, sse_bytes, sse_stream
+from api.frame.sse import TOO_OLD, Feed, StreamEnd, event_stream, sse_stream
 from schemas.assistant import AssistantChat, AssistantDisplayRecorded, ChatOptions, DatasetRef
 from streams.envelope import new_id
 from streams.sealing import KeyErased, Sealer
@@ -88,8 +89,7 @@ def display_stream(conversations: AssistantConversations, sealer: Sealer, conver
         return v.running is None if until_done is None else v.ended(until_done)
 
     feed = Feed(view=current, render=render,
-                wait=lambda until, timeout: conversations.wait(
-                    conversation, lambda _v: until(), timeout),
+                wait=partial(conversations.changed, conversation),
                 gone=ERASED, ends_after=ends_after, idle=idle)
     return sse_stream(feed, cursor, bound_s)
 
@@ -217,19 +217,22 @@ async def chat(
     bound = settings.gateway_bound_s - (asyncio.get_running_loop().time() - started)
     events = display_stream(views.conversations, sealer, conversation, after, max(bound, 0.5),
                             until_done=turn)
-    return EventSourceResponse(sse_bytes(events), headers={
-        **SSE_HEADERS, "X-Conversation-Id": conversation, "X-Turn-Id": turn})
+    return event_stream(events, headers={"X-Conversation-Id": conversation, "X-Turn-Id": turn})
 
 
-@router.get("/conversations/{conversation}/stream", response_class=EventSourceResponse,
-            dependencies=[stream_slot()], responses={**NOT_FOUND, **TOO_OLD, **TOO_MANY})
+@router.get("/conversations/{conversation}/stream", response_class=Response,
+            response_model=None, dependencies=[stream_slot()],
+            responses={200: {"description": "The display events after the cursor, then live "
+                                            "ones.",
+                             "content": {"text/event-stream": {
+                                 "schema": sse_event_schema("display", DisplayEventOut)}}},
+                       **NOT_FOUND, **TOO_OLD, **TOO_MANY})
 async def stream(view: OwnedDep, cursor: CursorDep, settings: SettingsDep, views: AssistantDep,
-                 sealer: SealerDep) -> AsyncIterator[ServerSentEvent]:
+                 sealer: SealerDep) -> EventSourceResponse:
     """``event: display`` after ``after``, in order; ends when no turn runs and all is sent,
     or before the gateway bound (a final comment says where to resume)."""
-    async for sse in display_stream(views.conversations, sealer, view.conversation, cursor,
-                                    settings.gateway_bound_s):
-        yield sse
+    return event_stream(display_stream(views.conversations, sealer, view.conversation, cursor,
+                                       settings.gateway_bound_s))
 
 
 async def known_turn(conversations: AssistantConversations, conversation: str, turn: str

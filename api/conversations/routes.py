@@ -13,6 +13,7 @@ import asyncio
 import re
 from collections.abc import AsyncIterator, Iterator
 from contextlib import contextmanager
+from functools import partial
 from typing import Annotated
 
 from fastapi import APIRouter, Depends, Header, Request, Response
@@ -42,6 +43,7 @@ from api.frame.deps import (
     ConverseDep,
     SealerDep,
     SettingsDep,
+    allowed,
     behind,
     check_text_size,
     check_turn,
@@ -49,11 +51,15 @@ from api.frame.deps import (
     no_turn,
     not_found,
     owned_dependency,
+    owned_view,
+    principal_from,
 )
+from api.frame.lane import LaneRoute, StreamParams
 from api.frame.models import CancelRequested, HeaderText, sse_event_schema
-from api.frame.quotas import TOO_MANY, quota, stream_slot
+from api.frame.quotas import TOO_MANY, edge_quotas, hold_stream, quota, stream_slot
 from api.frame.sse import (
     TOO_OLD,
+    EventStream,
     Feed,
     StreamEnd,
     cursor_dependency,
@@ -66,6 +72,7 @@ from streams.envelope import Envelope, new_id
 from streams.ids import CONVERSATION_ID as CONVERSATION_ID_PATTERN
 from streams.ids import new_conversation_id
 from streams.sealing import KeyErased, Sealer
+from streams.settings import VoiceSettings
 
 router = APIRouter(prefix="/me/conversations", tags=["conversations"])
 
@@ -77,8 +84,13 @@ async def get_views(request: Request) -> ConversationViews:
     return request.app.state.views
 
 
+def valid_conversation(conversation: str) -> bool:
+    """Whether ``conversation`` is a conversation id at all (else 404 without a lookup)."""
+    return CONVERSATION_ID.match(conversation) is not None
+
+
 owned_conversation = owned_dependency(
-    get_views, valid=lambda c: CONVERSATION_ID.match(c) is not None,
+    get_views, valid=valid_conversation,
     description="The conversation id (cnv-…).")
 
 ViewsDep = Annotated[ConversationViews, Depends(get_views)]
@@ -258,7 +270,38 @@ async def stream(view: OwnedDep, cursor: CursorDep, settings: SettingsDep, views
                  sealer: SealerDep) -> EventSourceResponse:
     """Events: ``message`` (participant's or agent's), ``proposal``, ``turn``; ``id:`` = seq.
     While a turn runs, ``delta`` events (no ``id:``) carry its reply as the model writes it."""
-    conversation = view.conversation
+    return event_stream(conversation_events(views, sealer, view.conversation, cursor,
+                                            settings.gateway_bound_s))
+
+
+async def open_stream(request: Request, path: dict[str, str], params: StreamParams
+                      ) -> EventStream:
+    """``stream`` served by the stream lane (``api.frame.lane``): its dependencies' checks,
+    in their order, through the same functions — then the same events."""
+    settings: VoiceSettings = request.app.state.settings
+    tenant = params.tenant()
+    principal = allowed(await principal_from(settings, params.token, tenant), "converse")
+    slot = hold_stream(edge_quotas(request), principal)
+    try:
+        views: ConversationViews = request.app.state.views
+        sealer: Sealer = request.app.state.sealer
+        view = await owned_view(views, path["conversation"], principal, sealer,
+                                valid=valid_conversation)
+        cursor = params.cursor()  # any cursor: one older than the view keeps is read from the log
+    except BaseException:
+        slot.release()
+        raise
+    return event_stream(conversation_events(views, sealer, view.conversation, cursor,
+                                            settings.gateway_bound_s), ended=slot.release)
+
+
+STREAM_LANE = LaneRoute(f"{router.prefix}/{{conversation}}/stream", open_stream)
+"""The conversation stream, for ``api.frame.lane.StreamLane``."""
+
+
+def conversation_events(views: ConversationViews, sealer: Sealer, conversation: str,
+                        cursor: int, bound_s: float) -> AsyncIterator[ServerSentEvent]:
+    """The conversation's events after ``cursor``, then live ones (the frame's SSE loop)."""
     erased = "end; the conversation was erased"
 
     def current() -> ConversationView | None:
@@ -293,11 +336,11 @@ async def stream(view: OwnedDep, cursor: CursorDep, settings: SettingsDep, views
         return [(env.seq or 0, render_event(env)) for env in envs]
 
     feed = Feed(view=current, render=render_shared, gone=erased, render_live=render_delta,
-                wait=lambda until, timeout: views.wait(conversation, lambda _v: until(), timeout),
-                older=older)
+                wait=partial(views.changed, conversation), older=older)
+
     async def held() -> AsyncIterator[ServerSentEvent]:
         with views.streaming(conversation):  # never evicted while a stream of it is open
-            async for sse in sse_stream(feed, cursor, settings.gateway_bound_s):
+            async for sse in sse_stream(feed, cursor, bound_s):
                 yield sse
 
-    return event_stream(held())
+    return held()

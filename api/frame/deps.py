@@ -55,11 +55,19 @@ async def get_principal(
         pattern=TENANT_PATTERN, description="The tenant to act in; the caller must be a member "
         "of it (default: the token's tenant, then its first membership)")] = None,
 ) -> Principal:
-    if creds is None:
+    return await principal_from(request.app.state.settings,
+                                None if creds is None else creds.credentials, x_tenant_id)
+
+
+async def principal_from(settings: VoiceSettings, token: str | None,
+                         x_tenant_id: str | None) -> Principal:
+    """The caller of a bearer ``token`` in the tenant ``x_tenant_id`` asks for: 401 without a
+    token or for one that fails a check, 503 when the identity provider cannot say, 403 for a
+    tenant the caller is not a member of. (``get_principal``, and the stream lane's.)"""
+    if token is None:
         raise HTTPException(401, "missing bearer token (Authorization: Bearer …)")
-    settings: VoiceSettings = request.app.state.settings
     try:
-        claims = await verify_token(settings, creds.credentials)
+        claims = await verify_token(settings, token)
     except AuthError as exc:
         raise HTTPException(401, str(exc)) from None
     except KeysUnavailable as exc:  # the identity provider's fault, not the caller's: retry
@@ -76,12 +84,17 @@ def require(capability: Capability) -> Callable[..., Awaitable[Principal]]:
     (``streams.capabilities`` is the one table of who may do what)."""
 
     async def check(principal: Annotated[Principal, Depends(get_principal)]) -> Principal:
-        if not principal.can(capability):
-            raise HTTPException(
-                403, f"role {principal.role!r} in tenant {principal.tenant!r} lacks {capability!r}")
-        return principal
+        return allowed(principal, capability)
 
     return check
+
+
+def allowed(principal: Principal, capability: Capability) -> Principal:
+    """``principal``, if its role in its tenant has ``capability``; else 403 naming it."""
+    if not principal.can(capability):
+        raise HTTPException(
+            403, f"role {principal.role!r} in tenant {principal.tenant!r} lacks {capability!r}")
+    return principal
 
 
 SettingsDep = Annotated[VoiceSettings, Depends(get_settings)]
@@ -92,6 +105,7 @@ PrincipalDep = Annotated[Principal, Depends(get_principal)]
 ConverseDep = Annotated[Principal, Depends(require("converse"))]
 PublicDep = Annotated[Principal, Depends(require("issues.public"))]
 ContributorDep = Annotated[Principal, Depends(require("contribute"))]
+InspectDep = Annotated[Principal, Depends(require("edge.inspect"))]
 
 
 def not_found(what: str, key: str) -> HTTPException:
@@ -176,17 +190,24 @@ def owned_dependency(projection_of: Callable[..., Any], *, valid: Callable[[str]
         principal: ConverseDep,
         sealer: SealerDep,
     ) -> Any:
-        view = (await find_owned(projection, conversation, principal, what=what)
-                if valid(conversation) else None)
-        if view is None:
-            raise not_found(what, conversation)
-        if not sealer.holds(conversation):
-            # A key made on another host and not read here yet: learnt in a thread, so the
-            # route's opening never waits on the key topic on the event loop.
-            await asyncio.to_thread(sealer.warm, conversation)
-        return view
+        return await owned_view(projection, conversation, principal, sealer, valid=valid,
+                                what=what)
 
     return owned
+
+
+async def owned_view(projection: Projection[V], key: str, principal: Principal, sealer: Sealer,
+                     *, valid: Callable[[str], bool], what: str = "conversation") -> V:
+    """The view of ``key`` if it is ``principal``'s (``find_owned``), its key held here; 404
+    if the id is malformed, unknown, erased, or someone else's."""
+    view = await find_owned(projection, key, principal, what=what) if valid(key) else None
+    if view is None:
+        raise not_found(what, key)
+    if not sealer.holds(key):
+        # A key made on another host and not read here yet: learnt in a thread, so the
+        # route's opening never waits on the key topic on the event loop.
+        await asyncio.to_thread(sealer.warm, key)
+    return view
 
 
 def check_text_size(settings: VoiceSettings, text: str, field: str = "text") -> None:

@@ -19,7 +19,7 @@ from __future__ import annotations
 
 import asyncio
 from collections import deque
-from collections.abc import Callable, Iterator
+from collections.abc import Awaitable, Callable, Iterator
 from dataclasses import dataclass, field
 from typing import Any, Generic, Protocol, TypeVar
 
@@ -290,6 +290,11 @@ class Projection(Generic[V]):
         ``until`` is re-checked after every change of ``key`` (and at the start).
         """
         return await self._changes.wait(key, lambda: until(self.by_key.get(key)), timeout)
+
+    def changed(self, key: str, until: Callable[[], bool], timeout: float) -> Awaitable[bool]:
+        """``wait`` for a predicate that does not need the view (a stream's ``Feed.wait``):
+        no wrapper per wait, for every held stream's wait is alive as long as it is."""
+        return self._changes.wait(key, until, timeout)
 
     def waiting(self, key: str) -> int:
         """How many waiters a key has (for tests and diagnostics)."""

@@ -106,15 +106,21 @@ class Admission:
 
     def open_stream(self) -> None:
         """Hold one of the principal's stream slots for this response; 429 when all are held."""
-        try:
-            self.slots.append(self.quotas.streams.acquire(key_of(self.principal)))
-        except OverQuota as exc:
-            raise too_many(exc) from None
+        self.slots.append(hold_stream(self.quotas, self.principal))
 
     def release(self) -> None:
         for slot in self.slots:
             slot.release()
         self.slots.clear()
+
+
+def hold_stream(quotas: EdgeQuotas, principal: Principal) -> Slot:
+    """One of ``principal``'s stream slots, for its holder to release; 429 when all are
+    held."""
+    try:
+        return quotas.streams.acquire(key_of(principal))
+    except OverQuota as exc:
+        raise too_many(exc) from None
 
 
 async def admission(request: Request, principal: PrincipalDep) -> AsyncIterator[Admission]:

@@ -254,6 +254,9 @@ class EventStream(EventSourceResponse):
     stopping) still ends the request.
     """
 
+    ended: Callable[[], None] | None = None
+    """Called once the response is over, however it ends (the stream lane's slot release)."""
+
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] != "http":
             await super().__call__(scope, receive, send)
@@ -277,18 +280,24 @@ class EventStream(EventSourceResponse):
                 raise
         finally:
             watcher.cancel()
+            if self.ended is not None:
+                self.ended()
         if self.background is not None:
             await self.background()
 
 
 def event_stream(events: AsyncIterator[ServerSentEvent],
-                 headers: dict[str, str] | None = None) -> EventSourceResponse:
+                 headers: dict[str, str] | None = None,
+                 ended: Callable[[], None] | None = None) -> EventStream:
     """The response of a stream route: ``events`` written straight to the connection.
 
     Not FastAPI's generator path: that runs two more tasks per stream (a producer and a
     keep-alive inserter, joined by two memory streams, with a cancel scope per event) — a
     third of the edge loop's time per event and a share of each idle stream's memory, for
     keep-alives this loop already sends (docs/benchmarks.md, "Streams per edge"). The
-    request's dependencies (its stream slot) still end after the response does.
+    request's dependencies (its stream slot) still end after the response does; ``ended``
+    is called then too.
     """
-    return EventStream(sse_bytes(events), headers={**SSE_HEADERS, **(headers or {})})
+    response = EventStream(sse_bytes(events), headers={**SSE_HEADERS, **(headers or {})})
+    response.ended = ended
+    return response

@@ -248,7 +248,7 @@ class EdgeTail:
                       partition, offset, describe(exc), trace_of(exc))
 
     def skipped_counts(self) -> dict[str, dict[str, int]]:
-        """``skipped`` by topic, for ``/readyz``."""
+        """``skipped`` by topic, for ``/ops/edge``."""
         out: dict[str, dict[str, int]] = {}
         for (topic, why), n in sorted(self.skipped.items()):
             out.setdefault(topic, {})[why] = n

@@ -7,16 +7,24 @@ under another seq (a writer's replay) is not shown twice, so ids may have gaps.
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator
+from functools import partial
 from typing import Annotated
 
-from fastapi import APIRouter, Depends, Query
+from fastapi import APIRouter, Depends, Query, Response
 from fastapi.sse import EventSourceResponse, ServerSentEvent
 from pydantic import BaseModel
 
 from api.frame.deps import PublicDep, SettingsDep
+from api.frame.models import sse_event_schema
 from api.frame.quotas import TOO_MANY, stream_slot
-from api.frame.sse import TOO_OLD, Feed, cursor_dependency, served_cursor, sse_stream
+from api.frame.sse import (
+    TOO_OLD,
+    Feed,
+    cursor_dependency,
+    event_stream,
+    served_cursor,
+    sse_stream,
+)
 from api.staff.deps import StaffViewsDep
 from api.staff.views import InboxView
 from schemas.staff import NotificationRecorded
@@ -73,10 +81,17 @@ async def get_inbox(
                     notifications=[notification_out(e) for e in view.events_after(cursor)])
 
 
-@router.get("/stream", response_class=EventSourceResponse,
-            dependencies=[stream_slot("issues.public")], responses={**TOO_OLD, **TOO_MANY})
+STREAM_EVENTS = {200: {
+    "description": "The inbox's notifications after the cursor, then live ones.",
+    "content": {"text/event-stream": {
+        "schema": sse_event_schema("notification", NotificationOut)}}}}
+
+
+@router.get("/stream", response_class=Response, response_model=None,
+            dependencies=[stream_slot("issues.public")],
+            responses={**STREAM_EVENTS, **TOO_OLD, **TOO_MANY})
 async def stream_inbox(view: InboxDep, cursor: CursorDep, settings: SettingsDep,
-                       views: StaffViewsDep) -> AsyncIterator[ServerSentEvent]:
+                       views: StaffViewsDep) -> EventSourceResponse:
     """Events: ``notification``, each with ``id:`` = the inbox seq."""
     tenant, recipient = view.tenant or "", view.recipient
     key = inbox_key(tenant, recipient)
@@ -86,7 +101,5 @@ async def stream_inbox(view: InboxDep, cursor: CursorDep, settings: SettingsDep,
         return ServerSentEvent(event="notification", id=str(out.seq), data=out)
 
     feed = Feed(view=lambda: views.inboxes.inbox(tenant, recipient), render=render,
-                wait=lambda until, timeout: views.inboxes.wait(
-                    key, lambda _v: until(), timeout))
-    async for sse in sse_stream(feed, cursor, settings.gateway_bound_s):
-        yield sse
+                wait=partial(views.inboxes.changed, key))
+    return event_stream(sse_stream(feed, cursor, settings.gateway_bound_s))

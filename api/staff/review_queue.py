@@ -10,16 +10,17 @@ those who may read reviews (``reviews.read``), each in its own tenant only.
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator
+from functools import partial
 from typing import Annotated, Literal
 
-from fastapi import APIRouter, Depends
+from fastapi import APIRouter, Depends, Response
 from fastapi.sse import EventSourceResponse, ServerSentEvent
 from pydantic import BaseModel
 
 from api.frame.deps import SettingsDep
+from api.frame.models import sse_event_schema
 from api.frame.quotas import TOO_MANY, stream_slot
-from api.frame.sse import TOO_OLD, Feed, cursor_dependency, sse_stream
+from api.frame.sse import TOO_OLD, Feed, cursor_dependency, event_stream, sse_stream
 from api.staff.deps import ReviewReadDep, StaffViewsDep
 from api.staff.queue_view import ReviewQueueView
 from api.staff.reviews import ReviewerOut
@@ -85,10 +86,16 @@ async def get_review_queue(view: QueueDep, views: StaffViewsDep) -> ReviewQueueO
     return ReviewQueueOut(last_seq=view.last_seq, waiting=waiting)
 
 
-@router.get("/stream", response_class=EventSourceResponse,
-            dependencies=[stream_slot("reviews.read")], responses={**TOO_OLD, **TOO_MANY})
+STREAM_EVENTS = {200: {
+    "description": "The queue's events after the cursor, then live ones.",
+    "content": {"text/event-stream": {"schema": sse_event_schema("queue", QueueEventOut)}}}}
+
+
+@router.get("/stream", response_class=Response, response_model=None,
+            dependencies=[stream_slot("reviews.read")],
+            responses={**STREAM_EVENTS, **TOO_OLD, **TOO_MANY})
 async def stream_review_queue(view: QueueDep, cursor: CursorDep, settings: SettingsDep,
-                              views: StaffViewsDep) -> AsyncIterator[ServerSentEvent]:
+                              views: StaffViewsDep) -> EventSourceResponse:
     """Events: ``queue``, each with ``id:`` = the queue's seq (resume with ``after`` or
     ``Last-Event-ID``)."""
     tenant = view.tenant or ""
@@ -99,6 +106,5 @@ async def stream_review_queue(view: QueueDep, cursor: CursorDep, settings: Setti
         return ServerSentEvent(event="queue", id=str(out.seq), data=out)
 
     feed = Feed(view=lambda: views.queues.queue(tenant), render=render,
-                wait=lambda until, timeout: views.queues.wait(key, lambda _v: until(), timeout))
-    async for sse in sse_stream(feed, cursor, settings.gateway_bound_s):
-        yield sse
+                wait=partial(views.queues.changed, key))
+    return event_stream(sse_stream(feed, cursor, settings.gateway_bound_s))

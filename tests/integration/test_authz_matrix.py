@@ -189,6 +189,7 @@ ROUTES: dict[tuple[str, str], Row] = {
     # --- ops and docs: public ---
     ("GET", "/healthz"): Row(None, "public", 200),
     ("GET", "/readyz"): Row(None, "public", 200),
+    ("GET", "/ops/edge"): Row("edge.inspect", "caller", 200),
     ("GET", "/openapi.json"): Row(None, "public", 200),
     ("GET", "/docs"): Row(None, "public", 200),
     ("GET", "/docs/oauth2-redirect"): Row(None, "public", 200),

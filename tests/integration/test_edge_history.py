@@ -20,7 +20,7 @@ from tests.integration.test_conversations_edge import (
     send,
     turn_state,
 )
-from tests.support import SseFrame, wait_for
+from tests.support import SseFrame, edge_state, wait_for
 
 pytestmark = pytest.mark.integration
 
@@ -33,9 +33,9 @@ def replied(url: str, settings: VoiceSettings, turn: str) -> None:
              what=f"turn {turn} Replied")
 
 
-def held(url: str) -> dict[str, int]:
-    """What the edge holds in memory, as ``/readyz`` says."""
-    return httpx.get(f"{url}/readyz", timeout=10).json()["checks"]["conversations"]
+def held(url: str, settings: VoiceSettings) -> dict[str, int]:
+    """What the edge holds in memory, as ``/ops/edge`` tells an operator."""
+    return edge_state(url, settings)["conversations"]
 
 
 def whole_stream(url: str, settings: VoiceSettings, cnv: str, last_seq: int
@@ -67,14 +67,14 @@ def test_an_edge_with_a_window_serves_conversations_started_before_it(
     # Every record so far is older than the window before the windowed edge starts.
     time.sleep(WINDOW_S + 1.0)
     windowed = start_edge(VOICE_EDGE_HISTORY_S=str(WINDOW_S))
-    assert held(windowed) == {"in_memory": 0, "held": 0}  # none of them read at start
+    assert held(windowed, settings) == {"in_memory": 0, "held": 0}  # none of them read at start
 
     # A message to an old conversation the windowed edge has not been asked about: it keeps
     # nothing of it (the read, when asked, gets these records from the log too).
     r = send(full, settings, convs[1], "And the street lights are out as well.")
     assert r.status_code == 202, r.text
     replied(full, settings, r.json()["turn"])
-    assert held(windowed) == {"in_memory": 0, "held": 0}
+    assert held(windowed, settings) == {"in_memory": 0, "held": 0}
 
     for cnv in convs:
         end = last_seq(full, settings, cnv)
@@ -83,7 +83,7 @@ def test_an_edge_with_a_window_serves_conversations_started_before_it(
         assert whole_stream(windowed, settings, cnv, end) == want
         assert get(windowed, settings, f"/{cnv}").json() == get(full, settings, f"/{cnv}").json()
 
-    assert held(windowed) == {"in_memory": CONVERSATIONS, "held": 0}
+    assert held(windowed, settings) == {"in_memory": CONVERSATIONS, "held": 0}
 
     # Written through the windowed edge: an old conversation takes messages there too.
     r = send(windowed, settings, convs[0], "One more thing: the bus stop sign fell over.")
@@ -107,7 +107,7 @@ def test_an_edge_with_a_window_serves_conversations_started_before_it(
 
     # Unused for the window, every view is evicted; asked for again, each is read again from
     # the log and served exactly as before.
-    wait_for(lambda: held(windowed)["in_memory"] == 0, timeout=30,
+    wait_for(lambda: held(windowed, settings)["in_memory"] == 0, timeout=30,
              what="the unused conversations evicted")
     for cnv in (*convs, fresh):
         end = last_seq(full, settings, cnv)

@@ -22,6 +22,7 @@ from fastapi.testclient import TestClient
 from api import assistant, conversations, staff
 from api.assistant import AssistantViews
 from api.conversations import ConversationViews
+from api.frame.lane import StreamLane
 from api.frame.quotas import EdgeQuotas
 from consumers.assistant.datasets import MemoryDatasets
 from consumers.assistant.sqlbox import SqlBox
@@ -194,7 +195,8 @@ class FakeTail:
                                    outcome="accepted", seq=2, detail=detail)
 
 
-def edge_app(tmp_path: Path, clock: Clock | None = None, **overrides: Any) -> FastAPI:
+def edge_app(tmp_path: Path, clock: Clock | None = None, lane: bool = False,
+             **overrides: Any) -> FastAPI:
     settings = AssistantSettings(env="test", kafka_bootstrap="127.0.0.1:1", state_dir=tmp_path,
                                  **overrides)
     app = FastAPI()
@@ -210,6 +212,8 @@ def edge_app(tmp_path: Path, clock: Clock | None = None, **overrides: Any) -> Fa
     app.state.tail = FakeTail(app.state.producer, app.state.views)
     if clock is not None:
         app.state.quotas = EdgeQuotas(settings, clock)
+    if lane:  # the conversation stream served below the routing, as create_app does
+        app.add_middleware(StreamLane, routes=[conversations.STREAM_LANE])
     return app
 
 
@@ -339,9 +343,9 @@ def test_the_openapi_documents_the_429_and_retry_after_of_every_quota_route(
 # --- concurrent streams, on a real server ---------------------------------------------------
 
 
-@pytest.fixture
-def served(tmp_path: Path) -> Iterator[tuple[str, FastAPI]]:
-    app = edge_app(tmp_path, quota_streams=2, gateway_bound_s=30)
+@pytest.fixture(params=[False, True], ids=["routes", "stream-lane"])
+def served(tmp_path: Path, request: pytest.FixtureRequest) -> Iterator[tuple[str, FastAPI]]:
+    app = edge_app(tmp_path, lane=request.param, quota_streams=2, gateway_bound_s=30)
     port = free_port()
     server = uvicorn.Server(uvicorn.Config(app, host="127.0.0.1", port=port, log_level="warning",
                                            timeout_graceful_shutdown=1))

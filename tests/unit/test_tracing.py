@@ -15,7 +15,8 @@ from collections.abc import AsyncIterator, Iterator
 from typing import Any
 
 import pytest
-from fastapi import FastAPI
+from fastapi import FastAPI, Response
+from fastapi.sse import EventSourceResponse, ServerSentEvent
 from fastapi.testclient import TestClient
 from opentelemetry.exporter.otlp.proto.http.trace_exporter import OTLPSpanExporter
 from opentelemetry.sdk.trace import ReadableSpan, TracerProvider
@@ -24,6 +25,7 @@ from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanE
 from opentelemetry.trace import SpanKind, StatusCode, format_span_id, format_trace_id
 from pydantic import BaseModel
 
+from api.frame.sse import event_stream
 from api.frame.tracing import TraceRequests
 from consumers.engine import (
     AgentSpec,
@@ -187,6 +189,16 @@ def edge_app(seen: list[str | None]) -> FastAPI:
     async def broken() -> dict[str, str]:
         raise RuntimeError("boom")
 
+    @app.get("/events/{topic}", response_class=Response, response_model=None)
+    async def events(topic: str) -> EventSourceResponse:
+        async def endless() -> AsyncIterator[ServerSentEvent]:
+            yield ServerSentEvent(comment="open")
+            while True:
+                await asyncio.sleep(3600)
+                yield ServerSentEvent(comment="keep-alive")  # never reached
+
+        return event_stream(endless())
+
     app.add_middleware(TraceRequests)
     return app
 
@@ -215,6 +227,29 @@ def test_the_edge_starts_a_trace_when_the_request_has_none_or_a_bad_one(spans):
     assert first.parent is None and second.parent is None
     assert hex_ids(first)[0] != hex_ids(second)[0]
     assert all(tp is not None and tp.split("-")[1] != TRACE for tp in seen)
+
+
+def test_a_streams_span_ends_when_its_response_starts_not_with_the_stream(spans):
+    with TestClient(edge_app([])) as client, client.stream("GET", "/events/news") as r:
+        assert r.status_code == 200
+        next(r.iter_lines())  # the stream is open, and stays open
+        [server] = named(spans, "GET /events")
+        assert server.name == "GET /events/{topic}"
+        assert server.attributes["http.response.status_code"] == 200
+        assert server.status.status_code != StatusCode.ERROR
+
+
+def test_the_edge_app_leaves_request_spans_to_trace_requests(tmp_path):
+    """FastAPI's own telemetry (on once a process has a tracer provider, as every Voice
+    process does) would add a second server span per request and wrap every stream's
+    messages: the edge's app turns it off."""
+    from api.app import create_app
+
+    app = create_app(VoiceSettings(env="test", kafka_bootstrap="127.0.0.1:1",
+                                   state_dir=tmp_path))
+    provider = TracerProvider()
+    app._native_telemetry.config["tracer_provider"] = provider  # configured, as in production
+    assert not app._native_telemetry.enabled()
 
 
 def test_a_failing_route_marks_its_span_in_error(spans):
