@@ -23,6 +23,8 @@ Public names:
 * ``telemetry.derive``: ``DERIVATIONS`` (the materialized views that derive every table from
   ``voice.envelopes``), ``LANDING_COLUMNS``, ``BLOB_THRESHOLD``.
 * ``telemetry.envelopes``: ``verdict``, ``Verdict``, ``Columns`` (a batch as one Arrow table).
+* ``telemetry.batch``: ``Batch`` (records, offsets, dedupe token, dead letters owed),
+  ``DeadLetters``, ``token_of``, ``ranges_of``.
 * ``telemetry.rows``: ``map_record`` (the same derivation in Python: the reference the views
   are tested against), ``RawRecord``, ``Rows``, ``BLOB_THRESHOLD``.
 

@@ -32,10 +32,12 @@ class TelemetrySettings(VoiceSettings):
 
     clickhouse_url: str | None = None
     """``http://[user:password@]host:8123[/database]`` of a ClickHouse server; unset = embedded."""
-    telemetry_batch_rows: int = Field(default=10_000, ge=1)
-    """Flush a batch when it holds this many Kafka records …"""
+    telemetry_batch_rows: int = Field(default=30_000, ge=1)
+    """Insert a batch when it holds this many Kafka records …"""
     telemetry_flush_ms: int = Field(default=1_000, ge=1)
-    """… or when its oldest record has waited this long, whichever comes first."""
+    """… or when its oldest record has waited this long and the insert before it is done.
+    (Each insert costs ClickHouse ~50 ms besides its rows, so under load batches grow to
+    ``telemetry_batch_rows``; ~80 MB of Python objects at that size, two batches at most.)"""
     telemetry_query_port: int = Field(default=8124, ge=0, le=65535)
     """Loopback port of the sink's read-only SQL endpoint (embedded store only; 0 = off)."""
     telemetry_retry_max_s: float = Field(default=10.0, gt=0)

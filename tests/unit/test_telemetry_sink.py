@@ -5,6 +5,9 @@
 
 from __future__ import annotations
 
+import gc
+import threading
+import time
 from collections.abc import Iterator
 from datetime import UTC, datetime
 from pathlib import Path
@@ -159,13 +162,23 @@ def test_subscribes_to_every_topic_and_its_dlq(parts):
     assert topic_name(VoiceSettings(), KEYS) not in consumer.topics  # wrapped keys stay out
 
 
+def until(check, what: str, timeout: float = 30.0):
+    """Poll ``check`` until it is true (the inserter thread works at its own pace)."""
+    deadline = time.monotonic() + timeout
+    while not check():
+        assert time.monotonic() < deadline, f"timed out waiting for {what}"
+        time.sleep(0.005)
+
+
 def test_flush_on_row_count_then_insert_then_commit(parts):
     log, consumer, store, sink = parts
     consumer.queue = [msg(i) for i in range(7)]
-    sink.poll_once()  # takes at most the 5 the batch has room for, and flushes
+    sink.poll_once()  # takes at most the 5 the batch has room for, and hands them over
+    until(lambda: "insert voice.envelopes" in log, "the insert")
+    assert consumer.committed == []  # the loop commits, once it sees the insert done
+    sink.poll_once()  # settles the 5; 2 more wait for the 5th or the age
     assert log == ["insert voice.envelopes", "commit voice.agent:0:5"]
-    sink.poll_once()  # 2 more wait for the 5th or the age
-    assert len(log) == 2 and count(store, "events") == 5 and count(store, "model_calls") == 5
+    assert count(store, "events") == 5 and count(store, "model_calls") == 5
 
 
 def test_flush_on_age(tmp_path, parts):
@@ -179,8 +192,109 @@ def test_flush_on_age(tmp_path, parts):
     sink.poll_once(timeout=0)
     assert log == []
     now[0] += 1.0
+    sink.poll_once(timeout=0)  # due: handed over
+    until(lambda: "insert voice.envelopes" in log, "the insert")
     sink.poll_once(timeout=0)
-    assert log[-1] == "commit voice.agent:0:1"
+    assert log == ["insert voice.envelopes", "commit voice.agent:0:1"]
+
+
+def test_a_batch_holds_nothing_the_collector_walks(parts):
+    # A batch lives for seconds; whatever of it the collector tracks is promoted to its oldest
+    # generation and rescanned by every full collection (docs/benchmarks.md: ~5 µs a record).
+    log, consumer, store, sink = parts
+    consumer.queue = [msg(i) for i in range(4)]
+    sink.poll_once()
+    gc.collect()
+    gc.collect()  # a tuple is let go once its items have been, at the latest the pass after
+    headers = sink._batch.cols.headers
+    assert len(headers) == 4 and not any(gc.is_tracked(h) for h in headers)
+
+
+class GatedStore(FlakyStore):
+    """Inserts wait for ``gate``: the store is slow, and the test says when it answers."""
+
+    def __init__(self, inner: ClickHouseStore, log: list[str]) -> None:
+        super().__init__(inner, log)
+        self.gate = threading.Event()
+
+    def insert_arrow(self, table, data, token=None):
+        self.log.append("inserting")
+        assert self.gate.wait(30)
+        super().insert_arrow(table, data, token=token)
+
+
+@pytest.fixture
+def gated(tmp_path: Path) -> Iterator[tuple[list[str], FakeConsumer, GatedStore, Sink]]:
+    log: list[str] = []
+    settings = TelemetrySettings(state_dir=tmp_path, env="test", kafka_bootstrap="unused:1",
+                                 telemetry_batch_rows=5, telemetry_flush_ms=60_000)
+    consumer, store = FakeConsumer(log), GatedStore(open_store(settings), log)
+    sink = Sink(settings, store=store, consumer=consumer, retry_initial_s=0.01)
+    yield log, consumer, store, sink
+    store.gate.set()
+    sink.close(flush=False)
+
+
+def test_the_next_batch_is_taken_while_one_is_inserted_and_commits_stay_in_order(gated):
+    log, consumer, store, sink = gated
+    consumer.queue = [msg(i) for i in range(5)]
+    sink.poll_once()  # 5: handed over; its insert waits for the store
+    until(lambda: "inserting" in log, "the insert to start")
+    consumer.queue = [msg(i) for i in range(5, 8)]
+    assert sink.poll_once() == 3  # taken and checked while the store works
+    assert consumer.committed == [] and "insert voice.envelopes" not in log
+    store.gate.set()
+    until(lambda: "insert voice.envelopes" in log, "the insert")
+    sink.poll_once(timeout=0)
+    assert log[-1] == "commit voice.agent:0:5"  # the first batch: after its insert
+    assert sink.flush() == 3
+    assert log == ["inserting", "insert voice.envelopes", "commit voice.agent:0:5",
+                   "inserting", "insert voice.envelopes", "commit voice.agent:0:8"]
+    assert count(store, "events") == 8
+
+
+def test_a_batch_of_age_grows_while_the_inserter_works_then_goes(gated):
+    log, consumer, store, sink = gated
+    now = [100.0]
+    sink._clock = lambda: now[0]
+    consumer.queue = [msg(i) for i in range(5)]
+    sink.poll_once()  # full: handed over; its insert waits for the store
+    until(lambda: "inserting" in log, "the insert to start")
+    consumer.queue = [msg(5)]
+    sink.poll_once(timeout=0)
+    now[0] += 61.0  # of age, but the inserter is busy: it keeps growing
+    consumer.queue = [msg(6), msg(7)]
+    assert sink.poll_once(timeout=0) == 2
+    assert log == ["inserting"]
+    store.gate.set()
+    until(lambda: "insert voice.envelopes" in log, "the insert")
+    sink.poll_once(timeout=0)  # settles the first; the second, of age, goes
+    until(lambda: log.count("insert voice.envelopes") == 2, "the second insert")
+    sink.poll_once(timeout=0)
+    assert [e for e in log if e.startswith("commit")] == ["commit voice.agent:0:5",
+                                                          "commit voice.agent:0:8"]
+
+
+def test_a_dropped_batch_drops_the_one_behind_it(gated):
+    log, consumer, store, sink = gated
+    consumer.queue = [msg(i) for i in range(7)]
+    sink.poll_once()  # 0-4 handed over; their insert waits for the store
+    until(lambda: "inserting" in log, "the insert to start")
+    sink.poll_once()  # 5-6 taken behind them
+    store.failures = 10**6
+    store.gate.set()  # … which fails
+    sink._wait = lambda s: sink._on_revoke(consumer, consumer.assignment())
+    # Revoked while the first batch waits for the store: committing 5-6 would commit past
+    # 0-4, never stored. Both are dropped, for the next owner to read again.
+    assert sink.flush() == 0 and consumer.committed == []
+    store.failures = 0
+    consumer.queue = [msg(i) for i in range(7)]
+    sink.poll_once()
+    sink.poll_once()
+    assert sink.flush() == 7 and [o.offset for o in consumer.committed] == [7]
+    assert [e for e in log if e.startswith("commit")] == ["commit voice.agent:0:5",
+                                                          "commit voice.agent:0:7"]
+    assert count(store, "events") == 7
 
 
 def test_failed_insert_commits_nothing_and_keeps_the_batch(parts):
