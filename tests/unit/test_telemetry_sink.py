@@ -9,8 +9,10 @@ import gc
 import threading
 import time
 from collections.abc import Iterator
+from contextlib import contextmanager
 from datetime import UTC, datetime
 from pathlib import Path
+from typing import TypeVar
 
 import pytest
 from confluent_kafka import TopicPartition
@@ -137,15 +139,31 @@ def msg(i: int, partition: int = 0) -> Msg:
     return Msg("voice.agent", partition, i, k, v, h)
 
 
-@pytest.fixture
-def parts(tmp_path: Path) -> Iterator[tuple[list[str], FakeConsumer, FlakyStore, Sink]]:
+S = TypeVar("S", bound="FlakyStore")
+
+
+@contextmanager
+def sink_over(tmp_path: Path, store_type: type[S]
+              ) -> Iterator[tuple[list[str], FakeConsumer, S, Sink]]:
+    """A sink on a fake consumer and a ``store_type`` over a real embedded store: batches of
+    5 records, flushed by count only; (log of what happened, consumer, store, sink)."""
     log: list[str] = []
     settings = TelemetrySettings(state_dir=tmp_path, env="test", kafka_bootstrap="unused:1",
                                  telemetry_batch_rows=5, telemetry_flush_ms=60_000)
-    consumer, store = FakeConsumer(log), FlakyStore(open_store(settings), log)
+    consumer, store = FakeConsumer(log), store_type(open_store(settings), log)
     sink = Sink(settings, store=store, consumer=consumer, retry_initial_s=0.01)
-    yield log, consumer, store, sink
-    sink.close(flush=False)
+    try:
+        yield log, consumer, store, sink
+    finally:
+        if isinstance(store, GatedStore):
+            store.gate.set()
+        sink.close(flush=False)
+
+
+@pytest.fixture
+def parts(tmp_path: Path) -> Iterator[tuple[list[str], FakeConsumer, FlakyStore, Sink]]:
+    with sink_over(tmp_path, FlakyStore) as made:
+        yield made
 
 
 def count(store, table: str) -> int:
@@ -225,14 +243,8 @@ class GatedStore(FlakyStore):
 
 @pytest.fixture
 def gated(tmp_path: Path) -> Iterator[tuple[list[str], FakeConsumer, GatedStore, Sink]]:
-    log: list[str] = []
-    settings = TelemetrySettings(state_dir=tmp_path, env="test", kafka_bootstrap="unused:1",
-                                 telemetry_batch_rows=5, telemetry_flush_ms=60_000)
-    consumer, store = FakeConsumer(log), GatedStore(open_store(settings), log)
-    sink = Sink(settings, store=store, consumer=consumer, retry_initial_s=0.01)
-    yield log, consumer, store, sink
-    store.gate.set()
-    sink.close(flush=False)
+    with sink_over(tmp_path, GatedStore) as made:
+        yield made
 
 
 def test_the_next_batch_is_taken_while_one_is_inserted_and_commits_stay_in_order(gated):
