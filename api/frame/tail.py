@@ -37,6 +37,9 @@ from streams.topics import ACKS, CONVERSATIONS, TopicSpec, topic_name
 
 log = logging.getLogger(__name__)
 
+EDGE_TAIL_FETCH_WAIT_MS = 5
+"""The edge tail's broker fetch wait (see ``EdgeTail._run``)."""
+
 RecordHandler = Callable[[Envelope], None]
 LocatedHandler = Callable[[Envelope, int, int], None]
 """A handler that also gets the record's partition and offset."""
@@ -167,7 +170,13 @@ class EdgeTail:
             "bootstrap.servers": self.settings.bootstrap,
             "group.id": f"{self.settings.group_prefix}-edge-unused",  # assign(): no group joins
             "enable.auto.commit": False,
-            **TAILING,  # a record ends the broker's wait at once; idle, it asks 2×/s, not 200×
+            **TAILING,
+            # Not the idle-fetch setting's 500 ms: a partition that becomes fetchable while a
+            # fetch is held (the conversation log's, once its start offset is looked up) waits
+            # for that fetch to return, so an edge took seconds more to catch up at start, and
+            # a client reconnecting to a restarted edge met a 404 before it had (web test
+            # test_send_reply_replied_and_resume_after_cuts). The tail is one consumer per edge.
+            "fetch.wait.max.ms": EDGE_TAIL_FETCH_WAIT_MS,
         })
         try:
             while not self._stop.is_set():
