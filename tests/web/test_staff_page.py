@@ -138,12 +138,17 @@ def test_staff_list_issues_and_operators_list_failed_workflows(stack: WebStack, 
 
     sign_in(browser, stack.url, "/staff", "otto-web", "operator")
 
-    def failed_item() -> Any:
+    def open_failed_item() -> bool:
+        # Found and clicked in one step: the list may render again (a refresh answered late)
+        # between finding the item and clicking it, and then the click is simply retried.
         browser.find_element(By.ID, "refresh-failed").click()
-        return by_testid(browser, "failed-workflows").find_elements(
+        items = by_testid(browser, "failed-workflows").find_elements(
             By.CSS_SELECTOR, f'li[data-workflow="{workflow}"]')
-    (item,) = wait_for(failed_item, "the broken run among the failed workflows")
-    item.find_element(By.TAG_NAME, "button").click()
+        if len(items) != 1:
+            return False
+        items[0].find_element(By.TAG_NAME, "button").click()
+        return True
+    wait_for(open_failed_item, "the broken run among the failed workflows, opened")
     panel = wait_for(lambda: by_testid(browser, "workflow").is_displayed()
                      and by_testid(browser, "workflow"), "the failed workflow opened")
     assert panel.find_element(By.CSS_SELECTOR, "[data-status]").text == "failed"
