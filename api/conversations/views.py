@@ -93,8 +93,8 @@ class ConversationView(KeptEvents[Envelope]):
 
 
 ColdRead = Callable[[str], list[Envelope]]
-"""Blocking: every record of one conversation from before the edge's history window, in log
-order (``api.frame.cold.conversation_reader``)."""
+"""Blocking: every record of one conversation up to its partition's end when the read begins,
+in log order (``api.frame.cold.conversation_reader``)."""
 
 ColdGap = Callable[[str, int, int], list[Envelope]]
 """Blocking: one conversation's records with seq in ``(after, upto]`` from anywhere in the log
@@ -134,7 +134,8 @@ class ConversationViews(StreamProjection[ConversationView]):
         self._gaps: OrderedDict[tuple[str, int, int], asyncio.Future[list[Envelope]]] = (
             OrderedDict())
         self.pending: dict[str, list[Envelope]] = {}
-        """Records of conversations started before the window, not asked for yet."""
+        """Records the tail brought for a conversation while it is being read from the log
+        (``_loading``): applied after the read."""
         self._absent: OrderedDict[str, None] = OrderedDict()
         self._loading: dict[str, asyncio.Future[None]] = {}
         self._streaming: Counter[str] = Counter()

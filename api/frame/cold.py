@@ -74,14 +74,7 @@ class ColdLog:
         partition has when the read begins, in log order (blocking: call it in a thread).
         ``since_ms``: no record of ``key`` is older (its id says so), so the scan starts at
         the first offset of that time, not at the partition's start."""
-        with self._lock:
-            consumer = self._client()
-            try:
-                _low, high = consumer.get_watermark_offsets(TopicPartition(topic, partition), 10)
-                return _scan(consumer, topic, partition, key.encode(), high, timeout,
-                             since_ms=since_ms)
-            finally:
-                consumer.unassign()
+        return self._read(topic, partition, key, since_ms, timeout)
 
     def read_seqs(self, topic: str, partition: int, key: str, after: int, upto: int,
                   since_ms: int | None = None, timeout: float = SCAN_TIMEOUT_S
@@ -89,20 +82,25 @@ class ColdLog:
         """The records of ``key`` in ``topic[partition]`` whose seq is in ``(after, upto]``, in
         log order: the events a resumed stream needs from before what the edge keeps
         (blocking: call it in a thread; scans wait for each other). Reads from the
-        partition's start until the record of seq ``upto`` (or the end the partition had
-        when the scan began)."""
+        partition's start (or ``since_ms``) until the record of seq ``upto`` (or the end the
+        partition had when the scan began)."""
         if upto <= after:
             return []
+        found = self._read(topic, partition, key, since_ms, timeout,
+                           stop=lambda env: env.seq is not None and env.seq >= upto)
+        return [env for env in found if env.seq is not None and after < env.seq <= upto]
+
+    def _read(self, topic: str, partition: int, key: str, since_ms: int | None,
+              timeout: float, stop: Callable[[Envelope], bool] = lambda _env: False
+              ) -> list[Envelope]:
+        """One scan, on the kept client (scans wait for each other)."""
         with self._lock:
             consumer = self._client()
             try:
-                _low, high = consumer.get_watermark_offsets(TopicPartition(topic, partition), 10)
-                found = _scan(consumer, topic, partition, key.encode(), high, timeout,
-                              stop=lambda env: env.seq is not None and env.seq >= upto,
-                              since_ms=since_ms)
+                return _scan(consumer, topic, partition, key.encode(), timeout, stop=stop,
+                             since_ms=since_ms)
             finally:
                 consumer.unassign()
-        return [env for env in found if env.seq is not None and after < env.seq <= upto]
 
     def close(self) -> None:
         with self._lock:
@@ -111,15 +109,14 @@ class ColdLog:
                 self._consumer = None
 
 
-def _scan(consumer: Consumer, topic: str, partition: int, wanted: bytes, end: int,
-          timeout: float, stop: Callable[[Envelope], bool] = lambda _env: False,
-          since_ms: int | None = None) -> list[Envelope]:
-    """``wanted``'s decodable records below offset ``end``, from the first offset of
-    ``since_ms`` (the partition's start when None), in log order, up to and including the
-    first one ``stop`` says ends the scan."""
+def _scan(consumer: Consumer, topic: str, partition: int, wanted: bytes, timeout: float,
+          stop: Callable[[Envelope], bool], since_ms: int | None) -> list[Envelope]:
+    """``wanted``'s decodable records up to the end the partition has now, from the first
+    offset of ``since_ms`` (the partition's start when None), in log order, up to and
+    including the first one ``stop`` says ends the scan."""
     out: list[Envelope] = []
     deadline = time.monotonic() + timeout
-    low, _high = consumer.get_watermark_offsets(TopicPartition(topic, partition), 10)
+    low, end = consumer.get_watermark_offsets(TopicPartition(topic, partition), 10)
     if since_ms is not None:
         (found,) = consumer.offsets_for_times([TopicPartition(topic, partition, since_ms)], 10)
         if found.error is not None:
