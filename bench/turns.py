@@ -29,6 +29,7 @@ import httpx
 from bench.harness import Context, Result, benchmark, latency_summary, percentile
 from bench.stack import Stack, stack
 from deploy.processes import worker_group
+from schemas.conversation import MessageRecorded, ReplyRecorded
 from streams.envelope import DecodeError, decode
 from streams.reading import read_topic
 from streams.tokens import mint_token
@@ -234,13 +235,13 @@ def _marks(settings: Any, turns: list[_Turn], agent: bool = True
     for msg, env in envs(CONVERSATIONS):
         if env.key not in by_conv:
             continue
-        if env.type == "voice.conversation.message_recorded.v1":
+        if isinstance(env.record, MessageRecorded):  # a message, or one opening its turn
             turn = f"{env.key}:turn-{env.seq}"
             if turn in wanted:
                 mark(turn, "message_recorded", _ts(msg))
                 command_turn[env.causation or ""] = turn
-        elif env.type == "voice.conversation.reply_recorded.v1":
-            mark(env.record.turn, "reply_recorded", _ts(msg))  # type: ignore[attr-defined]
+        elif isinstance(env.record, ReplyRecorded):  # a reply, or one ending its turn
+            mark(env.record.turn, "reply_recorded", _ts(msg))
     for _msg, env in envs(COMMANDS):
         if env.key not in by_conv:
             continue
@@ -401,8 +402,8 @@ def _replies_in_log(settings: Any, conversations: set[str]) -> tuple[dict[str, s
         if msg.key() is None or msg.key().decode() not in conversations:
             continue
         env = decode(msg.key(), msg.value(), msg.headers())
-        if env.type == "voice.conversation.reply_recorded.v1":
-            seqs[env.record.turn].add(env.seq)  # type: ignore[attr-defined]
+        if isinstance(env.record, ReplyRecorded):
+            seqs[env.record.turn].add(env.seq)
             copies[(env.key, env.seq or 0)] += 1
     return seqs, sum(n - 1 for n in copies.values() if n > 1)
 

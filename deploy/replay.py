@@ -11,7 +11,7 @@ from typing import Any
 
 from api.conversations.render import sse_event
 from schemas.agent import DisplayEventRecorded, DisplayEventsRecorded
-from streams.envelope import DecodeError, Envelope, decode
+from streams.envelope import DecodeError, Envelope, decode, unfolded
 from streams.ids import turn_conversation
 from streams.reading import read_topic
 from streams.sealing import KeyErased, KeyNotFound, Sealer, sealer_for
@@ -20,7 +20,8 @@ from streams.topics import AGENT, CONVERSATIONS, WORKFLOWS, topic_name
 
 
 def records(settings: VoiceSettings, spec: Any, key: str) -> list[Envelope]:
-    """The decoded records of one aggregate, deduped by id, in log order."""
+    """The decoded records of one aggregate, deduped by id, in log order, each folded record
+    as the records it stands for (``streams.envelope.unfolded``: what clients saw)."""
     out: list[Envelope] = []
     seen: set[str] = set()
     for msg in read_topic(settings, topic_name(settings, spec), key=key.encode()):
@@ -30,7 +31,7 @@ def records(settings: VoiceSettings, spec: Any, key: str) -> list[Envelope]:
             continue  # it is on the DLQ; replay shows what clients saw
         if env.id not in seen:
             seen.add(env.id)
-            out.append(env)
+            out.extend(unfolded(env))
     return out
 
 

@@ -26,6 +26,15 @@ class Record(BaseModel):
     model_config = ConfigDict(frozen=True, extra="forbid")
 
     ce_type: ClassVar[str] = ""
+    seqs: ClassVar[int] = 1
+    """How many seqs of its log it holds: more than one for a record that folds the records
+    that would follow it (``implied``), so one record on the log stands for several."""
+
+    def implied(self, seq: int) -> tuple[Record, ...]:  # noqa: ARG002
+        """The records this one, at ``seq``, stands for after itself: one per further seq it
+        holds (``seqs - 1``), at ``seq + 1``, ``seq + 2``, … Readers that read the log record
+        by record expand it (``streams.envelope.unfolded``); the writer counts them."""
+        return ()
 
 
 class Sealed(BaseModel):

@@ -4,7 +4,7 @@ conversation's sequencer appends. Content (messages, replies, proposals) is alwa
 
 from __future__ import annotations
 
-from typing import Literal
+from typing import ClassVar, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
@@ -173,6 +173,42 @@ class HistorySummarised(Record):
     text: Sealed
 
 
+# --- folded records: one record on the log for records that always come together ---------
+# A reader that renders or counts records one by one expands them (``Record.implied``,
+# ``streams.envelope.unfolded``) into exactly the records, at exactly the seqs, it read before
+# they were folded; the older, separate records stay readable as they are.
+
+
+@record_type("voice.conversation.message_recorded.v2")
+class TurnOpened(MessageRecorded):
+    """A participant's message and the turn it opens, as one record holding three seqs: the
+    ``MessageRecorded`` at its own seq ``n``, ``TurnRequested`` (which starts the turn's
+    workflow) at ``n + 1`` and ``TurnStateChanged(Thinking)`` at ``n + 2``."""
+
+    seqs: ClassVar[int] = 3
+
+    turn: str
+    """The turn it opens: ``{conversation}:turn-{n}``."""
+
+    def implied(self, seq: int) -> tuple[Record, ...]:
+        return (TurnRequested(conversation=self.conversation, turn=self.turn, message_seq=seq),
+                TurnStateChanged(conversation=self.conversation, turn=self.turn,
+                                 state="Thinking"))
+
+
+@record_type("voice.conversation.reply_recorded.v2")
+class TurnReplied(ReplyRecorded):
+    """A turn's reply that ends it, as one record holding two seqs: the ``ReplyRecorded`` at
+    its own seq and ``TurnStateChanged(Replied)`` at the next (a turn whose reply is followed
+    by a proposal ends with its own ``TurnStateChanged``, after the proposal, as before)."""
+
+    seqs: ClassVar[int] = 2
+
+    def implied(self, seq: int) -> tuple[Record, ...]:  # noqa: ARG002
+        return (TurnStateChanged(conversation=self.conversation, turn=self.turn,
+                                 state="Replied"),)
+
+
 @record_type("voice.conversation.erased.v1")
 class ConversationErased(Record):
     conversation: str
@@ -211,6 +247,12 @@ class RecordTurnResults(Record):
         return self
 
     def parts(self) -> tuple[Record, ...]:
-        """The records it appends, in log order."""
+        """The records it appends, in log order: a reply that is the turn's last result
+        carries its end (``TurnReplied``), else the end is a record of its own."""
+        if (self.reply is not None and self.proposal is None and self.ended.state == "Replied"
+                and self.ended == TurnStateChanged(conversation=self.conversation,
+                                                   turn=self.turn, state="Replied")):
+            return (*((self.summary,) if self.summary is not None else ()),
+                    TurnReplied(**self.reply.model_dump()))
         return (*(p for p in (self.summary, self.reply, self.proposal) if p is not None),
                 self.ended)

@@ -23,7 +23,7 @@ from __future__ import annotations
 import re
 import uuid
 from collections.abc import Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from datetime import UTC, datetime
 
 from cloudevents.core.bindings.kafka import KafkaMessage, from_binary, to_binary
@@ -82,6 +82,22 @@ class Envelope:
     @property
     def type(self) -> str:
         return self.record.ce_type
+
+
+def unfolded(env: Envelope) -> list[Envelope]:
+    """``env`` and the records it folds (``Record.implied``), each at its own seq, with the
+    headers of ``env`` and id ``{id}/{n}``: the log as if every record held one seq, which is
+    how readers that render or count records one by one read it."""
+    rec = env.record
+    if rec.seqs == 1 or env.seq is None:
+        return [env]
+    return [env, *(replace(env, record=r, seq=env.seq + n, id=f"{env.id}/{n}")
+                   for n, r in enumerate(rec.implied(env.seq), start=1))]
+
+
+def last_seq(env: Envelope) -> int | None:
+    """The last seq ``env`` holds (its own, or that of the last record it folds)."""
+    return None if env.seq is None else env.seq + env.record.seqs - 1
 
 
 def new_id() -> str:

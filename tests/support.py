@@ -23,7 +23,7 @@ from deploy.processes import (  # noqa: F401  (re-exported for the tests)
     wait_http_ready,
     worker_group,
 )
-from streams.envelope import Envelope, decode
+from streams.envelope import Envelope, decode, unfolded
 from streams.reading import read_topic
 from streams.settings import VoiceSettings
 from streams.tokens import mint_token
@@ -117,9 +117,11 @@ def edge_state(url: str, settings: VoiceSettings) -> dict[str, Any]:
 
 
 def log_of(settings: VoiceSettings, spec: TopicSpec, key: str) -> list[Envelope]:
-    """``key``'s records on ``spec`` (every delivery, duplicates included), in seq order."""
-    out = [decode(m.key(), m.value(), m.headers())
-           for m in read_all(settings, topic_name(settings, spec)) if m.key() == key.encode()]
+    """``key``'s records on ``spec`` (every delivery, duplicates included), in seq order; a
+    folded record as the records it stands for (``unfolded``), as readers see them."""
+    out = [part for m in read_all(settings, topic_name(settings, spec))
+           if m.key() == key.encode()
+           for part in unfolded(decode(m.key(), m.value(), m.headers()))]
     return sorted(out, key=lambda e: e.seq or 0)
 
 

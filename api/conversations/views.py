@@ -20,6 +20,7 @@ from dataclasses import dataclass, field
 
 from api.frame.cold import ColdReadFailed
 from api.frame.projection import DEFAULT_KEPT, Caller, KeptEvents, StreamProjection
+from schemas.base import registry
 from schemas.conversation import (
     ConversationErased,
     ConversationStarted,
@@ -31,7 +32,7 @@ from schemas.conversation import (
     TurnState,
     TurnStateChanged,
 )
-from streams.envelope import Envelope
+from streams.envelope import Envelope, unfolded
 from streams.ids import parse_turn
 
 
@@ -104,6 +105,8 @@ GAPS_KEPT = 16
 """Gap reads remembered (by conversation and range): a client whose stream ends while one is
 read reconnects with the same cursor and gets its result, not a second scan."""
 
+FOLDED_SEQS = max(t.seqs for t in registry().values()) - 1
+"""The most seqs a record holds after its own (a folded record's)."""
 ABSENT_KEPT = 10_000
 """Ids found in no record before the window, remembered so that asking again scans nothing."""
 COLD_SCANS = 1
@@ -194,9 +197,10 @@ class ConversationViews(StreamProjection[ConversationView]):
     async def _read_gap(self, key: str, after: int, upto: int) -> list[Envelope]:
         assert self.gap is not None
         async with self._scans:
-            found = await asyncio.to_thread(self.gap, key, after, upto)
+            # From a few seqs earlier: a folded record before ``after`` may hold seqs after it.
+            found = await asyncio.to_thread(self.gap, key, max(0, after - FOLDED_SEQS), upto)
         by_seq: dict[int, Envelope] = {}
-        for env in found:
+        for env in (part for record in found for part in unfolded(record)):
             if env.seq is not None:
                 by_seq.setdefault(env.seq, env)  # a redelivered record: the first one
         missing = [s for s in range(after + 1, upto + 1) if s not in by_seq]
@@ -233,7 +237,17 @@ class ConversationViews(StreamProjection[ConversationView]):
             self.notify(key)  # wake ``ensure``'s waiters, whatever the outcome
 
     def apply(self, env: Envelope) -> ConversationView | None:
-        """Apply one record; returns the view it changed, or None for a duplicate/unknown."""
+        """Apply one record of the log — a folded one as the records it stands for, each at
+        its seq (``streams.envelope.unfolded``); returns the view it changed, or None for a
+        duplicate/unknown."""
+        if env.record.seqs == 1:
+            return self._apply(env)
+        changed = None
+        for part in unfolded(env):
+            changed = self._apply(part) or changed
+        return changed
+
+    def _apply(self, env: Envelope) -> ConversationView | None:
         rec = env.record
         if isinstance(rec, ConversationStarted):
             if env.key in self.by_key:

@@ -27,13 +27,12 @@ from schemas.conversation import (
     EraseConversation,
     ExpireTurn,
     HistorySummarised,
-    MessageRecorded,
     ProposalRecorded,
     RecordTurnResults,
     ReplyRecorded,
     SendMessage,
     StartConversation,
-    TurnRequested,
+    TurnOpened,
     TurnStateChanged,
 )
 from streams.envelope import Envelope
@@ -125,12 +124,10 @@ class ConversationSequencer(Aggregate[ConversationState]):
             at = cmd.time.isoformat()
             msg_seq = state.seq + 1
             turn = turn_id(rec.conversation, msg_seq)
-            records = append(
-                state,
-                MessageRecorded(conversation=rec.conversation, message_id=rec.message_id,
-                                text=rec.text, at=at),
-                TurnRequested(conversation=rec.conversation, turn=turn, message_seq=msg_seq),
-                TurnStateChanged(conversation=rec.conversation, turn=turn, state="Thinking"))
+            # One record for the message, its turn's request and its Thinking (three seqs).
+            records = append(state, TurnOpened(conversation=rec.conversation,
+                                               message_id=rec.message_id, text=rec.text, at=at,
+                                               turn=turn))
             state.open_turns[turn] = (cmd.time + timedelta(seconds=self.turn_deadline_s)
                                       ).isoformat()
             ack = Ack.accepted(msg_seq, turn=turn, at=at)

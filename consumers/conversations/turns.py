@@ -36,6 +36,7 @@ from schemas.conversation import (
     ProposalRecorded,
     RecordTurnResults,
     ReplyRecorded,
+    TurnOpened,
     TurnRequested,
     TurnStateChanged,
 )
@@ -219,17 +220,24 @@ class Turns:
             self.index.pop(env.key, None)  # its key goes with its tombstone (docs/keys.md)
             return
         index = TranscriptIndex.from_dict(self.index.get(env.key))
-        if isinstance(rec, TurnRequested):
-            started = WorkflowStarted(workflow=rec.turn, kind=KIND, input={
-                "conversation": rec.conversation, "turn": rec.turn,
-                "message_seq": rec.message_seq, "tenant": env.tenant,
-                "history": index.reference(rec.message_seq, partition)})
-            out = Envelope(record=started, key=rec.turn, source=SOURCE, subject=rec.turn,
-                           seq=1, tenant=env.tenant, correlation=env.correlation,
-                           causation=env.id, id=f"{rec.turn}:1")
-            await self.publisher.send(WORKFLOWS, out)
+        if isinstance(rec, TurnRequested):  # a log from before messages opened their turn
+            await self._start(env, rec.conversation, rec.turn, rec.message_seq, index,
+                              partition)
         elif index.apply(env, partition, offset, self.read_bytes):
             self.index[env.key] = index.to_dict()
+        if isinstance(rec, TurnOpened) and env.seq is not None:
+            await self._start(env, rec.conversation, rec.turn, env.seq, index, partition)
+
+    async def _start(self, env: Envelope, conversation: str, turn: str, message_seq: int,
+                     index: TranscriptIndex, partition: int) -> None:
+        """Start the workflow of ``turn``, its input a reference to its history."""
+        started = WorkflowStarted(workflow=turn, kind=KIND, input={
+            "conversation": conversation, "turn": turn, "message_seq": message_seq,
+            "tenant": env.tenant, "history": index.reference(message_seq, partition)})
+        out = Envelope(record=started, key=turn, source=SOURCE, subject=turn, seq=1,
+                       tenant=env.tenant, correlation=env.correlation, causation=env.id,
+                       id=f"{turn}:1")
+        await self.publisher.send(WORKFLOWS, out)
 
     async def read_history(self, conversation: str, inp: dict[str, Any]
                            ) -> tuple[list[dict[str, Any]], list[int]]:

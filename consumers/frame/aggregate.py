@@ -118,7 +118,7 @@ class Decision(Generic[S]):
     """What ``decide`` returns: the new state, the records it appended, and the answer.
 
     ``records`` were appended in order and ``state.seq`` already counts them, so the last one
-    has ``state.seq``. ``ack`` is ``None`` for a command nobody waits on (nothing is produced
+    holds ``state.seq``. ``ack`` is ``None`` for a command nobody waits on (nothing is produced
     to ``voice.acks``). A state of ``None`` leaves the table as it was.
     """
 
@@ -134,9 +134,15 @@ class Decision(Generic[S]):
 
 
 def append(state: SeqState, *records: Record) -> tuple[Record, ...]:
-    """Count ``records`` into ``state.seq`` (the writer gives them those seqs)."""
-    state.seq += len(records)
+    """Count ``records`` into ``state.seq`` (the writer gives them those seqs; a record that
+    folds others, ``Record.seqs`` > 1, takes one seq for each)."""
+    state.seq += seqs_of(records)
     return records
+
+
+def seqs_of(records: tuple[Record, ...]) -> int:
+    """How many seqs ``records`` hold."""
+    return sum(r.seqs for r in records)
 
 
 def remember(memory: dict[str, Any], key: str, value: Any, limit: int = MAX_REMEMBERED) -> None:

@@ -46,7 +46,7 @@ from typing import Any, Protocol
 
 from confluent_kafka import KafkaException
 
-from consumers.frame.aggregate import Ack, Aggregate, Decision
+from consumers.frame.aggregate import Ack, Aggregate, Decision, seqs_of
 from consumers.intake import dead_letter, decode_or_dead_letter
 from schemas.base import Record
 from schemas.system import CommandAcknowledged
@@ -106,16 +106,20 @@ def answer_to(command_id: str, aggregate: str, tenant: str | None, correlation: 
 
 
 def appended(agg: Aggregate[Any], cmd: Envelope, decision: Decision[Any]) -> list[Output]:
-    """The envelopes of a decision's records: dense seqs ending at ``state.seq``, ids and
-    time from the command, tenant/correlation/causation copied from it."""
+    """The envelopes of a decision's records: dense seqs ending at ``state.seq`` (a record
+    that folds others holds one for each), ids and time from the command,
+    tenant/correlation/causation copied from it."""
     if not decision.records or decision.state is None:
         return []
-    first = decision.state.seq - len(decision.records) + 1
-    return [(agg.log, Envelope(
-        record=record, key=cmd.key, source=agg.source, subject=cmd.key, seq=seq,
-        tenant=cmd.tenant, correlation=cmd.correlation or cmd.id, causation=cmd.id,
-        id=agg.record_id(cmd, seq, record), time=cmd.time))
-        for seq, record in enumerate(decision.records, start=first)]
+    seq = decision.state.seq - seqs_of(decision.records) + 1
+    out: list[Output] = []
+    for record in decision.records:
+        out.append((agg.log, Envelope(
+            record=record, key=cmd.key, source=agg.source, subject=cmd.key, seq=seq,
+            tenant=cmd.tenant, correlation=cmd.correlation or cmd.id, causation=cmd.id,
+            id=agg.record_id(cmd, seq, record), time=cmd.time)))
+        seq += record.seqs
+    return out
 
 
 def apply(agg: Aggregate[Any], state: Any, cmd: Envelope
@@ -141,7 +145,7 @@ def apply(agg: Aggregate[Any], state: Any, cmd: Envelope
     if decision.records:
         before = 0 if state is None else state.seq
         after = -1 if decision.state is None else decision.state.seq
-        if after != before + len(decision.records):  # a decide that did not ``append`` them
+        if after != before + seqs_of(decision.records):  # a decide that did not ``append``
             raise SeqMismatch(f"{agg.name}: {len(decision.records)} records took seq "
                              f"{before!r} to {after!r}")
     if decision.state is not None and decision.state.tenant is None:

@@ -35,7 +35,7 @@ from schemas.conversation import (
     TurnStateChanged,
 )
 from schemas.workflow import WorkflowStarted
-from streams.envelope import Envelope, decode
+from streams.envelope import Envelope, decode, unfolded
 from streams.producer import RecordProducer
 from streams.sealing import sealer_for
 from streams.settings import VoiceSettings
@@ -66,8 +66,9 @@ def send(settings: VoiceSettings, *records: object, key: str) -> None:
 
 
 def log_of(settings: VoiceSettings, spec: object, key: str) -> list[Envelope]:
-    envs = [decode(m.key(), m.value(), m.headers())
-            for m in read_all(settings, topic_name(settings, spec)) if m.key() == key.encode()]
+    envs = [part for m in read_all(settings, topic_name(settings, spec))
+            if m.key() == key.encode() for part in unfolded(decode(m.key(), m.value(),
+                                                                   m.headers()))]
     return sorted((e for e in envs if e.seq is not None), key=lambda e: e.seq or 0)
 
 

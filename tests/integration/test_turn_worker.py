@@ -15,7 +15,7 @@ from schemas.conversation import (
     StartConversation,
     TurnStateChanged,
 )
-from streams.envelope import Envelope, decode
+from streams.envelope import Envelope, decode, unfolded
 from streams.producer import RecordProducer
 from streams.sealing import sealer_for
 from streams.settings import VoiceSettings
@@ -39,7 +39,7 @@ def log_of(settings: VoiceSettings, topic_spec, key: str) -> list[Envelope]:  # 
     out = []
     for m in read_all(settings, topic_name(settings, topic_spec)):
         if m.key() == key.encode():
-            out.append(decode(m.key(), m.value(), m.headers()))
+            out.extend(unfolded(decode(m.key(), m.value(), m.headers())))
     return sorted((e for e in out if e.seq is not None), key=lambda e: e.seq or 0)
 
 

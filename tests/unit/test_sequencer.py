@@ -11,16 +11,18 @@ from schemas.base import Sealed
 from schemas.conversation import (
     ConversationStarted,
     EraseConversation,
-    MessageRecorded,
+    ProposalRecorded,
     RecordTurnResults,
     ReplyRecorded,
     SendMessage,
     StartConversation,
+    TurnOpened,
+    TurnReplied,
     TurnRequested,
     TurnStateChanged,
 )
 from schemas.system import CommandAcknowledged
-from streams.envelope import Envelope
+from streams.envelope import Envelope, unfolded
 from streams.topics import ACKS, CONVERSATIONS
 
 CNV = "cnv-00112233aabbccdd"
@@ -47,14 +49,23 @@ def test_start_then_messages_get_dense_seqs() -> None:
     state, out = sequence(None, cmd(StartConversation(conversation=CNV, owner="alice")))
     assert [(s, e.seq, type(e.record)) for s, e in out] == [
         (CONVERSATIONS, 1, ConversationStarted), (ACKS, None, CommandAcknowledged)]
-    state, out = sequence(state, send())
-    log = [(e.seq, type(e.record)) for s, e in out if s is CONVERSATIONS]
-    assert log == [(2, MessageRecorded), (3, TurnRequested), (4, TurnStateChanged)]
+    state, out = sequence(state, send(id_="cmd"))
+    # One record for the message and the turn it opens; unfolded, the three of before.
+    assert [(e.seq, type(e.record)) for s, e in out if s is CONVERSATIONS] == [(2, TurnOpened)]
+    log = [(e.seq, type(e.record), e.id) for s, e in out if s is CONVERSATIONS
+           for e in unfolded(e)]
+    assert log == [(2, TurnOpened, "cmd-2"), (3, TurnRequested, "cmd-2/1"),
+                   (4, TurnStateChanged, "cmd-2/2")]
+    requested, thinking = (e.record for s, e in out if s is CONVERSATIONS
+                           for e in unfolded(e)[1:])
+    assert requested == TurnRequested(conversation=CNV, turn=f"{CNV}:turn-2", message_seq=2)
+    assert thinking == TurnStateChanged(conversation=CNV, turn=f"{CNV}:turn-2",
+                                        state="Thinking")
     ack = out[-1][1].record
     assert ack.outcome == "accepted" and ack.seq == 2
     assert ack.detail["turn"] == f"{CNV}:turn-2"
     state, out = sequence(state, send())
-    assert [e.seq for s, e in out if s is CONVERSATIONS] == [5, 6, 7]
+    assert [e.seq for s, e in out if s is CONVERSATIONS] == [5]
     assert state is not None and state.seq == 7
 
 
@@ -118,11 +129,33 @@ def test_a_turns_results_are_one_command_appended_in_order_unanswered() -> None:
     turn = out[-1][1].record.detail["turn"]
     remembered = dict(state.commands)
     state, out = sequence(state, _results(turn))
-    assert [(s, e.seq, type(e.record)) for s, e in out] == [
-        (CONVERSATIONS, 5, ReplyRecorded), (CONVERSATIONS, 6, TurnStateChanged)]
-    assert [e.id for _, e in out] == [f"{turn}:results-5", f"{turn}:results-6"]
-    assert out[1][1].record.state == "Replied" and turn not in state.open_turns
-    assert state.commands == remembered
+    # The reply carries the turn's end: one record holding the two seqs of before.
+    assert [(s, e.seq, type(e.record)) for s, e in out] == [(CONVERSATIONS, 5, TurnReplied)]
+    parts = unfolded(out[0][1])
+    assert [(e.seq, type(e.record), e.id) for e in parts] == [
+        (5, TurnReplied, f"{turn}:results-5"), (6, TurnStateChanged, f"{turn}:results-5/1")]
+    assert parts[1].record.state == "Replied" and turn not in state.open_turns
+    assert state.seq == 6 and state.commands == remembered
+
+
+def test_a_turn_with_a_proposal_ends_after_it_in_a_record_of_its_own() -> None:
+    """The log's order stays reply, proposal, end: a reply followed by a proposal does not
+    carry the end, nor does the reply of a turn that ends otherwise."""
+    state, _ = sequence(None, cmd(StartConversation(conversation=CNV, owner="alice")))
+    state, out = sequence(state, send(id_="c1"))
+    turn = out[-1][1].record.detail["turn"]
+    proposal = ProposalRecorded(conversation=CNV, turn=turn, proposal_id=f"{turn}:proposal",
+                                proposal=SEALED)
+    reply = ReplyRecorded(conversation=CNV, turn=turn, reply_id=f"{turn}:reply", text=SEALED)
+    results = cmd(RecordTurnResults(
+        conversation=CNV, turn=turn, reply=reply, proposal=proposal,
+        ended=TurnStateChanged(conversation=CNV, turn=turn, state="Replied")), "r")
+    state, out = sequence(state, results)
+    assert [(e.seq, type(e.record)) for _, e in out] == [
+        (5, ReplyRecorded), (6, ProposalRecorded), (7, TurnStateChanged)]
+    coded = RecordTurnResults(conversation=CNV, turn=turn, reply=reply, ended=TurnStateChanged(
+        conversation=CNV, turn=turn, state="CouldNotInterpret", reason_code="cancelled"))
+    assert [type(r) for r in coded.parts()] == [ReplyRecorded, TurnStateChanged]
 
 
 def test_redelivered_results_are_dropped_without_a_table_write() -> None:

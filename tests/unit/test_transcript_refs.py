@@ -37,6 +37,7 @@ from schemas.conversation import (
     MessageRecorded,
     RecordTurnResults,
     ReplyRecorded,
+    TurnOpened,
     TurnRequested,
     TurnStateChanged,
 )
@@ -92,21 +93,27 @@ class Conversation:
         self.seq = 0
 
     async def append(self, rec: Record) -> Envelope:
-        self.seq += 1
-        env = Envelope(record=rec, key=CNV, source="/t", seq=self.seq, tenant="t1")
+        env = Envelope(record=rec, key=CNV, source="/t", seq=self.seq + 1, tenant="t1")
+        self.seq += rec.seqs  # a folded record holds a seq for each record it stands for
         offset = self.log.append(CONVERSATIONS, PARTITION, env)
         await self.turns.on_conversation_record(env, PARTITION, offset)
         return env
 
-    async def message(self, text: str) -> WorkflowStarted:
-        """A participant's message, as the sequencer appends it; the turn's start."""
+    async def message(self, text: str, legacy: bool = False) -> WorkflowStarted:
+        """A participant's message, as the sequencer appends it (``legacy``: as it did before
+        a message opened its turn in one record); the turn's start."""
         msg_seq = self.seq + 1
         mid = f"m{msg_seq}"
-        await self.append(MessageRecorded(conversation=CNV, message_id=mid,
-                                          text=self.sealer.seal(CNV, mid, text), at="now"))
         turn = turn_id(CNV, msg_seq)
-        await self.append(TurnRequested(conversation=CNV, turn=turn, message_seq=msg_seq))
-        await self.append(TurnStateChanged(conversation=CNV, turn=turn, state="Thinking"))
+        sealed = self.sealer.seal(CNV, mid, text)
+        if legacy:
+            await self.append(MessageRecorded(conversation=CNV, message_id=mid, text=sealed,
+                                              at="now"))
+            await self.append(TurnRequested(conversation=CNV, turn=turn, message_seq=msg_seq))
+            await self.append(TurnStateChanged(conversation=CNV, turn=turn, state="Thinking"))
+        else:
+            await self.append(TurnOpened(conversation=CNV, message_id=mid, text=sealed,
+                                         at="now", turn=turn))
         started = self.out.of(WORKFLOWS)[-1].record
         assert isinstance(started, WorkflowStarted) and started.workflow == turn
         return started
@@ -145,6 +152,22 @@ async def test_a_turn_input_names_positions_and_the_step_reads_them() -> None:
     assert [m["role"] for m in c.agent.histories[-1]] == ["user", "assistant", "user"]
     assert c.agent.histories[-1][1]["content"] == f"reply to {turn_id(CNV, 1)}"
     assert c.log.reads[-1][:3] == (CONVERSATIONS.name, PARTITION, CNV)
+
+
+async def test_a_log_of_separate_records_and_one_of_folded_ones_start_the_same_turns() -> None:
+    """A log written before a message opened its turn in one record (``TurnOpened``) and a
+    reply ended it (``TurnReplied``) still starts each turn, with the same seqs and history."""
+    seen = []
+    for legacy in (True, False):
+        c = Conversation()
+        first = await c.message("The crossing is unsafe.", legacy=legacy)
+        await c.run(first)
+        second = await c.message("And the bus stop.", legacy=legacy)
+        await c.run(second)
+        seen.append((first.workflow, second.workflow, second.input["message_seq"],
+                     [p[0] for p in second.input["history"]["entries"]], c.agent.histories))
+    assert seen[0] == seen[1]
+    assert seen[1][:4] == (turn_id(CNV, 1), turn_id(CNV, 6), 6, [1, 4, 6])
 
 
 async def test_a_long_conversation_keeps_every_value_and_input_small() -> None:
@@ -208,7 +231,7 @@ async def test_a_history_over_the_read_budget_is_cut_and_the_turn_told_so() -> N
 
 async def test_records_that_are_not_where_the_index_says_fail_the_step_clearly() -> None:
     c = Conversation()
-    started = await c.message("hello there friends")
+    started = await c.message("hello there friends", legacy=True)  # a log of separate records
     bad = dict(started.input, history={**started.input["history"], "entries": [[1, 99]]})
     ctx = StepContext(workflow=started.workflow, kind=KIND, step="reply", attempt=1,
                       input=bad, outputs={}, commands={})

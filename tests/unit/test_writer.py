@@ -15,7 +15,14 @@ from consumers.conversations.sequencer import ConversationSequencer, Conversatio
 from consumers.frame import Aggregate, Decision
 from consumers.frame.writer import Raw, Writer
 from schemas.base import Sealed
-from schemas.conversation import SendMessage, StartConversation
+from schemas.conversation import (
+    ProposalRecorded,
+    RecordTurnResults,
+    ReplyRecorded,
+    SendMessage,
+    StartConversation,
+    TurnStateChanged,
+)
 from schemas.staff import OpenIssue
 from schemas.system import CommandAcknowledged
 from streams.envelope import Envelope, encode
@@ -140,16 +147,28 @@ def test_records_are_acked_before_the_table_and_the_command_ack_comes_last(parts
         return when_done
 
     when_done = run(scenario())
-    ids = ["c1-2", "c1-3", "c1-4"]
     assert when_done == [
-        *[("produce", "voice.conversations", i) for i in ids],   # produced in order, at once
-        *[("acked", "voice.conversations", i) for i in ids],     # then every broker ack
-        ("table", CNV),                                            # then the state
-        ("produce", "voice.acks", "c1-ack"),                       # then the command's ack
+        ("produce", "voice.conversations", "c1-2"),  # the message opening its turn (seqs 2-4)
+        ("acked", "voice.conversations", "c1-2"),    # then its broker ack
+        ("table", CNV),                              # then the state
+        ("produce", "voice.acks", "c1-ack"),         # then the command's ack
     ]
     assert journal[len(when_done):] == [("acked", "voice.acks", "c1-ack")]
+
+    # A command of several records: all produced at once, in order, then every broker ack.
+    turn = f"{CNV}:turn-2"
+    journal.clear()
+    run(writer.dispatch(Envelope(record=RecordTurnResults(
+        conversation=CNV, turn=turn,
+        reply=ReplyRecorded(conversation=CNV, turn=turn, reply_id="r", text=SEALED),
+        proposal=ProposalRecorded(conversation=CNV, turn=turn, proposal_id="p", proposal=SEALED),
+        ended=TurnStateChanged(conversation=CNV, turn=turn, state="Replied")),
+        key=CNV, source="/test", id="r1", time=T0, tenant="t1")))
+    ids = ["r1-5", "r1-6", "r1-7"]
+    assert journal == [*[("produce", "voice.conversations", i) for i in ids],
+                       *[("acked", "voice.conversations", i) for i in ids], ("table", CNV)]
     assert not writer._acks  # nothing left in flight
-    msg = out.log()[-3]
+    msg = next(e for e in out.log() if e.seq == 2)
     assert (msg.seq, msg.tenant, msg.correlation, msg.causation, msg.time) == (
         2, "t1", "req-1", "c1", T0)
 
@@ -172,11 +191,11 @@ def test_a_crash_between_table_and_ack_still_answers_the_command(parts) -> None:
     out.fail_on = "voice.acks"
     with pytest.raises(Crash):
         run(writer.dispatch(send("c1")))
-    assert [e.seq for e in out.log()] == [1, 2, 3, 4] and len(out.acks()) == 1
+    assert [e.seq for e in out.log()] == [1, 2] and len(out.acks()) == 1
     run(writer.dispatch(send("c1")))  # redelivered: the state already holds it
     ack = out.acks()[-1]
     assert ack.command_id == "c1" and ack.outcome == "duplicate" and ack.seq == 2
-    assert ack.detail["turn"] == f"{CNV}:turn-2" and len(out.log()) == 4
+    assert ack.detail["turn"] == f"{CNV}:turn-2" and len(out.log()) == 2
 
 
 def test_a_crash_before_the_table_replays_to_identical_records(parts) -> None:  # noqa: ANN001
@@ -279,7 +298,7 @@ def test_records_the_broker_refuses_are_dead_lettered_and_their_seqs_never_reuse
         return Envelope(record=SendMessage(conversation=CNV, message_id="m1", text=SEALED,
                                            idempotency_key="k1"),
                         key=CNV, source="/test", id=id_, time=T0, tenant="t1")
-    out.refuse = "voice.conversations"  # the first of its three records is refused
+    out.refuse = "voice.conversations"  # its record (seqs 2-4) is refused
     run(writer.dispatch(idem("c1")))
     ack = out.acks()[-1]
     assert (ack.command_id, ack.outcome) == ("c1", "rejected") and ack.detail["retryable"]
@@ -290,7 +309,7 @@ def test_records_the_broker_refuses_are_dead_lettered_and_their_seqs_never_reuse
     assert "c1" not in state.commands and "idem:k1" not in state.commands
 
     run(writer.dispatch(send("c2")))
-    assert [e.seq for e in out.log() if e.causation == "c2"] == [5, 6, 7]
+    assert [e.seq for e in out.log() if e.causation == "c2"] == [5]  # holding seqs 5-7
     run(writer.dispatch(idem("c3")))  # the client's retry, same idempotency key
     assert out.acks()[-1].outcome == "accepted" and out.acks()[-1].seq == 8
 
