@@ -179,6 +179,21 @@ class HistorySummarised(Record):
 # they were folded; the older, separate records stay readable as they are.
 
 
+class TranscriptRef(BaseModel):
+    """Where the transcript a turn reads is on its conversation's log, besides its message:
+    positions (seq, offset), never content."""
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    summary: tuple[int, int] | None = None
+    """(seq, offset) of the latest ``HistorySummarised``, if any."""
+    entries: list[tuple[int, int]] = Field(default_factory=list)
+    """(seq, offset) of the messages and replies after it, oldest first: the most recent whose
+    sealed content fits the read budget (``VOICE_HISTORY_READ_BYTES``) with the message's."""
+    omitted_through: int = Field(default=0, ge=0)
+    """The last seq left out unsummarised (over the read budget); 0 if none."""
+
+
 @record_type("voice.conversation.message_recorded.v2")
 class TurnOpened(MessageRecorded):
     """A participant's message and the turn it opens, as one record holding three seqs: the
@@ -189,6 +204,10 @@ class TurnOpened(MessageRecorded):
 
     turn: str
     """The turn it opens: ``{conversation}:turn-{n}``."""
+    history: TranscriptRef | None = None
+    """What the turn reads before this message, by position (the writer learns each record's
+    offset from the broker); None when the writer knows no positions of this conversation
+    (begun before it kept them): the worker's transcript table has them."""
 
     def implied(self, seq: int) -> tuple[Record, ...]:
         return (TurnRequested(conversation=self.conversation, turn=self.turn, message_seq=seq),

@@ -208,9 +208,10 @@ class Publisher:
 
 
 async def deliver_all(produce: Callable[[TopicSpec, Envelope], Awaitable[object]],
-                      items: Sequence[tuple[TopicSpec, Envelope]]) -> None:
+                      items: Sequence[tuple[TopicSpec, Envelope]]) -> list[object]:
     """Produce ``items`` in order, then wait until every one has settled; raise the first
-    failure (a produce the client refused at once stops the rest), the others retrieved."""
+    failure (a produce the client refused at once stops the rest), the others retrieved.
+    Returns each one's delivery report (what ``produce`` resolved to), in order."""
     pending: list[asyncio.Future[object]] = []
     refused: BaseException | None = None
     for spec, env in items:
@@ -223,6 +224,7 @@ async def deliver_all(produce: Callable[[TopicSpec, Envelope], Awaitable[object]
     failure = refused or next((r for r in results if isinstance(r, BaseException)), None)
     if failure is not None:
         raise failure
+    return list(results)
 
 
 def _set_result(fut: asyncio.Future[Message], msg: Message) -> None:

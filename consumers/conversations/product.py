@@ -1,10 +1,10 @@
 """The conversation product on the worker: its sequencer, its transcript index, its turn workflow.
 
 ``Conversations().register(ctx)`` is all the worker needs: the sequencer becomes the writer of
-conversation commands, the transcript index (positions of each conversation's records, never
-content) is fed from ``voice.conversations`` (which also starts each requested turn's
-workflow), and the ``conversation-turn`` workflow runs the concern-extraction agent through
-the context's agent runner.
+conversation commands (keeping where each transcript is on the log), ``voice.conversations``
+starts each opened turn's workflow (and feeds the transcript table of conversations begun
+before the writer kept positions), and the ``conversation-turn`` workflow runs the
+concern-extraction agent through the context's agent runner.
 """
 
 from __future__ import annotations
@@ -48,7 +48,8 @@ class Conversations:
             index = IssueIndex()
             follower = ctx.follow(ISSUES, index.apply, "issues")
             self.issues = FollowedIssues(index, follower.fresh)
-        ctx.aggregate(ConversationSequencer(ctx.settings.turn_deadline_s))
+        ctx.aggregate(ConversationSequencer(ctx.settings.turn_deadline_s,
+                                            ctx.settings.history_read_bytes))
         self.turns = Turns(ctx.publisher, ctx.table("transcript_index"), ctx.sealer,
                            self._agent or self.concern_agent, ctx.log_reader,
                            ctx.settings.history_read_bytes,

@@ -6,6 +6,10 @@ calls a model and never opens sealed content. Deterministic, so a command replay
 crash yields the same records with the same seqs, which readers dedupe by
 ``(conversation, seq)``.
 
+It keeps where the conversation's transcript is on the log (``transcript``: positions, from
+the broker's delivery reports, ``placed``) and names in each message's record what its turn
+reads, so the turn's workflow starts from that record alone.
+
 Every turn it opens has a deadline (``VOICE_TURN_DEADLINE_S`` after its message): it stays in
 ``open_turns`` until a terminal ``TurnStateChanged`` ends it, and ``overdue`` names the open
 turns past their deadline, for the worker's janitor to submit as ``ExpireTurn``. A turn ends
@@ -15,10 +19,12 @@ are refused, never appended.
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from datetime import datetime, timedelta
 from typing import Any
 
+from consumers.conversations.transcript import TranscriptIndex
 from consumers.frame import Ack, Aggregate, AggregateState, Decision, append, remember
 from schemas.base import Record
 from schemas.conversation import (
@@ -57,6 +63,10 @@ class ConversationState(AggregateState):
     tracked_from: int = 0
     """The first message seq whose turn is tracked in ``open_turns``: a state written before
     turns had deadlines takes results of its older turns as it always did."""
+    transcript: dict[str, Any] | None = field(default_factory=lambda: TranscriptIndex().to_dict())
+    """Where its transcript is on the log (a ``TranscriptIndex``), from the delivery reports
+    of its records (``placed``); None for a state written before the writer kept it (the
+    worker's ``transcript_index`` table keeps that conversation's)."""
 
 
 class ConversationSequencer(Aggregate[ConversationState]):
@@ -71,15 +81,32 @@ class ConversationSequencer(Aggregate[ConversationState]):
                 ProposalRecorded, TurnStateChanged, HistorySummarised, ExpireTurn,
                 RecordTurnResults)
 
-    def __init__(self, turn_deadline_s: float = 900.0) -> None:
-        """``turn_deadline_s`` is ``VOICE_TURN_DEADLINE_S``."""
+    def __init__(self, turn_deadline_s: float = 900.0, read_bytes: int = 512 * 1024) -> None:
+        """``turn_deadline_s`` is ``VOICE_TURN_DEADLINE_S``; ``read_bytes`` is
+        ``VOICE_HISTORY_READ_BYTES`` (what a turn's history may read)."""
         self.turn_deadline_s = turn_deadline_s
+        self.read_bytes = read_bytes
 
     def load(self, raw: dict[str, Any] | None) -> ConversationState | None:
         state: ConversationState | None = super().load(raw)
-        if state is not None and raw is not None and "open_turns" not in raw:
-            state.tracked_from = state.seq + 1  # written before turns had deadlines
+        if state is not None and raw is not None:
+            if "open_turns" not in raw:
+                state.tracked_from = state.seq + 1  # written before turns had deadlines
+            if "transcript" not in raw:
+                state.transcript = None  # written before the writer kept positions
         return state
+
+    def placed(self, state: ConversationState,
+               records: Sequence[tuple[Envelope, int, int]]) -> None:
+        """Index where the broker put its messages, replies and summaries."""
+        if state.transcript is None:
+            return
+        index = TranscriptIndex.from_dict(state.transcript)
+        changed = False
+        for env, partition, offset in records:
+            changed = index.apply(env, partition, offset, self.read_bytes) or changed
+        if changed:
+            state.transcript = index.to_dict()
 
     def acknowledges(self, cmd: Envelope) -> bool:
         """A turn's results are answered to nobody: its step does not wait on them."""
@@ -124,10 +151,14 @@ class ConversationSequencer(Aggregate[ConversationState]):
             at = cmd.time.isoformat()
             msg_seq = state.seq + 1
             turn = turn_id(rec.conversation, msg_seq)
-            # One record for the message, its turn's request and its Thinking (three seqs).
-            records = append(state, TurnOpened(conversation=rec.conversation,
-                                               message_id=rec.message_id, text=rec.text, at=at,
-                                               turn=turn))
+            # One record for the message, its turn's request and its Thinking (three seqs),
+            # naming what the turn reads besides the message (the positions the state knows).
+            message = TurnOpened(conversation=rec.conversation, message_id=rec.message_id,
+                                 text=rec.text, at=at, turn=turn)
+            if state.transcript is not None:
+                message = message.model_copy(update={"history": TranscriptIndex.from_dict(
+                    state.transcript).before(message, msg_seq, self.read_bytes)})
+            records = append(state, message)
             state.open_turns[turn] = (cmd.time + timedelta(seconds=self.turn_deadline_s)
                                       ).isoformat()
             ack = Ack.accepted(msg_seq, turn=turn, at=at)

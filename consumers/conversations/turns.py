@@ -1,10 +1,10 @@
 """The conversation-turn workflow (id ``{conversation}:turn-{seq}``) and what its step reads.
 
-The conversation product keeps, per conversation, a ``TranscriptIndex``: where its transcript
-is on ``voice.conversations`` — positions, never content, bounded in count and in the bytes
-they point at. ``TurnRequested`` starts the workflow with a *reference* as its input: the
-conversation, the message seq, the log partition and the positions of the records the turn
-reads (the latest history summary, then the messages and replies after it). So a workflow's
+The record that opens a turn (``TurnOpened``; on an older log, ``TurnRequested``) starts the
+workflow with a *reference* as its input: the conversation, the message seq, the log
+partition and the positions of the records the turn reads (the latest history summary, then
+the messages and replies after it, then the message) — named by the record itself, from the
+``TranscriptIndex`` its writer keeps (``consumers.conversations.transcript``). So a workflow's
 records stay small however long the conversation grows, and no table value holds a transcript.
 
 The one step reads those records back from the log (``consumers.frame.logrefs``), opens them,
@@ -19,13 +19,13 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Awaitable, Callable, Sequence
-from dataclasses import asdict, dataclass, field
 from typing import Any
 
 from consumers.conversations.concern import ConcernReply
+from consumers.conversations.transcript import TranscriptIndex, turn_reference
 from consumers.engine.cancel import CancelToken
 from consumers.engine.history import lead_with_stored
-from consumers.frame.logrefs import LogReader, LogUnavailable, Position, recent
+from consumers.frame.logrefs import LogReader, LogUnavailable, Position
 from consumers.workflows.engine import StepContext, StepDef, WorkflowDef, WorkflowState
 from consumers.workflows.runtime import Erased, StepError, failure_words
 from schemas.base import Sealed
@@ -125,78 +125,14 @@ def history_of(sealer: Sealer, conversation: str, records: Sequence[Envelope],
     return lead_with_stored(history, seqs, stored, omitted_through, READ_SETTING)
 
 
-@dataclass
-class TranscriptIndex:
-    """Where a conversation's transcript is on its log (a Faust table value, as a dict).
-
-    Positions only, never content: the latest summary, then the messages and replies after
-    it — the most recent whose sealed content fits the read budget, at most
-    ``logrefs.MAX_ENTRIES`` of them — so the value stays a few kilobytes at most.
-    """
-
-    partition: int | None = None
-    entries: list[dict[str, int]] = field(default_factory=list)
-    """``{"seq", "offset", "bytes"}`` of each message and reply after the summary."""
-    summary: dict[str, int] | None = None
-    """``{"seq", "offset", "through"}`` of the latest ``HistorySummarised``."""
-    omitted_through: int = 0
-    """The last seq left out of the index unsummarised (over the read budget); 0 if none."""
-
-    @classmethod
-    def from_dict(cls, d: dict[str, Any] | None) -> TranscriptIndex:
-        return cls() if not isinstance(d, dict) else cls(**d)
-
-    def to_dict(self) -> dict[str, Any]:
-        return asdict(self)
-
-    @property
-    def covered(self) -> int:
-        """The last seq the summary covers (0 without one)."""
-        return self.summary["through"] if self.summary else 0
-
-    def apply(self, env: Envelope, partition: int, offset: int, budget: int) -> bool:
-        """Index one log record; whether the index changed (a redelivery changes nothing)."""
-        rec, seq = env.record, env.seq
-        if seq is None:
-            return False
-        if isinstance(rec, HistorySummarised):
-            if rec.through_seq <= self.covered:
-                return False
-            self.partition = partition
-            self.summary = {"seq": seq, "offset": offset, "through": rec.through_seq}
-            self.entries = [e for e in self.entries if e["seq"] > rec.through_seq]
-            if self.omitted_through <= rec.through_seq:
-                self.omitted_through = 0
-            return True
-        if not isinstance(rec, (MessageRecorded, ReplyRecorded)):
-            return False
-        if seq <= self.covered or (self.entries and self.entries[-1]["seq"] >= seq):
-            return False
-        self.partition = partition
-        entries = [*self.entries, {"seq": seq, "offset": offset,
-                                   "bytes": len(rec.text.ciphertext)}]
-        self.entries = recent(entries, budget)
-        if len(self.entries) < len(entries):
-            self.omitted_through = max(self.omitted_through,
-                                       entries[len(entries) - len(self.entries) - 1]["seq"])
-        return True
-
-    def reference(self, message_seq: int, partition: int) -> dict[str, Any]:
-        """What a turn of ``message_seq`` reads: positions of records up to the message."""
-        return {"partition": self.partition if self.partition is not None else partition,
-                "summary": None if self.summary is None
-                else Position(self.summary["seq"], self.summary["offset"]).to_json(),
-                "entries": [Position(e["seq"], e["offset"]).to_json()
-                            for e in self.entries if e["seq"] <= message_seq],
-                "omitted_through": self.omitted_through}
-
-
 class Turns:
-    """Keeps each conversation's transcript index, starts turn workflows, runs their step."""
+    """Starts turn workflows (keeping the transcript index of conversations begun before
+    their writer kept it), runs their step."""
 
     def __init__(self, publisher: Publisher, index: Any, sealer: Sealer, agent: ConcernAgent,
                  reader: LogReader, read_bytes: int, crash: CrashPoints | None = None) -> None:
-        """``index`` is the table of ``TranscriptIndex`` values; ``reader`` fetches the
+        """``index`` is the table of ``TranscriptIndex`` values (of conversations begun
+        before their writer kept positions); ``reader`` fetches the
         records a turn refers to; ``read_bytes`` is ``VOICE_HISTORY_READ_BYTES``; ``crash``
         the test-only crash points."""
         self.publisher = publisher
@@ -213,27 +149,40 @@ class Turns:
                                       sealed_by=lambda i: i["conversation"])
 
     async def on_conversation_record(self, env: Envelope, partition: int, offset: int) -> None:
-        """Index the record at ``partition``/``offset``; start the workflow of each
-        requested turn (again on a redelivery: its start is idempotent)."""
+        """Start the workflow of each turn a record at ``partition``/``offset`` opens (again
+        on a redelivery: its start is idempotent), its input named by the record itself.
+
+        Only a conversation whose writer knows no positions (begun before it kept them) is
+        indexed here, in the ``transcript_index`` table, as every conversation was before."""
         rec = env.record
         if isinstance(rec, ConversationErased):
             self.index.pop(env.key, None)  # its key goes with its tombstone (docs/keys.md)
             return
-        index = TranscriptIndex.from_dict(self.index.get(env.key))
+        if isinstance(rec, TurnOpened) and rec.history is not None:
+            if env.seq is not None:
+                await self._start(env, rec.conversation, rec.turn, env.seq, turn_reference(
+                    rec.history, env.seq, partition, offset))
+            return
+        stored = self.index.get(env.key)
+        legacy = isinstance(rec, (MessageRecorded, TurnRequested))  # of a table-kept log
+        if stored is None and not legacy:
+            return  # a reply or summary of a conversation whose writer keeps its positions
+        index = TranscriptIndex.from_dict(stored)
         if isinstance(rec, TurnRequested):  # a log from before messages opened their turn
-            await self._start(env, rec.conversation, rec.turn, rec.message_seq, index,
-                              partition)
+            await self._start(env, rec.conversation, rec.turn, rec.message_seq,
+                              index.reference(rec.message_seq, partition))
         elif index.apply(env, partition, offset, self.read_bytes):
             self.index[env.key] = index.to_dict()
         if isinstance(rec, TurnOpened) and env.seq is not None:
-            await self._start(env, rec.conversation, rec.turn, env.seq, index, partition)
+            await self._start(env, rec.conversation, rec.turn, env.seq,
+                              index.reference(env.seq, partition))
 
     async def _start(self, env: Envelope, conversation: str, turn: str, message_seq: int,
-                     index: TranscriptIndex, partition: int) -> None:
+                     history: dict[str, Any]) -> None:
         """Start the workflow of ``turn``, its input a reference to its history."""
         started = WorkflowStarted(workflow=turn, kind=KIND, input={
             "conversation": conversation, "turn": turn, "message_seq": message_seq,
-            "tenant": env.tenant, "history": index.reference(message_seq, partition)})
+            "tenant": env.tenant, "history": history})
         out = Envelope(record=started, key=turn, source=SOURCE, subject=turn, seq=1,
                        tenant=env.tenant, correlation=env.correlation, causation=env.id,
                        id=f"{turn}:1")

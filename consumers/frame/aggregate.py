@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import copy
 import dataclasses
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any, ClassVar, Generic, Literal, Protocol, TypeVar
 
@@ -200,3 +201,8 @@ class Aggregate(Generic[S]):
 
     def record_id(self, cmd: Envelope, seq: int, record: Record) -> str:  # noqa: ARG002
         return f"{cmd.id}-{seq}"
+
+    def placed(self, state: S, records: Sequence[tuple[Envelope, int, int]]) -> None:
+        """Where the broker put the decided records — (envelope, partition, offset) each, in
+        order — told after it took them and before ``state`` is written, for a state that
+        keeps positions of its own log. Nothing by default."""

@@ -13,7 +13,9 @@ aggregate's commands arrive in order at one writer):
 4. **decide** — the aggregate's pure ``decide``; if it raises, the command goes to
    ``<topic>.dlq`` with the reason and the writer goes on; a state it makes gets the
    command's tenant;
-5. **produce the records** (seq and id from the command) and **await their acks**;
+5. **produce the records** (seq and id from the command) and **await their acks**; the
+   aggregate is told where they landed (``Aggregate.placed``: partition and offset from the
+   delivery reports), for a state that keeps positions of its own log;
 6. **write the table** (only once the records are on the log; if the broker refused them,
    see ``_not_recorded``: the seqs move on, the command is dead-lettered and answered
    rejected, retryable);
@@ -119,6 +121,20 @@ def appended(agg: Aggregate[Any], cmd: Envelope, decision: Decision[Any]) -> lis
             tenant=cmd.tenant, correlation=cmd.correlation or cmd.id, causation=cmd.id,
             id=agg.record_id(cmd, seq, record), time=cmd.time)))
         seq += record.seqs
+    return out
+
+
+def placed(records: Sequence[Output], delivered: Sequence[object]
+           ) -> list[tuple[Envelope, int, int]]:
+    """(envelope, partition, offset) of each delivered record whose report says where."""
+    out = []
+    for (_spec, env), report in zip(records, delivered, strict=False):
+        partition = getattr(report, "partition", None)
+        offset = getattr(report, "offset", None)
+        if callable(partition) and callable(offset):
+            p, o = partition(), offset()
+            if isinstance(p, int) and isinstance(o, int) and o >= 0:
+                out.append((env, p, o))
     return out
 
 
@@ -237,11 +253,13 @@ class Writer:
             await self._dead_letter(cmd, reason, raw)
             return
         try:
-            await deliver_all(self.publisher.produce, records)
+            delivered = await deliver_all(self.publisher.produce, records)
         except (ProduceError, KafkaException) as exc:  # the broker's (or client's) refusal
             await self._not_recorded(agg, table, state, new, cmd, raw, exc)
             return
         if new is not None:
+            if records:
+                agg.placed(new, placed(records, delivered))
             table[cmd.key] = agg.dump(new)
         if ack is not None:
             self._send_ack(ack)

@@ -14,12 +14,9 @@ from typing import Any
 import pytest
 
 from consumers.conversations.concern import ConcernReply
-from consumers.conversations.turns import (
-    KIND,
-    TranscriptIndex,
-    Turns,
-    history_of,
-)
+from consumers.conversations.sequencer import ConversationSequencer, ConversationState
+from consumers.conversations.transcript import TranscriptIndex
+from consumers.conversations.turns import KIND, Turns, history_of
 from consumers.engine import CancelToken, HistorySummary
 from consumers.frame.logrefs import (
     MAX_ENTRIES,
@@ -28,6 +25,7 @@ from consumers.frame.logrefs import (
     Position,
     recent,
 )
+from consumers.frame.writer import outputs
 from consumers.workflows.engine import StepContext
 from consumers.workflows.runtime import StepError
 from schemas.base import Record
@@ -37,12 +35,13 @@ from schemas.conversation import (
     MessageRecorded,
     RecordTurnResults,
     ReplyRecorded,
+    SendMessage,
     TurnOpened,
     TurnRequested,
     TurnStateChanged,
 )
 from schemas.workflow import WorkflowStarted
-from streams.envelope import Envelope
+from streams.envelope import Envelope, unfolded
 from streams.free_text import describe
 from streams.ids import turn_id
 from streams.sealing import MemoryKeyStore, Sealer
@@ -81,15 +80,27 @@ class Agent:
 
 
 class Conversation:
-    """A conversation's log in memory, fed to ``Turns`` as the worker's consumer would."""
+    """A conversation's log in memory, fed to ``Turns`` as the worker's consumer would.
 
-    def __init__(self, read_bytes: int = 512 * 1024) -> None:
+    ``shape``: ``"writer"`` — the sequencer decides each command and learns where its records
+    landed (as the writer tells it), and the record opening a turn names its history;
+    ``"table"`` — the same for a conversation begun before the writer kept positions (the
+    product's table keeps them); ``"separate"`` — records appended by hand as the sequencer
+    appended them before a message opened its turn in one record.
+    """
+
+    def __init__(self, read_bytes: int = 512 * 1024, shape: str = "writer") -> None:
         self.sealer = Sealer(MemoryKeyStore())
         self.log = MemoryLogReader()
         self.out = Out()
         self.table: dict[str, Any] = {}
         self.agent = Agent()
         self.turns = Turns(self.out, self.table, self.sealer, self.agent, self.log, read_bytes)
+        self.shape = shape
+        self.sequencer = ConversationSequencer(read_bytes=read_bytes)
+        self.state = ConversationState(owner="alice", tenant="t1")
+        if shape != "writer":
+            self.state.transcript = None
         self.seq = 0
 
     async def append(self, rec: Record) -> Envelope:
@@ -99,21 +110,33 @@ class Conversation:
         await self.turns.on_conversation_record(env, PARTITION, offset)
         return env
 
-    async def message(self, text: str, legacy: bool = False) -> WorkflowStarted:
-        """A participant's message, as the sequencer appends it (``legacy``: as it did before
-        a message opened its turn in one record); the turn's start."""
+    async def command(self, cmd: Envelope) -> None:
+        """``cmd`` through the sequencer: its records on the log, their positions told."""
+        new, outs = outputs(self.sequencer, self.state, cmd)
+        placed = [(env, PARTITION, self.log.append(CONVERSATIONS, PARTITION, env))
+                  for spec, env in outs if spec is CONVERSATIONS]
+        if new is not None:
+            self.sequencer.placed(new, placed)
+            self.state = new
+            self.seq = new.seq
+        for env, partition, offset in placed:
+            await self.turns.on_conversation_record(env, partition, offset)
+
+    async def message(self, text: str) -> WorkflowStarted:
+        """A participant's message, as the sequencer appends it; the turn's start."""
         msg_seq = self.seq + 1
         mid = f"m{msg_seq}"
         turn = turn_id(CNV, msg_seq)
         sealed = self.sealer.seal(CNV, mid, text)
-        if legacy:
+        if self.shape == "separate":
             await self.append(MessageRecorded(conversation=CNV, message_id=mid, text=sealed,
                                               at="now"))
             await self.append(TurnRequested(conversation=CNV, turn=turn, message_seq=msg_seq))
             await self.append(TurnStateChanged(conversation=CNV, turn=turn, state="Thinking"))
         else:
-            await self.append(TurnOpened(conversation=CNV, message_id=mid, text=sealed,
-                                         at="now", turn=turn))
+            await self.command(Envelope(record=SendMessage(conversation=CNV, message_id=mid,
+                                                           text=sealed),
+                                        key=CNV, source="/edge", tenant="t1"))
         started = self.out.of(WORKFLOWS)[-1].record
         assert isinstance(started, WorkflowStarted) and started.workflow == turn
         return started
@@ -125,12 +148,23 @@ class Conversation:
                           input=started.input, outputs={}, commands={})
         result = await self.turns.reply_step(ctx)
         for cmd in self.out.of(COMMANDS)[before:]:
+            if self.shape != "separate":
+                await self.command(cmd)
+                continue
             rec = cmd.record
             for part in rec.parts() if isinstance(rec, RecordTurnResults) else (rec,):
-                await self.append(part)
+                for old in unfolded(Envelope(record=part, key=CNV, source="/t", seq=1)):
+                    rec = old.record
+                    await self.append(ReplyRecorded(**rec.model_dump())
+                                      if isinstance(rec, ReplyRecorded) else rec)
         return result
 
     def index(self) -> dict[str, Any]:
+        """The conversation's transcript index, where this shape keeps it."""
+        if self.shape == "writer":
+            assert CNV not in self.table, "the writer keeps it: no table value"
+            assert self.state.transcript is not None
+            return self.state.transcript
         return self.table[CNV]
 
 
@@ -154,20 +188,39 @@ async def test_a_turn_input_names_positions_and_the_step_reads_them() -> None:
     assert c.log.reads[-1][:3] == (CONVERSATIONS.name, PARTITION, CNV)
 
 
-async def test_a_log_of_separate_records_and_one_of_folded_ones_start_the_same_turns() -> None:
-    """A log written before a message opened its turn in one record (``TurnOpened``) and a
-    reply ended it (``TurnReplied``) still starts each turn, with the same seqs and history."""
+@pytest.mark.parametrize("shape", ["table", "separate"])
+async def test_a_conversation_begun_before_starts_the_same_turns(shape: str) -> None:
+    """A conversation whose writer kept no positions (the table keeps them), and a log written
+    before a message opened its turn in one record, start each turn with the same seqs, the
+    same history and the same records read as one the writer keeps."""
     seen = []
-    for legacy in (True, False):
-        c = Conversation()
-        first = await c.message("The crossing is unsafe.", legacy=legacy)
+    for kind in ("writer", shape):
+        c = Conversation(shape=kind)
+        first = await c.message("The crossing is unsafe.")
         await c.run(first)
-        second = await c.message("And the bus stop.", legacy=legacy)
+        second = await c.message("And the bus stop.")
         await c.run(second)
         seen.append((first.workflow, second.workflow, second.input["message_seq"],
-                     [p[0] for p in second.input["history"]["entries"]], c.agent.histories))
+                     [p[0] for p in second.input["history"]["entries"]], c.agent.histories,
+                     [(e.seq, isinstance(e.record, MessageRecorded)) for e in await c.log.read(
+                         CONVERSATIONS, PARTITION, CNV, [Position.from_json(p) for p in
+                                                         second.input["history"]["entries"]])]))
+        assert (CNV in c.table) == (kind != "writer"), "only a conversation begun before"
     assert seen[0] == seen[1]
     assert seen[1][:4] == (turn_id(CNV, 1), turn_id(CNV, 6), 6, [1, 4, 6])
+
+
+async def test_the_turn_input_is_named_by_the_record_that_opens_it() -> None:
+    """The writer names what a turn reads in its ``TurnOpened`` (positions it learned from
+    the broker); the consumer adds the record's own and starts the turn from it alone."""
+    c = Conversation()
+    await c.run(await c.message("first"))
+    second = await c.message("second")
+    opened = [env for env in c.log.logs[(CONVERSATIONS.name, PARTITION)]
+              if isinstance(env.record, TurnOpened)]
+    assert [e.record.history.entries for e in opened] == [[], [(1, 0), (4, 1)]]
+    assert second.input["history"]["entries"] == [[1, 0], [4, 1], [6, 2]]
+    assert c.table == {}
 
 
 async def test_a_long_conversation_keeps_every_value_and_input_small() -> None:
@@ -231,7 +284,8 @@ async def test_a_history_over_the_read_budget_is_cut_and_the_turn_told_so() -> N
 
 async def test_records_that_are_not_where_the_index_says_fail_the_step_clearly() -> None:
     c = Conversation()
-    started = await c.message("hello there friends", legacy=True)  # a log of separate records
+    c = Conversation(shape="separate")  # a log of separate records
+    started = await c.message("hello there friends")
     bad = dict(started.input, history={**started.input["history"], "entries": [[1, 99]]})
     ctx = StepContext(workflow=started.workflow, kind=KIND, step="reply", attempt=1,
                       input=bad, outputs={}, commands={})

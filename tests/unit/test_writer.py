@@ -41,6 +41,19 @@ class Crash(Exception):
     """A worker dying at a chosen point."""
 
 
+class Report:
+    """A delivery report: where the broker put the record."""
+
+    def __init__(self, partition: int, offset: int) -> None:
+        self._partition, self._offset = partition, offset
+
+    def partition(self) -> int:
+        return self._partition
+
+    def offset(self) -> int:
+        return self._offset
+
+
 class FakePublisher:
     """Journals ``produce`` (when called) and the broker's ack (when awaited); keeps DLQ
     records. ``fail_on`` names a topic whose next produce raises (a crash right there)."""
@@ -70,7 +83,9 @@ class FakePublisher:
         if refused:
             self.refuse = None
 
-        async def acked() -> None:
+        offset = sum(1 for name, _ in self.sent if name == spec.name) - 1
+
+        async def acked() -> Report:
             await asyncio.sleep(0)
             if refused and self.refuse_too_large:
                 raise ProduceError(f"produce to {spec.name!r} failed: Broker: Message size too "
@@ -79,6 +94,7 @@ class FakePublisher:
                 raise ProduceError(f"produce to {spec.name!r} failed: Broker: Not enough "
                                    "in-sync replicas", retryable=True)
             self.journal.append(("acked", spec.name, env.id))
+            return Report(0, offset)
         return acked()
 
     def produce_raw(self, topic: str, key: bytes | None, value: bytes | None,
@@ -171,6 +187,27 @@ def test_records_are_acked_before_the_table_and_the_command_ack_comes_last(parts
     msg = next(e for e in out.log() if e.seq == 2)
     assert (msg.seq, msg.tenant, msg.correlation, msg.causation, msg.time) == (
         2, "t1", "req-1", "c1", T0)
+
+
+def test_the_aggregate_learns_where_its_records_landed_before_its_state_is_written(parts
+                                                                                   ) -> None:  # noqa: ANN001
+    """The conversation's state keeps its transcript's positions from the delivery reports,
+    and the next message's record names them (what its turn reads)."""
+    _, out, table, writer = parts
+    run(writer.dispatch(start()))
+    run(writer.dispatch(send("c1")))
+    turn = f"{CNV}:turn-2"
+    run(writer.dispatch(Envelope(record=RecordTurnResults(
+        conversation=CNV, turn=turn,
+        reply=ReplyRecorded(conversation=CNV, turn=turn, reply_id="r", text=SEALED),
+        ended=TurnStateChanged(conversation=CNV, turn=turn, state="Replied")),
+        key=CNV, source="/test", id="r1", time=T0, tenant="t1")))
+    state = ConversationState.from_dict(table[CNV])
+    assert state is not None and state.transcript is not None
+    assert [(e["seq"], e["offset"]) for e in state.transcript["entries"]] == [(2, 1), (5, 2)]
+    run(writer.dispatch(send("c2")))
+    opened = out.log()[-1].record
+    assert opened.history.entries == [(2, 1), (5, 2)] and out.log()[-1].seq == 7
 
 
 def test_a_redelivered_command_is_answered_again_and_not_reapplied(parts) -> None:  # noqa: ANN001
