@@ -21,7 +21,7 @@ from dataclasses import dataclass, field
 import httpx
 
 from schemas.conversation import MessageRecorded, ReplyRecorded, TurnRequested, TurnStateChanged
-from streams.envelope import Envelope, decode
+from streams.envelope import Envelope, decode, unfolded
 from streams.settings import VoiceSettings
 from streams.topics import CONVERSATIONS, topic_name
 from tests.support import read_all, wait_for
@@ -154,11 +154,12 @@ def wait_members(settings: VoiceSettings, group: str, n: int, timeout: float = 1
 
 
 def conversation_logs(settings: VoiceSettings) -> dict[str, list[Envelope]]:
-    """Every record of the conversations topic, by conversation, as on the log (copies too)."""
+    """Every record of the conversations topic, by conversation, as on the log (copies too),
+    a folded record as the records it stands for (``unfolded``)."""
     out: dict[str, list[Envelope]] = defaultdict(list)
     for m in read_all(settings, topic_name(settings, CONVERSATIONS), timeout=15):
         env = decode(m.key(), m.value(), m.headers())
-        out[env.key].append(env)
+        out[env.key].extend(unfolded(env))
     return out
 
 

@@ -29,7 +29,7 @@ from deploy.processes import (  # noqa: E402
     worker_group,
 )
 from schemas.conversation import SendMessage, StartConversation  # noqa: E402
-from streams.envelope import Envelope, decode  # noqa: E402
+from streams.envelope import Envelope, decode, unfolded  # noqa: E402
 from streams.producer import RecordProducer  # noqa: E402
 from streams.reading import read_topic  # noqa: E402
 from streams.sealing import sealer_for  # noqa: E402
@@ -82,8 +82,8 @@ def play(s: VoiceSettings) -> None:
         asyncio.run(go())
 
     def log(cnv: str) -> list[Envelope]:
-        return [decode(m.key(), m.value(), m.headers())
-                for m in read_topic(s, topic_name(s, CONVERSATIONS), key=cnv.encode())]
+        return [part for m in read_topic(s, topic_name(s, CONVERSATIONS), key=cnv.encode())
+                for part in unfolded(decode(m.key(), m.value(), m.headers()))]
 
     def start(cnv: str, owner: str) -> Envelope:
         return Envelope(record=StartConversation(conversation=cnv, owner=owner), key=cnv,

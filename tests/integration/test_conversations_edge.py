@@ -19,7 +19,13 @@ import httpx
 import pytest
 from confluent_kafka.admin import AdminClient
 
-from schemas.conversation import ProposalRecorded, ReplyRecorded, TurnState, TurnStateChanged
+from schemas.conversation import (
+    MessageRecorded,
+    ProposalRecorded,
+    ReplyRecorded,
+    TurnState,
+    TurnStateChanged,
+)
 from streams.envelope import Envelope, decode
 from streams.producer import RecordProducer
 from streams.sealing import KeyErased, sealer_for
@@ -478,8 +484,7 @@ def test_erasure_forgets_the_conversation_on_every_edge_and_shreds_the_log(
     assert records[-1].type == "voice.conversation.erased.v1"
     sealed = [(r.record.message_id, r.record.text) if hasattr(r.record, "message_id")
               else (r.record.reply_id, r.record.text) for r in records
-              if r.type in ("voice.conversation.message_recorded.v1",
-                            "voice.conversation.reply_recorded.v1")]
+              if isinstance(r.record, (MessageRecorded, ReplyRecorded))]
     assert len(sealed) == 2
     fresh = sealer_for(settings)
     for content_id, blob in sealed:
