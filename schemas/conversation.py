@@ -194,7 +194,7 @@ class TranscriptRef(BaseModel):
     """The last seq left out unsummarised (over the read budget); 0 if none."""
 
 
-@record_type("voice.conversation.message_recorded.v2")
+@record_type("voice.conversation.turn_opened.v1")
 class TurnOpened(MessageRecorded):
     """A participant's message and the turn it opens, as one record holding three seqs: the
     ``MessageRecorded`` at its own seq ``n``, ``TurnRequested`` (which starts the turn's
@@ -215,17 +215,35 @@ class TurnOpened(MessageRecorded):
                                  state="Thinking"))
 
 
-@record_type("voice.conversation.reply_recorded.v2")
+@record_type("voice.conversation.turn_replied.v1")
 class TurnReplied(ReplyRecorded):
     """A turn's reply that ends it, as one record holding two seqs: the ``ReplyRecorded`` at
-    its own seq and ``TurnStateChanged(Replied)`` at the next (a turn whose reply is followed
-    by a proposal ends with its own ``TurnStateChanged``, after the proposal, as before)."""
+    its own seq and ``TurnStateChanged(Replied)`` at the next."""
 
     seqs: ClassVar[int] = 2
 
     def implied(self, seq: int) -> tuple[Record, ...]:  # noqa: ARG002
         return (TurnStateChanged(conversation=self.conversation, turn=self.turn,
                                  state="Replied"),)
+
+
+@record_type("voice.conversation.turn_replied_with_proposal.v1")
+class TurnRepliedWithProposal(ReplyRecorded):
+    """A turn's reply, its proposal and its end, as one record holding three seqs: the
+    ``ReplyRecorded`` at its own seq, ``ProposalRecorded`` at the next and
+    ``TurnStateChanged(Replied)`` after it."""
+
+    seqs: ClassVar[int] = 3
+
+    proposal_id: str
+    proposal: Sealed
+    """The sealed JSON of a ``Proposal`` (content id ``proposal_id``)."""
+
+    def implied(self, seq: int) -> tuple[Record, ...]:  # noqa: ARG002
+        return (ProposalRecorded(conversation=self.conversation, turn=self.turn,
+                                 proposal_id=self.proposal_id, proposal=self.proposal),
+                TurnStateChanged(conversation=self.conversation, turn=self.turn,
+                                 state="Replied"))
 
 
 @record_type("voice.conversation.erased.v1")
@@ -266,12 +284,16 @@ class RecordTurnResults(Record):
         return self
 
     def parts(self) -> tuple[Record, ...]:
-        """The records it appends, in log order: a reply that is the turn's last result
-        carries its end (``TurnReplied``), else the end is a record of its own."""
-        if (self.reply is not None and self.proposal is None and self.ended.state == "Replied"
-                and self.ended == TurnStateChanged(conversation=self.conversation,
-                                                   turn=self.turn, state="Replied")):
-            return (*((self.summary,) if self.summary is not None else ()),
-                    TurnReplied(**self.reply.model_dump()))
-        return (*(p for p in (self.summary, self.reply, self.proposal) if p is not None),
+        """The records it appends, in log order: a reply (and its proposal) that end the
+        turn ``Replied`` are one record holding their seqs and the end's (``TurnReplied``,
+        ``TurnRepliedWithProposal``); else each is a record of its own."""
+        summary = (self.summary,) if self.summary is not None else ()
+        if self.reply is not None and self.ended == TurnStateChanged(
+                conversation=self.conversation, turn=self.turn, state="Replied"):
+            reply = self.reply.model_dump()
+            if self.proposal is None:
+                return (*summary, TurnReplied(**reply))
+            return (*summary, TurnRepliedWithProposal(
+                **reply, proposal_id=self.proposal.proposal_id, proposal=self.proposal.proposal))
+        return (*summary, *(p for p in (self.reply, self.proposal) if p is not None),
                 self.ended)

@@ -1,5 +1,6 @@
 """Folded conversation records (issue 14): a message opening its turn (``TurnOpened``) and a
-reply ending it (``TurnReplied``) are one record each on the log, holding the seqs of the
+reply ending it, with its proposal if any (``TurnReplied``, ``TurnRepliedWithProposal``), are
+one record each on the log, holding the seqs of the
 records they stand for. Every reader sees what it saw before they were folded: the edge's
 views, SSE events and ids, older events read from the log, the log's dense seqs."""
 
@@ -17,6 +18,7 @@ from schemas.conversation import (
     ReplyRecorded,
     TurnOpened,
     TurnReplied,
+    TurnRepliedWithProposal,
     TurnRequested,
     TurnStateChanged,
 )
@@ -48,9 +50,13 @@ def conversation(sealer: Sealer, folded: bool) -> list[Envelope]:
         replied = TurnStateChanged(conversation=CNV, turn=turn, state="Replied")
         if with_proposal:
             pid = f"{turn}:proposal"
-            records += [reply, ProposalRecorded(conversation=CNV, turn=turn, proposal_id=pid,
-                                                proposal=sealer.seal_json(CNV, pid, {"n": n})),
-                        replied]
+            sealed = sealer.seal_json(CNV, pid, {"n": n})
+            if folded:
+                records.append(TurnRepliedWithProposal(**reply.model_dump(), proposal_id=pid,
+                                                       proposal=sealed))
+            else:
+                records += [reply, ProposalRecorded(conversation=CNV, turn=turn,
+                                                    proposal_id=pid, proposal=sealed), replied]
         elif folded:
             records.append(TurnReplied(**reply.model_dump()))
         else:
@@ -74,8 +80,8 @@ def wire(sealer: Sealer, envs: list[Envelope]) -> list[tuple[str | None, str | N
 
 
 def test_each_folded_type_implies_one_record_per_further_seq_it_holds() -> None:
-    assert {ce for ce, m in registry().items() if m.seqs > 1} == {TurnOpened.ce_type,
-                                                                  TurnReplied.ce_type}
+    assert {ce for ce, m in registry().items() if m.seqs > 1} == {
+        TurnOpened.ce_type, TurnReplied.ce_type, TurnRepliedWithProposal.ce_type}
     sealer = Sealer(MemoryKeyStore())
     for env in conversation(sealer, True):
         assert env.seq is not None and len(env.record.implied(env.seq)) == env.record.seqs - 1
@@ -94,7 +100,7 @@ def test_the_edge_renders_folded_records_as_it_rendered_the_separate_ones() -> N
                      wire(sealer, view.events_after(0)),
                      render.conversation_out(sealer, view).model_dump(),
                      [render.turn_out(sealer, tv).model_dump() for tv in view.turns.values()]))
-    assert len(conversation(sealer, True)) == 7 and len(conversation(sealer, False)) == 12
+    assert len(conversation(sealer, True)) == 5 and len(conversation(sealer, False)) == 12
     assert seen[0] == seen[1]
     last, seqs, events, _, turns = seen[1]
     assert last == 12 and seqs == list(range(1, 13))
@@ -138,7 +144,7 @@ def test_older_events_from_inside_a_folded_record_are_read_each_once() -> None:
     older = asyncio.run(views.older(CNV, 2, oldest))  # after the first message (seq 2)
     assert [e.seq for e in older] == list(range(3, 11))
     assert [type(e.record) for e in older[:2]] == [TurnRequested, TurnStateChanged]
-    assert [last_seq(e) for e in log] == [1, 4, 6, 9, 10, 11, 12]
+    assert [last_seq(e) for e in log] == [1, 4, 6, 9, 12]
 
 
 def test_unfolded_records_carry_the_folded_ones_headers_and_their_own_ids() -> None:

@@ -18,6 +18,7 @@ from schemas.conversation import (
     StartConversation,
     TurnOpened,
     TurnReplied,
+    TurnRepliedWithProposal,
     TurnRequested,
     TurnStateChanged,
 )
@@ -138,9 +139,9 @@ def test_a_turns_results_are_one_command_appended_in_order_unanswered() -> None:
     assert state.seq == 6 and state.commands == remembered
 
 
-def test_a_turn_with_a_proposal_ends_after_it_in_a_record_of_its_own() -> None:
-    """The log's order stays reply, proposal, end: a reply followed by a proposal does not
-    carry the end, nor does the reply of a turn that ends otherwise."""
+def test_a_turn_with_a_proposal_folds_reply_proposal_and_end_in_log_order() -> None:
+    """Reply, proposal, end: one record holding the three seqs, in that order; a turn that
+    ends otherwise (cancelled, could not interpret) records each as before."""
     state, _ = sequence(None, cmd(StartConversation(conversation=CNV, owner="alice")))
     state, out = sequence(state, send(id_="c1"))
     turn = out[-1][1].record.detail["turn"]
@@ -151,11 +152,19 @@ def test_a_turn_with_a_proposal_ends_after_it_in_a_record_of_its_own() -> None:
         conversation=CNV, turn=turn, reply=reply, proposal=proposal,
         ended=TurnStateChanged(conversation=CNV, turn=turn, state="Replied")), "r")
     state, out = sequence(state, results)
-    assert [(e.seq, type(e.record)) for _, e in out] == [
-        (5, ReplyRecorded), (6, ProposalRecorded), (7, TurnStateChanged)]
-    coded = RecordTurnResults(conversation=CNV, turn=turn, reply=reply, ended=TurnStateChanged(
-        conversation=CNV, turn=turn, state="CouldNotInterpret", reason_code="cancelled"))
-    assert [type(r) for r in coded.parts()] == [ReplyRecorded, TurnStateChanged]
+    assert [(e.seq, type(e.record)) for _, e in out] == [(5, TurnRepliedWithProposal)]
+    assert [(e.seq, e.record) for e in unfolded(out[0][1])] == [
+        (5, out[0][1].record), (6, proposal),
+        (7, TurnStateChanged(conversation=CNV, turn=turn, state="Replied"))]
+    assert ReplyRecorded(**out[0][1].record.model_dump(exclude={"proposal_id", "proposal"})
+                         ) == reply
+    assert state.seq == 7
+    coded = RecordTurnResults(conversation=CNV, turn=turn, reply=reply, proposal=proposal,
+                              ended=TurnStateChanged(conversation=CNV, turn=turn,
+                                                     state="CouldNotInterpret",
+                                                     reason_code="cancelled"))
+    assert [type(r) for r in coded.parts()] == [ReplyRecorded, ProposalRecorded,
+                                                TurnStateChanged]
 
 
 def test_redelivered_results_are_dropped_without_a_table_write() -> None:

@@ -155,8 +155,10 @@ class Conversation:
             for part in rec.parts() if isinstance(rec, RecordTurnResults) else (rec,):
                 for old in unfolded(Envelope(record=part, key=CNV, source="/t", seq=1)):
                     rec = old.record
-                    await self.append(ReplyRecorded(**rec.model_dump())
-                                      if isinstance(rec, ReplyRecorded) else rec)
+                    if isinstance(rec, ReplyRecorded):  # the reply alone, as it was
+                        rec = ReplyRecorded(**rec.model_dump(include=set(
+                            ReplyRecorded.model_fields)))
+                    await self.append(rec)
         return result
 
     def index(self) -> dict[str, Any]:

@@ -178,7 +178,8 @@ def test_records_are_acked_before_the_table_and_the_command_ack_comes_last(parts
         conversation=CNV, turn=turn,
         reply=ReplyRecorded(conversation=CNV, turn=turn, reply_id="r", text=SEALED),
         proposal=ProposalRecorded(conversation=CNV, turn=turn, proposal_id="p", proposal=SEALED),
-        ended=TurnStateChanged(conversation=CNV, turn=turn, state="Replied")),
+        ended=TurnStateChanged(conversation=CNV, turn=turn, state="CouldNotInterpret",
+                               reason_code="cancelled")),
         key=CNV, source="/test", id="r1", time=T0, tenant="t1")))
     ids = ["r1-5", "r1-6", "r1-7"]
     assert journal == [*[("produce", "voice.conversations", i) for i in ids],
