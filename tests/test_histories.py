@@ -18,10 +18,11 @@ from deploy.histories import Recorded, load_history, load_recorded
 from deploy.replay import rerun_recorded, rerun_turn
 from schemas.agent import ModelCallRecorded
 from schemas.base import Sealed
+from schemas.conversation import TurnOpened, TurnRepliedWithProposal
 from schemas.staff import DevelopmentRecorded
 from streams.envelope import Envelope
 from streams.settings import VoiceSettings
-from streams.topics import AGENT
+from streams.topics import AGENT, CONVERSATIONS
 
 HISTORIES = sorted((Path(__file__).parent / "histories").glob("*.json"))
 KINDS = {"conversation-turn", "assistant-turn", "research", "disclosure-review",
@@ -45,6 +46,16 @@ def test_recorded_workflow_reruns_without_divergence(path: Path) -> None:
     rec = load_recorded(path)
     assert rec.of(AGENT) or rec.kind == "update-delivery", "a history holds its agent records"
     assert rerun(rec) == []
+
+
+def test_a_history_holds_a_conversation_log_of_folded_records() -> None:
+    """Turns recorded before messages opened their turn in one record (01–03) and after (08:
+    folded records, the turn's history named by its ``TurnOpened``) both re-run above."""
+    logs = [load_recorded(p).of(CONVERSATIONS) for p in HISTORIES]
+    folded = [log for log in logs if any(isinstance(e.record, TurnOpened) for e in log)]
+    assert folded and all(e.record.history is not None for log in folded for e in log
+                          if isinstance(e.record, TurnOpened))
+    assert any(isinstance(e.record, TurnRepliedWithProposal) for log in folded for e in log)
 
 
 def test_a_tampered_conversation_turn_diverges() -> None:

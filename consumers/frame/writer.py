@@ -135,6 +135,10 @@ def placed(records: Sequence[Output], delivered: Sequence[object]
             p, o = partition(), offset()
             if isinstance(p, int) and isinstance(o, int) and o >= 0:
                 out.append((env, p, o))
+                continue
+        # Not from a broker that says where (acks=0, a stand-in): its aggregate does not learn
+        # this record's position, which a reader by position then cannot find.
+        log.warning("the delivery report of %s (seq %s) names no position", env.id, env.seq)
     return out
 
 
