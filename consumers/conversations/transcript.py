@@ -94,7 +94,6 @@ class TranscriptIndex:
                             for e in self.entries if e["seq"] <= message_seq],
                 "omitted_through": self.omitted_through}
 
-
     def before(self, message: MessageRecorded, message_seq: int, budget: int) -> TranscriptRef:
         """What a turn of ``message`` (at ``message_seq``, not on the log yet) reads besides
         the message itself: the index as it will be once the message is in it, but for the
