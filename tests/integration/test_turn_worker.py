@@ -79,7 +79,8 @@ def test_a_message_gets_a_reply_and_a_proposal_exactly_once(settings: VoiceSetti
     seqs = [e.seq for e in log]
     assert seqs == list(range(1, len(log) + 1)), "dense, unique seqs"
     types = [type(e.record).__name__ for e in log]
-    assert types.count("ReplyRecorded") == 1 and types.count("ProposalRecorded") == 1
+    replies = sum(isinstance(e.record, ReplyRecorded) for e in log)  # a folded one too
+    assert replies == 1 and types.count("ProposalRecorded") == 1
     turn = f"{cnv}:turn-2"
     sealer = sealer_for(settings)
     reply = next(e.record for e in log if isinstance(e.record, ReplyRecorded))
@@ -145,8 +146,7 @@ def test_a_worker_killed_mid_turn_is_resumed_elsewhere_and_replies_once(
         log = wait_for(lambda: replied_log(settings, cnv), timeout=90, what="the reply")
     finally:
         stop(slow)
-    types = [type(e.record).__name__ for e in log]
-    assert types.count("ReplyRecorded") == 1
+    assert sum(isinstance(e.record, ReplyRecorded) for e in log) == 1
     assert [e.seq for e in log] == list(range(1, len(log) + 1))
     states = [e.record.state for e in log if isinstance(e.record, TurnStateChanged)]
     assert states == ["Thinking", "Replied"]
@@ -192,5 +192,5 @@ def test_two_workers_share_the_turns_and_each_is_replied_once(settings: VoiceSet
     logs = {c: wait_for(lambda c=c: replied_log(settings, c), timeout=90, what=f"{c} replied")
             for c in convs}
     for cnv, log in logs.items():
-        assert [type(e.record).__name__ for e in log].count("ReplyRecorded") == 1, cnv
+        assert sum(isinstance(e.record, ReplyRecorded) for e in log) == 1, cnv
         assert [e.seq for e in log] == list(range(1, len(log) + 1)), cnv
