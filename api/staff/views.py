@@ -46,6 +46,7 @@ from schemas.staff import (
     NotificationRecorded,
 )
 from schemas.workflow import (
+    LastStepSucceeded,
     StepFailed,
     StepStarted,
     StepSucceeded,
@@ -211,6 +212,9 @@ class Workflows(Projection[WorkflowView]):
             view.status, view.step, view.attempt = "running", rec.step, rec.attempt
         elif isinstance(rec, StepSucceeded):
             view.outputs[rec.step] = dict(rec.output)
+        elif isinstance(rec, LastStepSucceeded):  # the last step's success and the end
+            view.outputs[rec.step] = dict(rec.output)
+            view.status, view.step, view.waiting_for = "completed", rec.step, None
         elif isinstance(rec, StepFailed):
             # Plain only: the code, and Voice's own words. A message that may quote someone is
             # sealed in the record, and staff and operators do not read participants' words.

@@ -17,6 +17,7 @@ import pytest
 from schemas.agent import DisplayEventRecorded, ModelCallRecorded, TelemetryEvent, ToolCallRecorded
 from schemas.conversation import SendMessage
 from schemas.workflow import (
+    LastStepSucceeded,
     StepFailed,
     StepStarted,
     StepSucceeded,
@@ -112,6 +113,12 @@ def samples() -> list[RawRecord]:
          {"traceparent": f"01-{'ab' * 16}-{'cd' * 8}-01-more"}),
         ("voice.agent", TelemetryEvent(name="tp-upper"),
          {"traceparent": f"00-{'AB' * 16}-{'cd' * 8}-01"}),
+        # The last step's success and the workflow's end in one record: their two rows.
+        ("voice.workflows", WorkflowStarted(workflow="wf-4", kind="conversation-turn"),
+         {"seq": 1, "id": "wf-4:1"}),
+        ("voice.workflows", LastStepSucceeded(workflow="wf-4", step="reply", attempt=1,
+                                              output={"end_reason": "completed"}),
+         {"seq": 2, "id": "wf-4:2"}),
     ]
     raws = []
     for i, (topic, record, env) in enumerate(out):
@@ -196,6 +203,12 @@ def test_clickhouse_derives_the_rows_the_python_mapping_makes(store):
     assert {len(expected[t]) > 0 for t in TABLES} == {True}
     assert sum(1 for r in expected["events"] if r["ce_type"] == "undecodable") == 7
     assert sum(1 for r in expected["events"] if r["trace_id"]) == 4  # the views' share too
+    # A LastStepSucceeded makes the rows its two v1 records made, under two ids.
+    wf4 = sorted((r["scope"], r["step"], r["attempt"], r["status"], r["event_id"])
+                 for r in got["workflow_steps"] if r["workflow"] == "wf-4")
+    assert wf4 == [("step", "reply", 1, "succeeded", "wf-4:2"),
+                   ("workflow", "", None, "completed", "wf-4:2/completed"),
+                   ("workflow", "", None, "started", "wf-4:1")], wf4
 
 
 def test_the_derivation_keeps_sealed_content_sealed(store):
