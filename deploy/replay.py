@@ -182,14 +182,14 @@ async def rerun_turn(settings: VoiceSettings, workflow: str, lifecycle: list[Env
     from consumers.conversations.concern import concern_spec
     from consumers.conversations.turns import KIND
     from consumers.engine import TurnInput, effects_from_envelopes, rerun
-    from schemas.workflow import StepSucceeded, WorkflowStarted
+    from schemas.workflow import WorkflowStarted, step_success
 
     started = next((e.record for e in lifecycle if isinstance(e.record, WorkflowStarted)), None)
     if started is None:
         return [f"no workflow {workflow!r} on the log"]
     if started.kind != KIND:
         return [f"workflow {workflow!r} is a {started.kind!r}, not a participant turn"]
-    done = [e.record for e in lifecycle if isinstance(e.record, StepSucceeded)]
+    done = [s for s in (step_success(e.record) for e in lifecycle) if s is not None]
     if not done:
         return [f"workflow {workflow!r} has no successful step to compare with"]
     attempt = done[-1].attempt

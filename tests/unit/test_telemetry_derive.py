@@ -218,3 +218,22 @@ def test_the_derivation_keeps_sealed_content_sealed(store):
         assert SECRET not in json.dumps(got[table], default=str)
     dump = json.dumps(got, default=str)
     assert SECRET not in dump and SECRET.encode().hex() not in dump
+
+
+def test_migration_4_gives_a_version_3_store_the_rows_of_the_new_workflow_records(store):
+    """A store whose ``workflow_steps`` view predates ``LastStepSucceeded`` (migration 3)
+    gets the view that reads it, and then its two rows."""
+    from telemetry.derive import DERIVATIONS, LastStepSucceeded, view_name
+
+    old = DERIVATIONS["workflow_steps"].replace(LastStepSucceeded.ce_type, "voice.none.v1")
+    store.command(f"DROP VIEW {view_name('workflow_steps')}")
+    store.command(f"CREATE MATERIALIZED VIEW {view_name('workflow_steps')} "
+                  f"TO voice.workflow_steps AS {old}")
+    store.command("ALTER TABLE voice.schema_migrations DELETE WHERE version = 4")
+    assert ensure_schema(store) == [4]
+    env = Envelope(record=LastStepSucceeded(workflow="wf-9", step="reply", attempt=2),
+                   key="wf-9", source="/voice/test", seq=3, id="wf-9:3", time=T0)
+    k, v, h = encode(env)
+    got = clickhouse_rows(store, [RawRecord("voice.workflows", 0, 1, k, v, h, 1)])
+    assert sorted((r["event_id"], r["status"]) for r in got["workflow_steps"]) == [
+        ("wf-9:3", "succeeded"), ("wf-9:3/completed", "completed")]
