@@ -32,6 +32,7 @@ from schemas.agent import (
     ModelCallRecorded,
     TelemetryEvent,
     ToolCallRecorded,
+    agent_parts,
     display_events,
     telemetry_events,
 )
@@ -182,15 +183,26 @@ async def test_a_whole_turn_through_the_kafka_sink_leaks_no_plaintext(settings):
     for _, env in producer.sent:
         key, value, headers = encode(env)
         assert b"Elm Street" not in value + b"".join(v for _, v in headers), env.record
-    # Two model calls, one tool call; the display events before each model call one record,
-    # those after the last one record; the turn's telemetry one record.
+    # Two model calls, one tool call, the turn's telemetry: four records. The display events
+    # travel on the model calls' records, before and after each call, in emit order.
     kinds = [type(env.record).__name__ for _, env in producer.sent]
-    assert kinds == ["DisplayEventsRecorded", "ModelCallRecorded", "ToolCallRecorded",
-                     "DisplayEventsRecorded", "ModelCallRecorded", "DisplayEventsRecorded",
+    assert kinds == ["ModelCallWithDisplay", "ToolCallRecorded", "ModelCallWithDisplay",
                      "TelemetryEvents"]
     shown = [e.type for _, env in producer.sent for e in display_events(env.record)]
     assert shown == ["busy", "text_delta", "reasoning", "tool_call", "tool_result",
                      "text_delta", "text_complete", "message_persisted", "cost", "idle", "done"]
+    parts = [type(p).__name__ if not isinstance(p, DisplayEventRecorded) else p.type
+             for _, env in producer.sent for p in agent_parts(env.record)]
+    assert parts == ["busy", "text_delta", "reasoning", "ModelCallRecorded", "tool_call",
+                     "ToolCallRecorded", "tool_result", "ModelCallRecorded", "text_delta",
+                     "text_complete", "message_persisted", "cost", "idle", "done",
+                     "TelemetryEvents"], "the order the engine emitted them in"
+    # Each call's record keeps its own time and content; a re-run reads the calls as before.
+    recorded = effects_from_envelopes([env for _, env in producer.sent], sealer)
+    assert [type(e).__name__ for e in recorded] == ["ModelCallEffect", "ToolCallEffect",
+                                                    "ModelCallEffect"]
+    times = [env.time for _, env in producer.sent]
+    assert times[0] <= times[1] <= times[2], "a held call's record keeps the time it was made"
     facts = [t for _, env in producer.sent for t in telemetry_events(env.record)]
     assert [t.name for t in facts] == ["user_message_labels", "tool_decision",
                                        "contract_envelope", "turn_completed"]
