@@ -264,7 +264,7 @@ def _marks(settings: Any, turns: list[_Turn], agent: bool = True
             if env.key not in wanted:
                 continue
             records[env.key] += 1
-            if env.type == "voice.agent.model_call.v1":
+            if env.type in ("voice.agent.model_call.v1", "voice.agent.model_call.v2"):
                 calls[env.key] += 1
                 mark(env.key, "first_model_call", env.time.timestamp())
     for t in turns:

@@ -22,7 +22,7 @@ target table drops the block it already has.
 
 from __future__ import annotations
 
-from schemas.agent import ModelCallRecorded, ToolCallRecorded
+from schemas.agent import ModelCallRecorded, ModelCallWithDisplay, ToolCallRecorded
 from schemas.workflow import (
     LastStepSucceeded,
     StepFailed,
@@ -185,7 +185,7 @@ SELECT h['ce_id'] AS event_id, ce_time AS time,
        {_json('call_id', 'String')} AS call_id,
        {_json('iteration', 'UInt32')} AS iteration,
        {_opt('voice_tenant')} AS tenant
-FROM {_facts(ModelCallRecorded)}"""
+FROM {_facts(ModelCallRecorded, ModelCallWithDisplay)}"""
 
 _TOOL_CALLS = f"""
 SELECT h['ce_id'] AS event_id, ce_time AS time, 'execute_tool' AS operation_name,

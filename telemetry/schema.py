@@ -238,10 +238,11 @@ MIGRATIONS: list[tuple[int, list[str]]] = [
          for name in ("trace_id", "span_id")]),
     # The sink inserts raw records into a Null table; views derive every table (issue 14).
     (3, [landing_table_sql()] + [materialized_view_sql(t) for t in DERIVATIONS]),
-    # New record shapes (issue 14, third pass: ``voice.workflow.completed.v2``): their views
-    # follow the code. A view holds no data; the sink inserts nothing until this has run.
-    (4, [f"DROP VIEW IF EXISTS {view_name('workflow_steps')}",
-         materialized_view_sql("workflow_steps")]),
+    # New record shapes (issue 14, third pass: ``voice.workflow.completed.v2``,
+    # ``voice.agent.model_call.v2``): their views follow the code. A view holds no data; the
+    # sink inserts nothing until this has run.
+    (4, [sql for table in ("workflow_steps", "model_calls")
+         for sql in (f"DROP VIEW IF EXISTS {view_name(table)}", materialized_view_sql(table))]),
 ]
 
 

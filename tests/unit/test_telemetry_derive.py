@@ -14,7 +14,13 @@ from typing import Any
 
 import pytest
 
-from schemas.agent import DisplayEventRecorded, ModelCallRecorded, TelemetryEvent, ToolCallRecorded
+from schemas.agent import (
+    DisplayEventRecorded,
+    ModelCallRecorded,
+    ModelCallWithDisplay,
+    TelemetryEvent,
+    ToolCallRecorded,
+)
 from schemas.conversation import SendMessage
 from schemas.workflow import (
     LastStepSucceeded,
@@ -113,6 +119,12 @@ def samples() -> list[RawRecord]:
          {"traceparent": f"01-{'ab' * 16}-{'cd' * 8}-01-more"}),
         ("voice.agent", TelemetryEvent(name="tp-upper"),
          {"traceparent": f"00-{'AB' * 16}-{'cd' * 8}-01"}),
+        # A model call carrying display events: its model_calls row, its events row.
+        ("voice.agent", ModelCallWithDisplay(
+            **{**mc, "call_id": "call-2"}, response=response,
+            display_before=[DisplayEventRecorded(workflow="wf-1", event_id="e0", type="busy")],
+            display_after=[DisplayEventRecorded(workflow="wf-1", event_id="e2", type="done",
+                                                data=text)]), {"tenant": "acme"}),
         # The last step's success and the workflow's end in one record: their two rows.
         ("voice.workflows", WorkflowStarted(workflow="wf-4", kind="conversation-turn"),
          {"seq": 1, "id": "wf-4:1"}),
@@ -221,19 +233,24 @@ def test_the_derivation_keeps_sealed_content_sealed(store):
 
 
 def test_migration_4_gives_a_version_3_store_the_rows_of_the_new_workflow_records(store):
-    """A store whose ``workflow_steps`` view predates ``LastStepSucceeded`` (migration 3)
-    gets the view that reads it, and then its two rows."""
-    from telemetry.derive import DERIVATIONS, LastStepSucceeded, view_name
+    """A store whose views predate ``LastStepSucceeded`` and ``ModelCallWithDisplay``
+    (migration 3) gets the views that read them, and then their rows."""
+    from telemetry.derive import DERIVATIONS, view_name
 
-    old = DERIVATIONS["workflow_steps"].replace(LastStepSucceeded.ce_type, "voice.none.v1")
-    store.command(f"DROP VIEW {view_name('workflow_steps')}")
-    store.command(f"CREATE MATERIALIZED VIEW {view_name('workflow_steps')} "
-                  f"TO voice.workflow_steps AS {old}")
+    for table, new in (("workflow_steps", LastStepSucceeded), ("model_calls",
+                                                              ModelCallWithDisplay)):
+        old = DERIVATIONS[table].replace(new.ce_type, "voice.none.v1")
+        store.command(f"DROP VIEW {view_name(table)}")
+        store.command(f"CREATE MATERIALIZED VIEW {view_name(table)} TO voice.{table} AS {old}")
     store.command("ALTER TABLE voice.schema_migrations DELETE WHERE version = 4")
     assert ensure_schema(store) == [4]
     env = Envelope(record=LastStepSucceeded(workflow="wf-9", step="reply", attempt=2),
                    key="wf-9", source="/voice/test", seq=3, id="wf-9:3", time=T0)
-    k, v, h = encode(env)
-    got = clickhouse_rows(store, [RawRecord("voice.workflows", 0, 1, k, v, h, 1)])
+    call = Envelope(record=ModelCallWithDisplay(workflow="wf-9", call_id="c", agent_name="a",
+                                                iteration=1, request_model="m"),
+                    key="wf-9", source="/voice/test", id="wf-9/a1/c", time=T0)
+    got = clickhouse_rows(store, [RawRecord("voice.workflows", 0, 1, *encode(env), 1),
+                                  RawRecord("voice.agent", 0, 1, *encode(call), 1)])
     assert sorted((r["event_id"], r["status"]) for r in got["workflow_steps"]) == [
         ("wf-9:3", "succeeded"), ("wf-9:3/completed", "completed")]
+    assert [r["event_id"] for r in got["model_calls"]] == ["wf-9/a1/c"]
