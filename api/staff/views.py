@@ -219,6 +219,8 @@ class Workflows(Projection[WorkflowView]):
             # Plain only: the code, and Voice's own words. A message that may quote someone is
             # sealed in the record, and staff and operators do not read participants' words.
             view.last_error = f"{rec.error_type}: {rec.error}" if rec.error else rec.error_type
+            # A first attempt of a first step has no StepStarted (issue 14): its failure names it.
+            view.step, view.attempt = rec.step, rec.attempt
         elif isinstance(rec, WorkflowPaused):
             view.status, view.step, view.waiting_for = "paused", rec.step, rec.waiting_for
         elif isinstance(rec, WorkflowCommandReceived):
@@ -230,6 +232,7 @@ class Workflows(Projection[WorkflowView]):
             view.status, view.waiting_for = "completed", None
         elif isinstance(rec, WorkflowFailed):
             view.status, view.last_error = "failed", rec.error or rec.error_type
+            view.step = rec.step
 
 
 class Contributions(Projection[ContributionRecorded]):

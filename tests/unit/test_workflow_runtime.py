@@ -74,7 +74,7 @@ async def test_a_workflow_writes_the_fewest_lifecycle_records_and_readers_see_th
     fold and ``step_success`` read the new shapes as they read the old."""
     from api.staff.views import Workflows
     from deploy.rerun_steps import succeeded_steps
-    from schemas.workflow import LastStepSucceeded, step_success
+    from schemas.workflow import LastStepSucceeded, StepFailed, WorkflowFailed, step_success
 
     calls: list[tuple[str, int]] = []
 
@@ -120,6 +120,16 @@ async def test_a_workflow_writes_the_fewest_lifecycle_records_and_readers_see_th
         view.apply(env)
     w = view.by_key["w1"]
     assert (w.status, w.step, w.outputs) == ("completed", "b", {"a": {"n": 1}, "b": {"n": 2}})
+    # A workflow failing on its first step's first attempt (no StepStarted) names the step.
+    failed = Workflows()
+    for seq, rec in enumerate((
+            WorkflowStarted(workflow="w2", kind="k"),
+            StepFailed(workflow="w2", step="a", attempt=1, error_type="DEADLINE_EXCEEDED",
+                       retryable=False),
+            WorkflowFailed(workflow="w2", step="a", attempts=1,
+                           error_type="DEADLINE_EXCEEDED")), start=1):
+        failed.apply(Envelope(record=rec, key="w2", source="/t", seq=seq))
+    assert (failed.by_key["w2"].status, failed.by_key["w2"].step) == ("failed", "a")
     ran = succeeded_steps(wf, [started, *producer.sent], 3)
     assert [(r.index, r.ctx.attempt, r.output) for r in ran] == [(0, 2, {"n": 1}),
                                                                  (1, 1, {"n": 2})]
