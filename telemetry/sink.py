@@ -196,9 +196,11 @@ class Sink:
         b = self._batch
         if b.records >= self.settings.telemetry_batch_rows:
             return True
-        return b.started is not None and not self._busy() and (
-            self._clock() - b.started >= self.settings.telemetry_flush_ms / 1000
-        )
+        if b.started is None or self._busy():
+            return False
+        eager = self.settings.telemetry_eager_rows
+        return (0 < eager <= b.records
+                or self._clock() - b.started >= self.settings.telemetry_flush_ms / 1000)
 
     def _take(self, msg: Any) -> int:
         err = msg.error()
