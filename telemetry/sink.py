@@ -179,9 +179,7 @@ class Sink:
             timeout = max(0.0, min(timeout, left)) if left > 0 or not self._busy() else min(
                 timeout, BUSY_POLL_S)
         room = max(1, min(1000, self.settings.telemetry_batch_rows - self._batch.records))
-        taken = 0
-        for msg in self.consumer.consume(num_messages=room, timeout=timeout):
-            taken += self._take(msg)
+        taken = self._take(self.consumer.consume(num_messages=room, timeout=timeout))
         if self._due():
             self._hand_over()
         return taken
@@ -202,24 +200,28 @@ class Sink:
         return (0 < eager <= b.records
                 or self._clock() - b.started >= self.settings.telemetry_flush_ms / 1000)
 
-    def _take(self, msg: Any) -> int:
-        err = msg.error()
-        if err is not None:
-            # Not a record: a missing topic, a transient broker error. librdkafka recovers.
-            log.warning("telemetry consumer: %s", err)
+    def _take(self, msgs: list[Any]) -> int:
+        """Check each record and add it, raw, to the batch; returns the records taken."""
+        if not msgs:
             return 0
-        # The one per-record step in Python: is it a Voice record? ClickHouse parses the rest.
-        topic, key, value, headers = msg.topic(), msg.key(), msg.value(), msg.headers()
-        v = verdict(topic, key, value, headers, self._kinds)
-        ts_type, ts = msg.timestamp()
+        records = [m for m in msgs if m.error() is None]
+        if len(records) < len(msgs):
+            for m in msgs:
+                if m.error() is not None:
+                    # Not a record: a missing topic, a transient broker error. librdkafka
+                    # recovers.
+                    log.warning("telemetry consumer: %s", m.error())
+            if not records:
+                return 0
         batch = self._batch
         if batch.started is None:
             batch.started = self._clock()
-        batch.cols.add(topic, msg.partition(), msg.offset(), key, value, headers,
-                       ts if ts_type and ts > 0 else None, v)
-        if v.error is not None and topic in self.sole_reader:
-            batch.dead.append((batch.cols.raw(batch.records - 1), f"telemetry: {v.error}"))
-        return 1
+        # The one per-record step in Python: is it a Voice record? ClickHouse parses the rest.
+        cols = batch.cols
+        for row in cols.add_messages(records, self._kinds):
+            if cols.topic[row] in self.sole_reader:
+                batch.dead.append((cols.raw(row), f"telemetry: {cols.decode_error[row]}"))
+        return len(records)
 
     # -- flushing ----------------------------------------------------------------------------
     #
@@ -260,8 +262,7 @@ class Sink:
             # an InsertFailed go to a new batch, never into one whose token is made.
             self._pending, self._batch = self._batch, Batch()
         held, self._held = self._held, []
-        for msg in held:
-            self._take(msg)
+        self._take(held)
         return done
 
     def _settle_pending(self, max_attempts: int | None) -> bool:
