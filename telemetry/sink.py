@@ -54,7 +54,7 @@ from streams.settings import VoiceSettings
 from streams.topics import TOPICS, record_specs, topic_name
 from telemetry.batch import Batch, DeadLetters, ranges_of, token_of
 from telemetry.derive import LANDING
-from telemetry.envelopes import Columns, one, verdict
+from telemetry.envelopes import Columns, one
 from telemetry.rows import KindCache, RawRecord
 from telemetry.schema import DATABASE, ensure_schema
 from telemetry.store import (
