@@ -231,7 +231,7 @@ def ingest(ctx: Context) -> Result:
             got = sink.poll_once(timeout=0.2)
             if got and t_first is None:
                 t_first, cpu_first = time.perf_counter(), _cpu_s()
-            elif t_first is not None:
+            if t_first is not None:  # the first records' check counted too
                 loop_cpu += time.thread_time() - before
             taken += got
             now = time.perf_counter()
