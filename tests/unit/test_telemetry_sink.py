@@ -28,6 +28,7 @@ T0 = datetime(2025, 3, 1, 12, 0, tzinfo=UTC)
 class Msg:
     def __init__(self, topic: str, partition: int, offset: int, key, value, headers) -> None:
         self._t = (topic, partition, offset, key, value, headers)
+        self.ts_ms = 1_700_000_000_000  # long ago: a sink reading it is catching up
 
     def error(self):
         return None
@@ -51,7 +52,7 @@ class Msg:
         return self._t[5]
 
     def timestamp(self):
-        return (1, 1_700_000_000_000)
+        return (1, self.ts_ms)
 
 
 class FakeConsumer:
@@ -289,7 +290,8 @@ def test_a_batch_of_age_grows_while_the_inserter_works_then_goes(gated):
                                                           "commit voice.agent:0:8"]
 
 
-def test_a_batch_of_eager_rows_goes_to_a_free_inserter_and_grows_behind_a_busy_one(tmp_path):
+def test_catching_up_a_batch_of_eager_rows_goes_to_a_free_inserter_and_grows_behind_a_busy_one(
+        tmp_path):
     with sink_over(tmp_path, GatedStore, telemetry_eager_rows=3) as (log, consumer, store, sink):
         sink._clock = lambda: 100.0  # no batch ever comes of age here
         consumer.queue = [msg(0), msg(1)]
@@ -308,6 +310,21 @@ def test_a_batch_of_eager_rows_goes_to_a_free_inserter_and_grows_behind_a_busy_o
         sink.poll_once(timeout=0)
         assert [e for e in log if e.startswith("commit")] == ["commit voice.agent:0:3",
                                                               "commit voice.agent:0:7"]
+
+
+def test_keeping_pace_a_batch_of_eager_rows_waits_for_its_age(tmp_path):
+    with sink_over(tmp_path, FlakyStore, telemetry_eager_rows=3) as (log, consumer, store, sink):
+        now = [100.0]
+        sink._clock = lambda: now[0]
+        fresh = [msg(i) for i in range(4)]
+        for m in fresh:
+            m.ts_ms = int(time.time() * 1000)  # just produced: the sink keeps pace
+        consumer.queue = fresh
+        sink.poll_once(timeout=0)
+        assert log == [] and sink._batch.records == 4  # 4 ≥ 3, yet it waits: inserts cost
+        now[0] += 60.0
+        sink.poll_once(timeout=0)  # of age: handed over
+        until(lambda: "insert voice.envelopes" in log, "the insert")
 
 
 class ErrorMsg(Msg):
