@@ -162,8 +162,9 @@ class Columns:
         """Judge and append Kafka messages (none of them an error); returns the rows whose
         verdict is not a valid record.
 
-        ``add`` for a whole ``consume`` result: the sink's one loop over records, so its column
-        appends are bound once, not looked up per record (~1 µs a record, measured)."""
+        ``add`` for a whole ``consume`` result: the sink's one loop over records, its column
+        appends bound once (this saves ~0.1 µs a record, measured; the time is in
+        ``verdict`` and in librdkafka's ``headers()``, docs/benchmarks.md)."""
         topic_, partition_, offset_ = (self.topic.append, self.partition.append,
                                        self.offset.append)
         key_, value_, headers_ = self.key.append, self.value.append, self.headers.append
