@@ -8,7 +8,8 @@ Order, always: **flush batch → insert → commit offsets.**
   (``telemetry.derive``) write ``events``, ``event_blobs`` and the derived tables.
 * The batch is handed to the inserter thread when it holds ``telemetry_batch_rows`` records,
   or when its oldest record has waited ``telemetry_flush_ms`` and the inserter is free (while
-  it inserts the batch before, this one keeps growing). Records are taken and checked while
+  it inserts the batch before, this one keeps growing); catching up through a backlog, as soon
+  as it holds ``telemetry_eager_rows`` and the inserter is free. Records are taken and checked while
   the previous batch is inserted; that batch is settled — its dead letters sent, its offsets
   committed — before the next is handed over.
 * Only after the insert (and with it every view's) succeeded does the sink commit the batch's
