@@ -221,6 +221,11 @@ class VoiceSettings(BaseSettings):
     simulator_url: str = "http://127.0.0.1:8100"
     """Where the model simulator listens when ANTHROPIC_API_KEY is unset."""
 
+    model_client: Literal["lean", "sdk"] = "lean"
+    """``VOICE_MODEL_CLIENT``: how a worker talks to the model API — ``lean`` reads the
+    Messages API's stream over httpx (``consumers.engine.lean``: the same requests and results,
+    a fraction of the CPU), ``sdk`` through the ``anthropic`` SDK."""
+
     worker_concurrency: int = Field(default=64, ge=1)
     """Workflow steps (turns) one worker runs at once."""
 
