@@ -40,6 +40,11 @@ TIMEOUT = httpx.Timeout(600.0, connect=5.0)
 LIMITS = httpx.Limits(max_connections=1000, max_keepalive_connections=100)
 """The SDK's defaults: a turn may stream for minutes; 64 steps at once keep their connections."""
 
+TIMED_OUT = ("Request timed out or interrupted. This could be due to a network timeout, "
+             "dropped connection, or request cancellation. See "
+             "https://docs.anthropic.com/en/api/errors#long-requests for more details.")
+"""The SDK's words for a timeout (recorded nowhere, but logged: one wording for both paths)."""
+
 _TRACKS_INPUT = frozenset({"tool_use", "server_tool_use", "mcp_tool_use"})
 
 # status → the SDK's error class name (recorded as ``error_type``; the engine acts on 404, 429,
@@ -109,8 +114,7 @@ class LeanModel:
             # An event without the fields its type has (the SDK lets these through raw).
             raise _malformed(exc) from None
         except httpx.TimeoutException:
-            raise ModelError("CONNECTION", "Request timed out.",
-                             error_type="APITimeoutError") from None
+            raise ModelError("CONNECTION", TIMED_OUT, error_type="APITimeoutError") from None
         except httpx.TransportError as exc:
             if isinstance(exc, httpx.RemoteProtocolError | httpx.ReadError):
                 raise  # mid-stream: the SDK lets these through unclassified as well
@@ -243,7 +247,7 @@ async def _read_stream(chunks: AsyncIterator[bytes], callbacks: StreamCallbacks,
                 if block.get("type") == "thinking":
                     block["signature"] = delta["signature"]
             elif dtype == "citations_delta" and block.get("type") == "text":
-                block.setdefault("citations", []).append(delta["citation"])
+                block["citations"] = [*(block.get("citations") or []), delta["citation"]]
         elif kind == "content_block_start":
             block = dict(doc["content_block"])
             blocks.append(block)
@@ -266,7 +270,8 @@ async def _read_stream(chunks: AsyncIterator[bytes], callbacks: StreamCallbacks,
                 blocks[index]["input"] = jiter.from_json(buf, partial_mode=True)
             except ValueError as exc:
                 raise _malformed(ValueError(
-                    f"Unable to parse tool parameter JSON from model: {exc}")) from None
+                    "Unable to parse tool parameter JSON from model. Please retry your request "
+                    f"or adjust your prompt. Error: {exc}. JSON: {buf.decode()}")) from None
     u = message["usage"]
     return ModelResponse(content=[_block(b) for b in blocks],
                          stop_reason=message.get("stop_reason"), model=message.get("model") or "",

@@ -151,7 +151,10 @@ class AnthropicModel:
                                   "system": request.system, "messages": request.messages}
         if request.tools:
             kwargs["tools"] = request.tools
-        kwargs.update(request.sampling)
+        if request.sampling:
+            # The SDK's ``stream`` no longer takes temperature / top_p / top_k as arguments
+            # (a TypeError before the request was sent); the API still reads them in the body.
+            kwargs["extra_body"] = dict(request.sampling)
         if self._headers:
             kwargs["extra_headers"] = self._headers
         try:

@@ -206,7 +206,7 @@ HAND: dict[str, Reply] = {
     "truncated_tool_json": ok(sse(
         start(), block_start(0, {"type": "tool_use", "id": "toolu_3", "name": "search_issues",
                                  "input": {}}),
-        delta(0, type="input_json_delta", partial_json='{"query": "half'),
+        delta(0, type="input_json_delta", partial_json='{"query": "half", "n'),
         *end("max_tokens"))),
     "invalid_tool_json": ok(sse(
         start(), block_start(0, {"type": "tool_use", "id": "toolu_4", "name": "x",
