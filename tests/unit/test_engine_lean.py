@@ -352,7 +352,8 @@ async def test_the_request_on_the_wire_is_the_sdks():
     assert json.loads(b.content)["stream"] is True and json.loads(b.content)["temperature"] == 0.5
     for name in ("anthropic-version", "authorization", "content-type", "accept", "x-extra"):
         assert a.headers.get(name) == b.headers.get(name), name
-    assert b.headers["anthropic-version"] == API_VERSION == anthropic._constants.ANTHROPIC_API_VERSION
+    sdk_version = anthropic._constants.ANTHROPIC_API_VERSION
+    assert b.headers["anthropic-version"] == API_VERSION == sdk_version
 
 
 async def test_sse_decoder_keeps_a_crlf_split_across_chunks_as_one_line_end():
