@@ -2,8 +2,9 @@
 the model client (``AgentRunner``; nothing outside the engine builds a client).
 
 It never imports Kafka into the loop: the model goes through a ``ModelPort`` (``LeanModel``
-reads the Messages API's stream over httpx; an ``anthropic.AsyncAnthropic`` is adapted), and every side effect through ``EffectSink.emit``
-(``KafkaEffectSink`` produces records, ``RecordingSink`` keeps them in memory).
+reads the Messages API's stream over httpx; an ``anthropic.AsyncAnthropic`` is adapted), and
+every side effect through ``EffectSink.emit`` (``KafkaEffectSink`` produces records,
+``RecordingSink`` keeps them in memory).
 
 Public names: ``AgentRunner``, ``ModelSettings``, ``run_turn``, ``AgentSpec``, ``TurnInput``,
 ``TurnResult``, ``StateView``,
@@ -38,8 +39,8 @@ from consumers.engine.envelopes import (
     PlanStep,
     PlanUpdate,
 )
-from consumers.engine.loop import run_turn
 from consumers.engine.lean import LeanModel
+from consumers.engine.loop import run_turn
 from consumers.engine.model import AnthropicModel, ModelError, ModelNotFound, ModelPort
 from consumers.engine.plan import PLAN_TOOL, plan_tool
 from consumers.engine.replay import ReplayClient, compare_effects, recorded_tools, rerun
