@@ -101,25 +101,27 @@ class LeanModel:
         content = json.dumps(body, ensure_ascii=False, separators=(",", ":")).encode()
         http = self._http()
         try:
-            async with http.stream("POST", self._url, content=content,
-                                   headers=self._headers) as response:
-                if response.status_code >= 400:
-                    await response.aread()
-                    raise _status_error(request.model, response.status_code, response.text)
-                return await _read_stream(response.aiter_bytes(), callbacks,
-                                          response.status_code)
+            response = await http.send(http.build_request(
+                "POST", self._url, content=content, headers=self._headers), stream=True)
+        except httpx.TimeoutException:
+            raise ModelError("CONNECTION", TIMED_OUT, error_type="APITimeoutError") from None
+        except httpx.TransportError:
+            raise ModelError("CONNECTION", "Connection error.",
+                             error_type="APIConnectionError") from None
+        # From here on a transport error (the connection dropped mid-stream) goes up as it is,
+        # unclassified, as the SDK's does: the step fails and its workflow decides.
+        try:
+            if response.status_code >= 400:
+                await response.aread()
+                raise _status_error(request.model, response.status_code, response.text)
+            return await _read_stream(response.aiter_bytes(), callbacks, response.status_code)
         except _CallbackFailed as carrier:
             raise carrier.exc from None
         except (KeyError, IndexError, TypeError, AttributeError) as exc:
             # An event without the fields its type has (the SDK lets these through raw).
             raise _malformed(exc) from None
-        except httpx.TimeoutException:
-            raise ModelError("CONNECTION", TIMED_OUT, error_type="APITimeoutError") from None
-        except httpx.TransportError as exc:
-            if isinstance(exc, httpx.RemoteProtocolError | httpx.ReadError):
-                raise  # mid-stream: the SDK lets these through unclassified as well
-            raise ModelError("CONNECTION", "Connection error.",
-                             error_type="APIConnectionError") from None
+        finally:
+            await response.aclose()
 
 
 # ---------------------------------------------------------------------------- errors

@@ -328,6 +328,33 @@ async def test_connection_errors_and_timeouts_are_the_same_model_errors():
         assert (await outcome(lean))[1][2] == "CONNECTION"
 
 
+async def test_a_connection_dropped_mid_stream_goes_up_unclassified_from_both():
+    """After the response has begun, a transport error is not a model error for either path:
+    the text already streamed was heard, and the step fails as a whole."""
+    head = sse(start(), block_start(0, {"type": "text", "text": ""}),
+               delta(0, type="text_delta", text="half"))
+
+    async def broken(error: Exception) -> AsyncIterator[bytes]:
+        yield head
+        raise error
+
+    def sdk(request: httpx2.Request) -> httpx2.Response:
+        return httpx2.Response(200, content=broken(httpx2.ReadError("reset")))
+
+    def lean(request: httpx.Request) -> httpx.Response:
+        return httpx.Response(200, content=broken(httpx.ReadError("reset")))
+
+    for port, error in zip(ports(sdk, lean), (httpx2.ReadError, httpx.ReadError), strict=True):
+        heard: list[str] = []
+
+        async def on_text(t: str, heard: list[str] = heard) -> None:
+            heard.append(t)
+
+        with pytest.raises(error):
+            await port.stream(REQUEST, StreamCallbacks(on_text=on_text))
+        assert heard == ["half"]
+
+
 async def test_a_callbacks_own_error_is_raised_as_it_is_never_a_model_error():
     class Mine(Exception):
         pass
