@@ -234,10 +234,10 @@ class VoiceSettings(BaseSettings):
     their own (``consumers.workflows.steploop``), so a step never delays the writer's
     acknowledgements on the worker's loop. Off: steps share the worker's loop."""
 
-    worker_uvloop: bool = True
+    worker_uvloop: bool = False
     """``VOICE_WORKER_UVLOOP``: a worker's event loops (Faust's, its consumer thread's, the
-    steps') are uvloop's rather than asyncio's own: less CPU per turn (docs/benchmarks.md,
-    issue 14, third pass)."""
+    steps') are uvloop's rather than asyncio's own. Off: in two same-load pairs it did not
+    measure better (docs/benchmarks.md, issue 14, third pass)."""
 
     up_restarts: int = Field(default=5, ge=0)
     """``voice up``: how many times a child that exits is started again within
