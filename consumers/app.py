@@ -68,8 +68,9 @@ def create_worker(settings: VoiceSettings, agent: ConcernAgent | None = None,
 
 def use_uvloop() -> None:
     """Every event loop this process makes from now on is uvloop's (libuv): Faust's, its
-    consumer thread's and the steps' (``consumers.workflows.steploop``) — less CPU per
-    callback, socket write and cross-thread wake-up than asyncio's selector loop."""
+    consumer thread's and the steps' (``consumers.workflows.steploop``). Meant to cost less
+    per callback, socket write and cross-thread wake-up than asyncio's selector loop; off by
+    default (``VOICE_WORKER_UVLOOP``) until it measures better."""
     import asyncio
 
     import uvloop
