@@ -42,9 +42,15 @@ def bounded_httptools() -> type[Any]:
         (A read that also carries the end of the request before it counts whole: only a
         pipelining client is ever refused a little early.)"""
 
-        _head_open = False
-        _head_bytes = 0
-        _head_too_large = False
+        # Slots, not the instance's dict: three more keys there grew it to its next size,
+        # ~1.5 KiB more for every connection (tracemalloc, 2,000 held streams).
+        __slots__ = ("_head_open", "_head_bytes", "_head_too_large")
+
+        def __init__(self, *args: Any, **kwargs: Any) -> None:
+            super().__init__(*args, **kwargs)
+            self._head_open = False
+            self._head_bytes = 0
+            self._head_too_large = False
 
         def on_message_begin(self) -> None:
             super().on_message_begin()
