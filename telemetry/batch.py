@@ -50,6 +50,9 @@ class Batch:
         self.cols = Columns()
         """The records, in arrival order, as ``voice.envelopes`` takes them."""
         self.started: float | None = None
+        self.behind = False
+        """Its first record was already older than a flush when taken: the sink is catching
+        up (after a restart, an outage, a burst), not keeping pace."""
         self.dead: list[tuple[RawRecord, str]] = []
         """Records to dead-letter before the commit, with the reason."""
         self.refusals = 0

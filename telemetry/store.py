@@ -38,6 +38,10 @@ class TelemetrySettings(VoiceSettings):
     """… or when its oldest record has waited this long and the insert before it is done.
     (Each insert costs ClickHouse ~50 ms besides its rows, so under load batches grow to
     ``telemetry_batch_rows``; ~80 MB of Python objects at that size, two batches at most.)"""
+    telemetry_eager_rows: int = Field(default=5_000, ge=0)
+    """… or, when the sink is catching up (a batch's first record was older than the flush
+    time when taken), as soon as it holds this many and the inserter is free (0 = never):
+    through a backlog the inserter never waits for a batch's age while the loop fills it."""
     telemetry_query_port: int = Field(default=8124, ge=0, le=65535)
     """Loopback port of the sink's read-only SQL endpoint (embedded store only; 0 = off)."""
     telemetry_retry_max_s: float = Field(default=10.0, gt=0)

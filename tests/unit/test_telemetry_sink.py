@@ -28,6 +28,7 @@ T0 = datetime(2025, 3, 1, 12, 0, tzinfo=UTC)
 class Msg:
     def __init__(self, topic: str, partition: int, offset: int, key, value, headers) -> None:
         self._t = (topic, partition, offset, key, value, headers)
+        self.ts_ms = 1_700_000_000_000  # long ago: a sink reading it is catching up
 
     def error(self):
         return None
@@ -51,7 +52,7 @@ class Msg:
         return self._t[5]
 
     def timestamp(self):
-        return (1, 1_700_000_000_000)
+        return (1, self.ts_ms)
 
 
 class FakeConsumer:
@@ -143,13 +144,15 @@ S = TypeVar("S", bound="FlakyStore")
 
 
 @contextmanager
-def sink_over(tmp_path: Path, store_type: type[S]
+def sink_over(tmp_path: Path, store_type: type[S], **settings_kw: object
               ) -> Iterator[tuple[list[str], FakeConsumer, S, Sink]]:
     """A sink on a fake consumer and a ``store_type`` over a real embedded store: batches of
-    5 records, flushed by count only; (log of what happened, consumer, store, sink)."""
+    5 records, flushed by count only (unless ``settings_kw`` say otherwise); (log of what
+    happened, consumer, store, sink)."""
     log: list[str] = []
     settings = TelemetrySettings(state_dir=tmp_path, env="test", kafka_bootstrap="unused:1",
-                                 telemetry_batch_rows=5, telemetry_flush_ms=60_000)
+                                 **{"telemetry_batch_rows": 5, "telemetry_flush_ms": 60_000,
+                                    **settings_kw})
     consumer, store = FakeConsumer(log), store_type(open_store(settings), log)
     sink = Sink(settings, store=store, consumer=consumer, retry_initial_s=0.01)
     try:
@@ -285,6 +288,64 @@ def test_a_batch_of_age_grows_while_the_inserter_works_then_goes(gated):
     sink.poll_once(timeout=0)
     assert [e for e in log if e.startswith("commit")] == ["commit voice.agent:0:5",
                                                           "commit voice.agent:0:8"]
+
+
+def test_catching_up_a_batch_of_eager_rows_goes_to_a_free_inserter_and_grows_behind_a_busy_one(
+        tmp_path):
+    with sink_over(tmp_path, GatedStore, telemetry_eager_rows=3) as (log, consumer, store, sink):
+        sink._clock = lambda: 100.0  # no batch ever comes of age here
+        consumer.queue = [msg(0), msg(1)]
+        sink.poll_once(timeout=0)
+        assert log == []  # 2 records, young: they wait
+        consumer.queue = [msg(2)]
+        sink.poll_once(timeout=0)  # 3, and the inserter is free: handed over, not yet of age
+        until(lambda: "inserting" in log, "the insert to start")
+        consumer.queue = [msg(i) for i in range(3, 7)]
+        assert sink.poll_once(timeout=0) == 4  # 4 ≥ 3, but the inserter works: they grow
+        assert log == ["inserting"]
+        store.gate.set()
+        until(lambda: "insert voice.envelopes" in log, "the insert")
+        sink.poll_once(timeout=0)  # settles the first; the second goes at once
+        until(lambda: log.count("insert voice.envelopes") == 2, "the second insert")
+        sink.poll_once(timeout=0)
+        assert [e for e in log if e.startswith("commit")] == ["commit voice.agent:0:3",
+                                                              "commit voice.agent:0:7"]
+
+
+def test_keeping_pace_a_batch_of_eager_rows_waits_for_its_age(tmp_path):
+    with sink_over(tmp_path, FlakyStore, telemetry_eager_rows=3) as (log, consumer, store, sink):
+        now = [100.0]
+        sink._clock = lambda: now[0]
+        fresh = [msg(i) for i in range(4)]
+        for m in fresh:
+            m.ts_ms = int(time.time() * 1000)  # just produced: the sink keeps pace
+        consumer.queue = fresh
+        sink.poll_once(timeout=0)
+        assert log == [] and sink._batch.records == 4  # 4 ≥ 3, yet it waits: inserts cost
+        now[0] += 60.0
+        sink.poll_once(timeout=0)  # of age: handed over
+        until(lambda: "insert voice.envelopes" in log, "the insert")
+
+
+class ErrorMsg(Msg):
+    """What ``consume`` hands out for a transient broker error: not a record."""
+
+    def __init__(self) -> None:
+        super().__init__("voice.agent", 0, -1001, None, None, None)
+
+    def error(self):
+        return "Broker: transient failure"
+
+
+def test_an_error_in_a_consume_result_is_logged_and_the_records_around_it_taken(parts, caplog):
+    log, consumer, store, sink = parts
+    consumer.queue = [msg(0), ErrorMsg(), msg(1)]
+    assert sink.poll_once() == 2
+    assert sink._batch.cols.offset == [0, 1]
+    assert "Broker: transient failure" in caplog.text
+    consumer.queue = [ErrorMsg()]
+    assert sink.poll_once() == 0 and sink._batch.started is not None
+    assert sink.flush() == 2 and count(store, "events") == 2
 
 
 def test_a_dropped_batch_drops_the_one_behind_it(gated):
