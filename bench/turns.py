@@ -191,8 +191,9 @@ TURN_CHAIN = (
     ("post", "command"),                  # edge in: HTTP, auth, seal, SendMessage made
     ("command", "message_recorded"),      # sequencer: SendMessage → MessageRecorded
     ("message_recorded", "workflow_started"),  # turn worker: TurnRequested → WorkflowStarted
-    ("workflow_started", "step_started"),  # workflow engine: → StepStarted
-    ("step_started", "first_model_call"),  # engine: first model call recorded
+    # workflow engine (WorkflowStarted applied: the step starts, no record of its own since
+    # issue 14), then the engine: the first model call recorded
+    ("workflow_started", "first_model_call"),
     ("first_model_call", "reply_command"),  # engine: tool, second call, reply command made
     ("reply_command", "reply_recorded"),  # sequencer: reply command → ReplyRecorded
     ("reply_recorded", "seen"),           # edge out: ReplyRecorded → on the SSE client
@@ -259,13 +260,11 @@ def _marks(settings: Any, turns: list[_Turn], agent: bool = True
                 continue
             if env.type == "voice.workflow.started.v1":
                 mark(env.key, "workflow_started", env.time.timestamp())
-            elif env.type == "voice.workflow.step_started.v1":
-                mark(env.key, "step_started", env.time.timestamp())
         for _msg, env in envs(AGENT):
             if env.key not in wanted:
                 continue
             records[env.key] += 1
-            if env.type == "voice.agent.model_call.v1":
+            if env.type in ("voice.agent.model_call.v1", "voice.agent.model_call.v2"):
                 calls[env.key] += 1
                 mark(env.key, "first_model_call", env.time.timestamp())
     for t in turns:

@@ -4,11 +4,14 @@ Sequential turns through the whole stack; from each conversation-turn workflow's
 ``voice.workflows`` (their Kafka CreateTime), two hops of the engine itself:
 
 - ``start_to_step``: ``WorkflowStarted`` recorded → the engine's ``StepStarted`` (a workflow
-  record consumed, applied, its step started);
+  record consumed, applied, its step started) — only on logs from before issue 14's third
+  pass: a first step now starts with ``WorkflowStarted`` itself, no record marks it;
 - ``outcome_to_next``: the step's ``StepOutcome`` recorded → the engine's next lifecycle record
-  (``StepSucceeded``/``StepStarted``…): a step record → the next transition.
+  (``StepSucceeded``, or ``LastStepSucceeded`` for a turn's one step): a step record → the next
+  transition.
 
-``step_overhead`` is their sum per workflow, beside the raw Kafka round trip.
+``step_overhead`` is their sum per workflow (the second alone where the first is not
+recorded), beside the raw Kafka round trip.
 """
 
 from __future__ import annotations
@@ -54,12 +57,16 @@ def step_overhead(ctx: Context) -> Result:
         times.setdefault(env.key, {}).setdefault(name, msg.timestamp()[1] / 1000)
     start, outcome, total = [], [], []
     for t in times.values():
-        if {"WorkflowStarted", "StepStarted", "StepOutcome", "StepSucceeded"} <= t.keys():
-            a = t["StepStarted"] - t["WorkflowStarted"]
-            b = t["StepSucceeded"] - t["StepOutcome"]
+        succeeded = t.get("StepSucceeded", t.get("LastStepSucceeded"))
+        if succeeded is None or "StepOutcome" not in t:
+            continue
+        b = succeeded - t["StepOutcome"]
+        a = t["StepStarted"] - t["WorkflowStarted"] if "StepStarted" in t else 0.0
+        if "StepStarted" in t:
             start.append(a)
-            outcome.append(b)
-            total.append(a + b)
+        outcome.append(b)
+        total.append(a + b)
     summary = latency_summary(total)
     return {**summary, "workflows": len(times),
-            "start_to_step": latency_summary(start), "outcome_to_next": latency_summary(outcome)}
+            "start_to_step": latency_summary(start) if start else None,
+            "outcome_to_next": latency_summary(outcome)}

@@ -10,7 +10,7 @@ from contextlib import contextmanager
 from typing import Any
 
 from api.conversations.render import sse_event
-from schemas.agent import DisplayEventRecorded, DisplayEventsRecorded
+from schemas.agent import DisplayEventRecorded, agent_parts
 from streams.envelope import DecodeError, Envelope, decode
 from streams.ids import turn_conversation
 from streams.reading import read_topic
@@ -78,14 +78,15 @@ def replay_conversation(settings: VoiceSettings, conversation: str,
 def replay_workflow(settings: VoiceSettings, workflow: str,
                     sealer: Sealer | None = None) -> Iterator[str]:
     """The workflow's lifecycle and its agent's records (display events opened if possible),
-    a batch of display events one line per event, as each record of them was before."""
+    one line per record of the first shapes: a batch of display events, or a model call's
+    record with the events around it, as the records they were before (``agent_parts``)."""
     envs = records(settings, WORKFLOWS, workflow) + records(settings, AGENT, workflow)
     envs.sort(key=lambda e: e.time)
     with _sealing(settings, sealer) as opener:
         for env in envs:
             rec = env.record
-            parts = [(DisplayEventRecorded.ce_type, e.event_id, e) for e in rec.events] \
-                if isinstance(rec, DisplayEventsRecorded) else [(env.type, env.id, rec)]
+            parts = [(p.ce_type, p.event_id if isinstance(p, DisplayEventRecorded) else env.id,
+                      p) for p in agent_parts(rec)]
             for ce_type, content, part in parts:
                 payload = part.model_dump(mode="json")
                 conversation = payload.get("conversation_id") or (
@@ -182,14 +183,14 @@ async def rerun_turn(settings: VoiceSettings, workflow: str, lifecycle: list[Env
     from consumers.conversations.concern import concern_spec
     from consumers.conversations.turns import KIND
     from consumers.engine import TurnInput, effects_from_envelopes, rerun
-    from schemas.workflow import StepSucceeded, WorkflowStarted
+    from schemas.workflow import WorkflowStarted, step_success
 
     started = next((e.record for e in lifecycle if isinstance(e.record, WorkflowStarted)), None)
     if started is None:
         return [f"no workflow {workflow!r} on the log"]
     if started.kind != KIND:
         return [f"workflow {workflow!r} is a {started.kind!r}, not a participant turn"]
-    done = [e.record for e in lifecycle if isinstance(e.record, StepSucceeded)]
+    done = [s for s in (step_success(e.record) for e in lifecycle) if s is not None]
     if not done:
         return [f"workflow {workflow!r} has no successful step to compare with"]
     attempt = done[-1].attempt

@@ -31,7 +31,7 @@ from consumers.workflows.engine import Pause, StepContext, WorkflowDef, Workflow
 from consumers.workflows.runtime import outcome_transition
 from deploy.histories import Recorded, aggregate_of
 from schemas.base import Sealed
-from schemas.workflow import StepOutcome, StepSucceeded, WorkflowCommandReceived, WorkflowStarted
+from schemas.workflow import StepOutcome, WorkflowCommandReceived, WorkflowStarted, step_success
 from streams.envelope import Envelope
 from streams.sealing import Sealer
 from streams.settings import VoiceSettings
@@ -73,11 +73,12 @@ def succeeded_steps(wf: WorkflowDef, lifecycle: Sequence[Envelope],
         if t is None:
             continue
         for e in t.emits:
-            if isinstance(e.record, StepSucceeded):
-                index = [s.name for s in wf.steps].index(e.record.step)
-                ctx = contexts.get((index, e.record.attempt))
+            done = step_success(e.record)
+            if done is not None:
+                index = [s.name for s in wf.steps].index(done.step)
+                ctx = contexts.get((index, done.attempt))
                 if ctx is not None:
-                    out.append(RanStep(index, ctx, e.record.output))
+                    out.append(RanStep(index, ctx, done.output))
         state = t.state
         _keep(wf, contexts, t)
     return out

@@ -1,5 +1,7 @@
 """Records of agent turns (topic voice.agent, key = workflow id): every model call, tool call and
-display event (several display events of a turn in a row as one ``DisplayEventsRecorded``).
+display event (several display events of a turn in a row as one ``DisplayEventsRecorded``; since
+issue 14's third pass, on the model call's record they come before or after,
+``ModelCallWithDisplay``).
 Content a participant wrote or a model produced is ``Sealed`` with the conversation's key when
 the turn belongs to a conversation, so replay can serve it back and erasure still has one place
 to act.
@@ -105,6 +107,20 @@ class DisplayEventsRecorded(Record):
     events: list[DisplayEventRecorded] = Field(min_length=1)
 
 
+@record_type("voice.agent.model_call.v2")
+class ModelCallWithDisplay(ModelCallRecorded):
+    """A model call's record (v1's fields) carrying the turn's display events around it, so
+    a turn writes no record of its own for them: ``display_before`` were emitted since the
+    turn's previous agent record and before this call's, ``display_after`` after it, before
+    the turn's next agent record (or its end). Each is what one ``DisplayEventRecorded``
+    would hold, its ``data`` sealed under its own ``<event_id>/data``. A reader of model calls
+    takes it as one (it is a ``ModelCallRecorded``); ``agent_parts`` gives the records it
+    stands for, in log order."""
+
+    display_before: list[DisplayEventRecorded] = []
+    display_after: list[DisplayEventRecorded] = []
+
+
 @record_type("voice.telemetry.events.v1")
 class TelemetryEvents(Record):
     """A turn's telemetry facts, in order, as one record (produced when the turn's effects
@@ -122,7 +138,22 @@ def telemetry_events(record: Record) -> list[TelemetryEvent]:
 
 
 def display_events(record: Record) -> list[DisplayEventRecorded]:
-    """The display events a ``voice.agent`` record holds, in either shape."""
+    """The display events a ``voice.agent`` record holds, in any shape, in order."""
     if isinstance(record, DisplayEventsRecorded):
         return list(record.events)
+    if isinstance(record, ModelCallWithDisplay):
+        return [*record.display_before, *record.display_after]
     return [record] if isinstance(record, DisplayEventRecorded) else []
+
+
+def agent_parts(record: Record) -> list[Record]:
+    """The records of the first shapes a ``voice.agent`` record stands for, in log order: a
+    batch's events one by one; a ``ModelCallWithDisplay``'s events before, its call as a
+    ``ModelCallRecorded``, its events after; any other record itself."""
+    if isinstance(record, DisplayEventsRecorded):
+        return list(record.events)
+    if isinstance(record, ModelCallWithDisplay):
+        call = ModelCallRecorded.model_validate(
+            {k: v for k, v in record if k not in ("display_before", "display_after")})
+        return [*record.display_before, call, *record.display_after]
+    return [record]

@@ -2,6 +2,11 @@
 
 Each workflow's records carry a dense per-workflow ``voice_seq``; the workflow's state is the
 fold of these records, so a Faust table of it can always be rebuilt from the log.
+
+A workflow's first step starts with its ``WorkflowStarted`` (attempt 1, no ``StepStarted`` of
+its own since issue 14; logs written before hold one); a later step, a retry and a resumed step
+get their ``StepStarted``. A workflow whose last step succeeds ends with one
+``LastStepSucceeded`` (before: ``StepSucceeded`` and ``WorkflowCompleted``).
 """
 
 from __future__ import annotations
@@ -86,6 +91,18 @@ class WorkflowCompleted(Record):
     output: dict[str, Any] = {}
 
 
+@record_type("voice.workflow.completed.v2")
+class LastStepSucceeded(WorkflowCompleted):
+    """The workflow's last step succeeded, so it completed: one record where v1 wrote
+    ``StepSucceeded`` then ``WorkflowCompleted`` (``output`` is the step's, as both held it).
+
+    A ``WorkflowCompleted`` to every reader of one; a reader of step successes takes it
+    through ``step_success``."""
+
+    step: str
+    attempt: int = Field(ge=1)
+
+
 @record_type("voice.workflow.failed.v1")
 class WorkflowFailed(Record):
     workflow: str
@@ -128,3 +145,12 @@ class LeaseCheck(Record):
     (e.g. after it took the partition over): consuming it resumes the step."""
 
     workflow: str
+
+
+def step_success(record: Record) -> StepSucceeded | None:
+    """The step success a ``voice.workflows`` record reports, in either shape: a
+    ``StepSucceeded``, or the one a ``LastStepSucceeded`` carries (else None)."""
+    if isinstance(record, LastStepSucceeded):
+        return StepSucceeded(workflow=record.workflow, step=record.step, attempt=record.attempt,
+                             output=record.output)
+    return record if isinstance(record, StepSucceeded) else None

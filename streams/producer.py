@@ -91,7 +91,10 @@ def producer_config(settings: VoiceSettings, **extra: object) -> dict[str, objec
 class RecordProducer:
     """A confluent-kafka producer with an asyncio face: ``await send(...)`` returns on the ack.
 
-    A daemon thread serves delivery callbacks so the event loop never blocks on ``poll``.
+    A daemon thread serves delivery callbacks so the event loop never blocks on ``poll``. The
+    acks one ``poll`` serves reach each event loop in one hop, not one per record: a
+    ``call_soon_threadsafe`` wakes the loop through its self-pipe (a syscall on each side),
+    and at a turn's ~17 records it was 5 % of a worker's samples (docs/benchmarks.md).
     With ``wait_when_full`` (the default) a full local queue is waited out; without it,
     ``produce_raw`` raises the client's ``BufferError`` at once (the edge answers 503).
 
@@ -108,12 +111,31 @@ class RecordProducer:
         self._wait_when_full = wait_when_full
         self.max_bytes = settings.max_record_bytes
         self._stop = threading.Event()
+        self._settled: list[_Settled] = []
+        self._settled_lock = threading.Lock()
         self._thread = threading.Thread(target=self._serve, name="voice-producer", daemon=True)
         self._thread.start()
 
     def _serve(self) -> None:
         while not self._stop.is_set():
             self._producer.poll(0.05)
+            self._hand_over()
+
+    def _hand_over(self) -> None:
+        """Send the outcomes the last ``poll`` or ``flush`` collected to their loops, one
+        hop per loop, in delivery order."""
+        with self._settled_lock:
+            settled, self._settled = self._settled, []
+        if not settled:
+            return
+        by_loop: dict[asyncio.AbstractEventLoop, list[_Settled]] = {}
+        for item in settled:
+            by_loop.setdefault(item[0], []).append(item)
+        for loop, batch in by_loop.items():
+            try:
+                loop.call_soon_threadsafe(_settle, batch)
+            except RuntimeError:  # that loop is closed: nobody is left to wait on these
+                log.debug("dropped %d delivery reports of a closed loop", len(batch))
 
     def produce_raw(
         self,
@@ -131,13 +153,13 @@ class RecordProducer:
         loop = asyncio.get_running_loop()
         fut: asyncio.Future[Message] = loop.create_future()
 
+        lock = self._settled_lock
+
         def on_delivery(err: KafkaError | None, msg: Message) -> None:
-            if err is not None:
-                exc = ProduceError(f"produce to {topic!r} failed: {err.str()}", err.retriable(),
-                                   err.code())
-                loop.call_soon_threadsafe(_set_exception, fut, exc)
-            else:
-                loop.call_soon_threadsafe(_set_result, fut, msg)
+            exc = None if err is None else ProduceError(
+                f"produce to {topic!r} failed: {err.str()}", err.retriable(), err.code())
+            with lock:
+                self._settled.append((loop, fut, msg, exc))
 
         kwargs: dict[str, object] = {"key": key, "value": value, "on_delivery": on_delivery}
         if headers:
@@ -152,6 +174,7 @@ class RecordProducer:
                 if not self._wait_when_full:
                     raise
                 self._producer.poll(0.01)
+                self._hand_over()
         return fut
 
     async def send(self, topic: str, env: Envelope) -> Message:
@@ -160,13 +183,16 @@ class RecordProducer:
         return await self.produce_raw(topic, key, value, headers)
 
     def flush(self, timeout: float = 10.0) -> int:
-        return self._producer.flush(timeout)
+        left = self._producer.flush(timeout)
+        self._hand_over()
+        return left
 
     def close(self, timeout: float = 10.0) -> None:
         """Deliver what is queued, then stop the callback thread."""
         self._producer.flush(timeout)
         self._stop.set()
         self._thread.join(timeout=1.0)
+        self._hand_over()
         # Drop the client now: librdkafka's threads live until the handle is destroyed and
         # would keep reconnecting to a broker that may be gone.
         del self._producer
@@ -225,14 +251,21 @@ async def deliver_all(produce: Callable[[TopicSpec, Envelope], Awaitable[object]
         raise failure
 
 
-def _set_result(fut: asyncio.Future[Message], msg: Message) -> None:
-    if not fut.done():
-        fut.set_result(msg)
+_Settled = tuple[asyncio.AbstractEventLoop, "asyncio.Future[Message]", Message,
+                 BaseException | None]
+"""One delivery report on its way to its loop: (loop, future, message, failure or None)."""
 
 
-def _set_exception(fut: asyncio.Future[Message], exc: BaseException) -> None:
-    if not fut.done():
-        fut.set_exception(exc)
+def _settle(batch: list[_Settled]) -> None:
+    """On the future's loop: resolve each future of ``batch`` (one a caller gave up on,
+    cancelled, is left as it is)."""
+    for _, fut, msg, exc in batch:
+        if fut.done():
+            continue
+        if exc is None:
+            fut.set_result(msg)
+        else:
+            fut.set_exception(exc)
 
 
 def dlq_headers(

@@ -229,6 +229,11 @@ class VoiceSettings(BaseSettings):
     simulator_url: str = "http://127.0.0.1:8100"
     """Where the model simulator listens when ANTHROPIC_API_KEY is unset."""
 
+    model_client: Literal["lean", "sdk"] = "lean"
+    """``VOICE_MODEL_CLIENT``: how a worker talks to the model API — ``lean`` reads the
+    Messages API's stream over httpx (``consumers.engine.lean``: the same requests and results,
+    a fraction of the CPU), ``sdk`` through the ``anthropic`` SDK."""
+
     worker_concurrency: int = Field(default=64, ge=1)
     """Workflow steps (turns) one worker runs at once."""
 
@@ -236,6 +241,11 @@ class VoiceSettings(BaseSettings):
     """``VOICE_WORKER_STEP_THREAD``: a worker runs its workflow steps on an event loop of
     their own (``consumers.workflows.steploop``), so a step never delays the writer's
     acknowledgements on the worker's loop. Off: steps share the worker's loop."""
+
+    worker_uvloop: bool = False
+    """``VOICE_WORKER_UVLOOP``: a worker's event loops (Faust's, its consumer thread's, the
+    steps') are uvloop's rather than asyncio's own. Off: in two same-load pairs it did not
+    measure better (docs/benchmarks.md, issue 14, third pass)."""
 
     up_restarts: int = Field(default=5, ge=0)
     """``voice up``: how many times a child that exits is started again within

@@ -22,8 +22,9 @@ target table drops the block it already has.
 
 from __future__ import annotations
 
-from schemas.agent import ModelCallRecorded, ToolCallRecorded
+from schemas.agent import ModelCallRecorded, ModelCallWithDisplay, ToolCallRecorded
 from schemas.workflow import (
+    LastStepSucceeded,
     StepFailed,
     StepStarted,
     StepSucceeded,
@@ -184,7 +185,7 @@ SELECT h['ce_id'] AS event_id, ce_time AS time,
        {_json('call_id', 'String')} AS call_id,
        {_json('iteration', 'UInt32')} AS iteration,
        {_opt('voice_tenant')} AS tenant
-FROM {_facts(ModelCallRecorded)}"""
+FROM {_facts(ModelCallRecorded, ModelCallWithDisplay)}"""
 
 _TOOL_CALLS = f"""
 SELECT h['ce_id'] AS event_id, ce_time AS time, 'execute_tool' AS operation_name,
@@ -206,24 +207,36 @@ _STARTED, _STEP_STARTED, _SUCCEEDED = (_q(m.ce_type) for m in
                                        (WorkflowStarted, StepStarted, StepSucceeded))
 _STEP_FAILED, _PAUSED, _RESUMED = (_q(m.ce_type) for m in
                                    (StepFailed, WorkflowPaused, WorkflowResumed))
-_COMPLETED, _WF_FAILED = (_q(m.ce_type) for m in (WorkflowCompleted, WorkflowFailed))
+_COMPLETED, _WF_FAILED, _LAST = (_q(m.ce_type) for m in
+                                 (WorkflowCompleted, WorkflowFailed, LastStepSucceeded))
 WORKFLOW_TYPES = (WorkflowStarted, StepStarted, StepSucceeded, StepFailed, WorkflowPaused,
-                  WorkflowResumed, WorkflowCompleted, WorkflowFailed)
+                  WorkflowResumed, WorkflowCompleted, WorkflowFailed, LastStepSucceeded)
 """The records that make a ``workflow_steps`` row (the sink tells their workflow's kind)."""
 
+COMPLETED_ROW = "/completed"
+"""The ``event_id`` suffix of the workflow's ``completed`` row a ``LastStepSucceeded`` makes
+beside its step's ``succeeded`` row (the record's own id): the rows its two v1 records made."""
+
 # ``error`` is plain (a code, Voice's own words); a message that may quote someone is sealed in
-# the payload (``sealed_error``) and never extracted.
+# the payload (``sealed_error``) and never extracted. ``part`` is '' but for a
+# ``LastStepSucceeded``, which makes two rows: its step's ('step') and its workflow's ('end').
 _WORKFLOW_STEPS = f"""
-SELECT h['ce_id'] AS event_id, ce_time AS time,
+SELECT if(part = 'end', concat(h['ce_id'], {_q(COMPLETED_ROW)}), h['ce_id']) AS event_id,
+       ce_time AS time,
        {_json('workflow', 'String')} AS workflow,
        kind,
-       if(type IN ({_STARTED}, {_COMPLETED}, {_WF_FAILED}), 'workflow', 'step') AS scope,
-       if(type IN ({_STARTED}, {_COMPLETED}), '', {_json('step', 'String')}) AS step,
-       multiIf(type IN ({_STEP_STARTED}, {_SUCCEEDED}, {_STEP_FAILED}),
+       if(part = 'end' OR type IN ({_STARTED}, {_COMPLETED}, {_WF_FAILED}), 'workflow', 'step'
+          ) AS scope,
+       if(part = 'end' OR type IN ({_STARTED}, {_COMPLETED}), '', {_json('step', 'String')}
+          ) AS step,
+       multiIf(part = 'end', NULL,
+               type IN ({_STEP_STARTED}, {_SUCCEEDED}, {_STEP_FAILED}, {_LAST}),
                {_json('attempt', 'Nullable(UInt32)')},
                type = {_WF_FAILED}, {_json('attempts', 'Nullable(UInt32)')},
                NULL) AS attempt,
-       multiIf(type IN ({_STARTED}, {_STEP_STARTED}), 'started', type = {_SUCCEEDED}, 'succeeded',
+       multiIf(part = 'end', 'completed',
+               type IN ({_STARTED}, {_STEP_STARTED}), 'started',
+               type IN ({_SUCCEEDED}, {_LAST}), 'succeeded',
                type IN ({_STEP_FAILED}, {_WF_FAILED}), 'failed', type = {_PAUSED}, 'paused',
                type = {_RESUMED}, 'resumed', 'completed') AS status,
        if(type IN ({_STEP_FAILED}, {_WF_FAILED}), {_json('error', 'Nullable(String)')}, NULL
@@ -234,7 +247,8 @@ SELECT h['ce_id'] AS event_id, ce_time AS time,
        if(type = {_PAUSED}, {_json('waiting_for', 'Nullable(String)')}, NULL) AS waiting_for,
        if(type = {_STEP_STARTED}, {_json('worker', 'Nullable(String)')}, NULL) AS worker,
        seq
-FROM {_facts(*WORKFLOW_TYPES)}"""
+FROM {_facts(*WORKFLOW_TYPES)}
+ARRAY JOIN if(type = {_LAST}, ['step', 'end'], ['']) AS part"""
 
 DERIVATIONS: dict[str, str] = {
     "events": _EVENTS,

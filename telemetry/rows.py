@@ -29,6 +29,7 @@ from typing import Any
 from schemas.agent import ModelCallRecorded, ToolCallRecorded
 from schemas.base import Record
 from schemas.workflow import (
+    LastStepSucceeded,
     StepFailed,
     StepStarted,
     StepSucceeded,
@@ -41,7 +42,7 @@ from schemas.workflow import (
 from streams.envelope import DecodeError, Envelope, decode
 from streams.free_text import describe
 from streams.tracing import ids_of
-from telemetry.derive import BLOB_THRESHOLD
+from telemetry.derive import BLOB_THRESHOLD, COMPLETED_ROW
 from telemetry.schema import DATABASE, column_names
 
 UNDECODABLE = "undecodable"
@@ -224,6 +225,15 @@ def _derived(rows: Rows, rec: Record, env: Envelope, time: datetime, kinds: Kind
         fields = rec.model_dump(exclude={"arguments", "result"})
         rows.add("tool_calls", {**fields, **base, "operation_name": "execute_tool",
                                 **_trace(rec.trace_id, rec.span_id, env.traceparent)})
+    elif isinstance(rec, LastStepSucceeded):
+        # Two rows, as its two v1 records made: the step's success (the record's id) and the
+        # workflow's end (``COMPLETED_ROW`` after it: the table keeps one row per id).
+        kind = kinds.get(rec.workflow) if kinds is not None else ""
+        common = {"workflow": rec.workflow, "kind": kind, **base, "seq": env.seq}
+        rows.add("workflow_steps", {**common, "scope": "step", "step": rec.step,
+                                    "attempt": rec.attempt, "status": "succeeded"})
+        rows.add("workflow_steps", {**common, "event_id": env.id + COMPLETED_ROW,
+                                    "scope": "workflow", "step": "", "status": "completed"})
     else:
         step = _workflow_row(rec)
         if step is None:

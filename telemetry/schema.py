@@ -19,6 +19,7 @@ from telemetry.derive import (
     DERIVATIONS,
     landing_table_sql,
     materialized_view_sql,
+    view_name,
 )
 from telemetry.store import TelemetryStore
 
@@ -169,13 +170,19 @@ FROM (
            quantile(0.99)(ms) AS turn_p99_ms
     FROM (
         SELECT s.workflow AS workflow,
-               minIf(s.time, s.status = 'started') AS started,
+               if(countIf(s.scope = 'step' AND s.status = 'started') > 0,
+                  minIf(s.time, s.scope = 'step' AND s.status = 'started'),
+                  minIf(s.time, s.status = 'started')) AS started,
                maxIf(s.time, s.status = 'succeeded') AS succeeded,
                dateDiff('microsecond', started, succeeded) / 1000.0 AS ms
         FROM {DATABASE}.workflow_steps AS s FINAL
         LEFT JOIN {_KINDS} AS k ON k.workflow = s.workflow
-        WHERE s.scope = 'step' AND if(s.kind != '', s.kind, k.wf_kind) = 'conversation-turn'
-        GROUP BY s.workflow, s.step, s.attempt
+        WHERE (s.scope = 'step' OR s.status = 'started')
+          AND if(s.kind != '', s.kind, k.wf_kind) = 'conversation-turn'
+        -- A turn has one step. Its first attempt starts with the workflow (no StepStarted
+        -- since issue 14: the workflow's 'started' row, attempt NULL), a later one with its
+        -- own StepStarted; logs from before hold both for the first, the step's counts.
+        GROUP BY s.workflow, ifNull(s.attempt, 1)
         HAVING countIf(s.status = 'started') > 0 AND countIf(s.status = 'succeeded') > 0
     )
     GROUP BY hour
@@ -231,6 +238,11 @@ MIGRATIONS: list[tuple[int, list[str]]] = [
          for name in ("trace_id", "span_id")]),
     # The sink inserts raw records into a Null table; views derive every table (issue 14).
     (3, [landing_table_sql()] + [materialized_view_sql(t) for t in DERIVATIONS]),
+    # New record shapes (issue 14, third pass: ``voice.workflow.completed.v2``,
+    # ``voice.agent.model_call.v2``): their views follow the code. A view holds no data; the
+    # sink inserts nothing until this has run.
+    (4, [sql for table in ("workflow_steps", "model_calls")
+         for sql in (f"DROP VIEW IF EXISTS {view_name(table)}", materialized_view_sql(table))]),
 ]
 
 

@@ -123,6 +123,21 @@ def log_of(settings: VoiceSettings, spec: TopicSpec, key: str) -> list[Envelope]
     return sorted(out, key=lambda e: e.seq or 0)
 
 
+def step_running(settings: VoiceSettings, workflow: str, step_index: int = 0) -> bool:
+    """Whether a worker has started ``workflow``'s step ``step_index``: its workflow table
+    says so (the runtime writes the table, then starts the step's task). A first step has no
+    record of its own on ``voice.workflows`` (its start is ``WorkflowStarted``'s), so a test
+    that must stop a worker mid-step waits on the table's changelog instead."""
+    topic = f"{worker_group(settings)}-workflows-changelog"
+    for m in read_all(settings, topic):
+        if (m.key() or b"").strip(b'"') != workflow.encode() or not m.value():
+            continue
+        state = json.loads(m.value())
+        if state.get("status") == "running" and state.get("step_index") == step_index:
+            return True
+    return False
+
+
 def accepted(post: Callable[[], httpx.Response], also: tuple[int, ...] = ()
              ) -> httpx.Response:
     """``post`` until it is answered ``202`` (or one of ``also``): a worker that just joined

@@ -46,6 +46,7 @@ from schemas.staff import (
     NotificationRecorded,
 )
 from schemas.workflow import (
+    LastStepSucceeded,
     StepFailed,
     StepStarted,
     StepSucceeded,
@@ -211,10 +212,15 @@ class Workflows(Projection[WorkflowView]):
             view.status, view.step, view.attempt = "running", rec.step, rec.attempt
         elif isinstance(rec, StepSucceeded):
             view.outputs[rec.step] = dict(rec.output)
+        elif isinstance(rec, LastStepSucceeded):  # the last step's success and the end
+            view.outputs[rec.step] = dict(rec.output)
+            view.status, view.step, view.waiting_for = "completed", rec.step, None
         elif isinstance(rec, StepFailed):
             # Plain only: the code, and Voice's own words. A message that may quote someone is
             # sealed in the record, and staff and operators do not read participants' words.
             view.last_error = f"{rec.error_type}: {rec.error}" if rec.error else rec.error_type
+            # A first attempt of a first step has no StepStarted (issue 14): its failure names it.
+            view.step, view.attempt = rec.step, rec.attempt
         elif isinstance(rec, WorkflowPaused):
             view.status, view.step, view.waiting_for = "paused", rec.step, rec.waiting_for
         elif isinstance(rec, WorkflowCommandReceived):
@@ -226,6 +232,7 @@ class Workflows(Projection[WorkflowView]):
             view.status, view.waiting_for = "completed", None
         elif isinstance(rec, WorkflowFailed):
             view.status, view.last_error = "failed", rec.error or rec.error_type
+            view.step = rec.step
 
 
 class Contributions(Projection[ContributionRecorded]):

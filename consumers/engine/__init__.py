@@ -1,9 +1,10 @@
 """The agent engine: one turn loop that runs every agent, as a library, and the one owner of
 the model client (``AgentRunner``; nothing outside the engine builds a client).
 
-It never imports Kafka into the loop: the model goes through a ``ModelPort`` (an
-``anthropic.AsyncAnthropic`` is adapted), and every side effect through ``EffectSink.emit``
-(``KafkaEffectSink`` produces records, ``RecordingSink`` keeps them in memory).
+It never imports Kafka into the loop: the model goes through a ``ModelPort`` (``LeanModel``
+reads the Messages API's stream over httpx; an ``anthropic.AsyncAnthropic`` is adapted), and
+every side effect through ``EffectSink.emit`` (``KafkaEffectSink`` produces records,
+``RecordingSink`` keeps them in memory).
 
 Public names: ``AgentRunner``, ``ModelSettings``, ``run_turn``, ``AgentSpec``, ``TurnInput``,
 ``TurnResult``, ``StateView``,
@@ -13,7 +14,8 @@ Public names: ``AgentRunner``, ``ModelSettings``, ``run_turn``, ``AgentSpec``, `
 ``EffectSink``, ``RecordingSink``,
 ``KafkaEffectSink``, ``Effect`` and its members (``PersistMessage``, ``TelemetryEffect``,
 ``DisplayChunk``, ``ModelCallEffect``, ``ToolCallEffect``), ``DisplayEvent``,
-``DisplayFactory``, ``ModelError``, ``ModelNotFound``, ``AnthropicModel``, ``ModelPort``,
+``DisplayFactory``, ``ModelError``, ``ModelNotFound``, ``AnthropicModel``, ``LeanModel``,
+``ModelPort``,
 ``ReplayClient``, ``recorded_tools``, ``compare_effects``, ``rerun``,
 ``effects_from_envelopes``, ``sanitize_json``, ``TokenBudget``, ``TokenQuotaExceeded``.
 """
@@ -37,6 +39,7 @@ from consumers.engine.envelopes import (
     PlanStep,
     PlanUpdate,
 )
+from consumers.engine.lean import LeanModel
 from consumers.engine.loop import run_turn
 from consumers.engine.model import AnthropicModel, ModelError, ModelNotFound, ModelPort
 from consumers.engine.plan import PLAN_TOOL, plan_tool
@@ -63,7 +66,7 @@ from consumers.engine.types import (
 from streams.model_settings import ModelSettings
 
 __all__ = [
-    "PLAN_TOOL", "AgentRunner", "AgentSpec", "AnthropicModel", "CancelToken", "Card",
+    "PLAN_TOOL", "AgentRunner", "AgentSpec", "AnthropicModel", "LeanModel", "CancelToken", "Card",
     "ContractViolation", "DisplayChunk",
     "DisplayEvent", "DisplayFactory", "Effect", "EffectSink", "Err", "Hint", "HintSignal",
     "HistorySummary", "KafkaEffectSink", "ModelCallEffect", "ModelError", "ModelNotFound",

@@ -4,23 +4,33 @@
 ``RecordingSink`` keeps effects in memory (tests, replay). ``KafkaEffectSink`` turns each effect
 into its record from ``schemas.agent`` and produces it: key = workflow id, record id = the
 effect's idempotency key (so a redelivered effect is deduplicated downstream), correlation =
-workflow id. The display events since the last model call go out as one
-``DisplayEventsRecorded`` just before the next model call's record (and the rest when the turn
-drains); a tool call's record is not held back for them, so a tool's display events follow its
-record on the log. A turn's telemetry facts go out as one ``TelemetryEvents`` when it drains: a
-turn is a handful of records, not one per event (``docs/benchmarks.md``, "Records per turn");
-the first's id is each batch's. When the turn belongs to a conversation, every piece of content
-(model responses, tool arguments and results, display data, the persisted reply) is sealed with
-the conversation's key first: nothing of a conversation travels in plaintext. The sink never
-swallows a produce failure: the step fails and is retried with the same keys.
+workflow id.
+
+Display events travel on the model calls' records (``ModelCallWithDisplay``): those emitted
+since the previous model call's record are the next one's ``display_before``; a model call's
+record is held back (its time and trace kept) for the events after it, its ``display_after``,
+until the turn's next agent record or its end. A tool call's record is never held back (a
+re-run reads it to learn the tool ran), so events waiting for the next model call follow it
+on the log, as they did; events that fit no record's bounds go out as one
+``DisplayEventsRecorded``. A turn's telemetry facts go out as one ``TelemetryEvents`` when it
+drains. A turn is a handful of records, not one per event (``docs/benchmarks.md``, "Records
+per turn"); the first's id is each batch's.
+
+When the turn belongs to a conversation, every piece of content (model responses, tool
+arguments and results, display data, the persisted reply) is sealed with the conversation's
+key first: nothing of a conversation travels in plaintext. The sink never swallows a produce
+failure: the step fails and is retried with the same keys.
 """
 
 from __future__ import annotations
 
 import asyncio
+import contextvars
 import json
 import time
 from collections.abc import Awaitable, Iterable
+from dataclasses import dataclass, field
+from datetime import UTC, datetime
 from typing import Any, Protocol, TypeVar
 
 from consumers.engine.types import (
@@ -36,6 +46,7 @@ from schemas.agent import (
     DisplayEventRecorded,
     DisplayEventsRecorded,
     ModelCallRecorded,
+    ModelCallWithDisplay,
     TelemetryEvent,
     TelemetryEvents,
     ToolCallRecorded,
@@ -119,23 +130,49 @@ class KafkaEffectSink:
         self._pending: list[Awaitable[Any]] = []
         self._display = _Batch()
         self._telemetry = _Batch()
+        self._held: _Held | None = None
+        """The last model call's record, waiting for the display events after it."""
 
     async def emit(self, effect: Effect) -> None:
         """Produce the effect's record without waiting for its ack (same key, idempotent
         producer: order holds); ``drain`` waits for them all. Waiting per record cost a turn
         about 30 ms of ack round trips (see docs/benchmarks.md). Display events and telemetry
-        wait in their batch (see the module docstring)."""
+        wait in their batch, or on a model call's record (see the module docstring)."""
         record = to_record(effect, self._workflow, self._sealer)
         if isinstance(record, TelemetryEvent):
             record = record.model_copy(update={"attributes": {**record.attributes,
                                                               "ts": time.time()}})
             self._add(self._telemetry, self._telemetry_topic, effect, record)
         elif isinstance(record, DisplayEventRecorded):
-            self._add(self._display, self._agent_topic, effect, record)
-        else:
-            if isinstance(record, ModelCallRecorded):  # a model iteration's events go first
-                self._flush(self._display, self._agent_topic)
+            held = self._held
+            if held is not None and held.takes(_size(record), self._batch_bytes):
+                held.after.append(record)
+            else:
+                self._release()
+                self._add(self._display, self._agent_topic, effect, record)
+        elif isinstance(record, ModelCallRecorded):
+            self._release()
+            size, before = _call_size(record), self._display
+            if before.records and before.bytes + size > self._batch_bytes:
+                self._flush(before, self._agent_topic)  # too big together: as before
+            held = _Held(effect.key, effect.turn_id, record, size + before.bytes,
+                         datetime.now(UTC), contextvars.copy_context())
+            held.before, _key, _turn = before.take()
+            self._held = held
+        else:  # a tool call's record: the batch waits for the next model call, as before
+            self._release()
             self._send(self._agent_topic, effect.key, effect.turn_id, record)
+
+    def _release(self) -> None:
+        """Produce the held model call's record, with the display events around it."""
+        held, self._held = self._held, None
+        if held is None:
+            return
+        record: Record = held.record
+        if held.before or held.after:
+            record = ModelCallWithDisplay(**dict(held.record), display_before=held.before,
+                                          display_after=held.after)
+        self._send(self._agent_topic, held.key, held.turn, record, held.time, held.context)
 
     def _add(self, batch: _Batch, topic: str, effect: Effect, record: Record) -> None:
         size = _size(record)
@@ -157,19 +194,46 @@ class KafkaEffectSink:
             record = DisplayEventsRecorded(workflow=self._workflow, events=records)
         self._send(topic, key, turn, record)
 
-    def _send(self, topic: str, key: str, turn: str, record: Record) -> None:
+    def _send(self, topic: str, key: str, turn: str, record: Record,
+              at: datetime | None = None, context: contextvars.Context | None = None) -> None:
         env = Envelope(record=record, key=self._workflow, source=self._source,
                        subject=turn, tenant=self._tenant,
-                       correlation=self._workflow, causation=self._causation, id=key)
+                       correlation=self._workflow, causation=self._causation, id=key,
+                       time=at or datetime.now(UTC))
         # A task per record: tasks start in creation order, so records are produced in order.
-        self._pending.append(asyncio.ensure_future(self._producer.send(topic, env)))
+        # A held record is produced in the context (the trace) it was made in.
+        send = self._producer.send(topic, env)
+        self._pending.append(asyncio.ensure_future(send) if context is None
+                             else asyncio.get_running_loop().create_task(send, context=context))
 
     async def drain(self) -> None:
+        self._release()
         self._flush(self._display, self._agent_topic)
         self._flush(self._telemetry, self._telemetry_topic)
         pending, self._pending = self._pending, []
         if pending:
             await asyncio.gather(*pending)
+
+
+@dataclass
+class _Held:
+    """A model call's record held back for the display events after it (``display_after``)."""
+
+    key: str
+    turn: str
+    record: ModelCallRecorded
+    bytes: int
+    time: datetime
+    context: contextvars.Context
+    before: list[DisplayEventRecorded] = field(default_factory=list)
+    after: list[DisplayEventRecorded] = field(default_factory=list)
+
+    def takes(self, size: int, limit: int) -> bool:
+        """Whether one more event of ``size`` bytes fits the record's bounds (and counts it)."""
+        if len(self.before) + len(self.after) >= BATCH_EVENTS or self.bytes + size > limit:
+            return False
+        self.bytes += size
+        return True
 
 
 class _Batch:
@@ -200,6 +264,15 @@ def _size(record: Record) -> int:
         return len(data.ciphertext) + len(data.nonce) + 512
     other = data if data is not None else getattr(record, "attributes", {})
     return len(json.dumps(other, default=str)) + 512
+
+
+def _call_size(record: ModelCallRecorded) -> int:
+    """About how many bytes a model call's record takes (its response, and a bound for the
+    rest), without serialising it."""
+    response = record.response
+    if isinstance(response, Sealed):
+        return len(response.ciphertext) + len(response.nonce) + 1024
+    return (len(json.dumps(response, default=str)) if response else 0) + 1024
 
 
 def _content(sealer: ContentSealer | None, conversation: str | None, content_id: str,

@@ -5,8 +5,9 @@ built once per turn and sent byte-identical on every iteration as a system block
 ``cache_control``, so the provider's prompt cache hits. The ``[CURRENT_STATE]`` block is rebuilt
 every iteration and sent as the last user message; it is never part of canonical history.
 
-``ModelPort`` is the seam: ``AnthropicModel`` adapts ``anthropic.AsyncAnthropic`` (real API or
-the simulator), ``replay.ReplayClient`` serves recorded responses. ``ModelCaller`` walks the
+``ModelPort`` is the seam: ``lean.LeanModel`` reads the Messages API's stream over httpx (the
+default), ``AnthropicModel`` adapts ``anthropic.AsyncAnthropic`` (both: real API or the
+simulator), ``replay.ReplayClient`` serves recorded responses. ``ModelCaller`` walks the
 fallback chain on rate limits and overloads and records every attempt as a ``ModelCallEffect``.
 An unknown model is ``ModelNotFound`` (kind ``MODEL_NOT_FOUND``): never silently substituted.
 """
@@ -151,7 +152,10 @@ class AnthropicModel:
                                   "system": request.system, "messages": request.messages}
         if request.tools:
             kwargs["tools"] = request.tools
-        kwargs.update(request.sampling)
+        if request.sampling:
+            # The SDK's ``stream`` no longer takes temperature / top_p / top_k as arguments
+            # (a TypeError before the request was sent); the API still reads them in the body.
+            kwargs["extra_body"] = dict(request.sampling)
         if self._headers:
             kwargs["extra_headers"] = self._headers
         try:

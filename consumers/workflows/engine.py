@@ -20,11 +20,11 @@ from consumers.engine.cancel import CancelToken
 from consumers.frame.aggregate import Ack, plain_copy, plain_fields
 from schemas.base import Record, Sealed
 from schemas.workflow import (
+    LastStepSucceeded,
     StepFailed,
     StepStarted,
     StepSucceeded,
     WorkflowCommandReceived,
-    WorkflowCompleted,
     WorkflowFailed,
     WorkflowPaused,
     WorkflowResumed,
@@ -174,11 +174,12 @@ def _start_step(t: Transition, wf: WorkflowDef) -> None:
 
 
 def start(wf: WorkflowDef, started: WorkflowStarted) -> Transition:
-    """A new workflow (its ``started`` record has seq 1): start the first step."""
+    """A new workflow (its ``started`` record has seq 1): run the first step's first attempt.
+
+    It emits nothing: ``WorkflowStarted`` says as much as a ``StepStarted`` would (step 0,
+    attempt 1), one record fewer per workflow (``schemas.workflow``)."""
     state = WorkflowState(workflow=started.workflow, kind=started.kind, input=dict(started.input))
-    t = Transition(state)
-    _start_step(t, wf)
-    return t
+    return Transition(state, run_step=True)
 
 
 def step_succeeded(wf: WorkflowDef, state: WorkflowState, output: dict[str, Any]) -> Transition:
@@ -186,14 +187,15 @@ def step_succeeded(wf: WorkflowDef, state: WorkflowState, output: dict[str, Any]
     s = t.state
     name = wf.step(s.step_index).name
     s.outputs[name] = output
-    _emit(t, StepSucceeded(workflow=s.workflow, step=name, attempt=s.attempt, output=output))
     if s.step_index + 1 < len(wf.steps):
+        _emit(t, StepSucceeded(workflow=s.workflow, step=name, attempt=s.attempt, output=output))
         s.step_index += 1
         s.attempt, s.failures = 1, 0
         _start_step(t, wf)
-    else:
+    else:  # the step's success and the workflow's end, one record
         s.status = "completed"
-        _emit(t, WorkflowCompleted(workflow=s.workflow, output=output))
+        _emit(t, LastStepSucceeded(workflow=s.workflow, step=name, attempt=s.attempt,
+                                   output=output))
         t.ended = True
     return t
 

@@ -13,7 +13,7 @@ import httpx
 import pytest
 
 from schemas.assistant import AssistantPatternRecorded
-from schemas.workflow import StepSucceeded
+from schemas.workflow import step_success
 from streams.envelope import decode
 from streams.settings import VoiceSettings
 from streams.tokens import mint_token
@@ -239,8 +239,9 @@ def test_the_louisiana_map_example_end_to_end(settings: VoiceSettings,
     assert r.status_code == 202, r.text
     turn2 = r.json()["turn"]
     wait_for(lambda: turn_done(url, settings, conversation, turn2), timeout=30, what="turn 2")
-    (out,) = [e.record.output for e in records(settings, WORKFLOWS)
-              if isinstance(e.record, StepSucceeded) and e.record.workflow == turn2]
+    (out,) = [done.output for done in (step_success(e.record)
+                                       for e in records(settings, WORKFLOWS))
+              if done is not None and done.workflow == turn2]
     assert set(out["suggested"]) & {p.pattern_id for p in found}
 
     # No plaintext of the CSV or of the messages on any raw topic.

@@ -15,7 +15,7 @@ import httpx
 import pytest
 
 from schemas.assistant import AssistantPatternRecorded
-from schemas.workflow import StepSucceeded
+from schemas.workflow import step_success
 from streams.envelope import decode
 from streams.settings import VoiceSettings
 from streams.tokens import mint_token
@@ -101,9 +101,9 @@ def assistant_turn(url: str, who: dict[str, str], settings: VoiceSettings, messa
     conversation, turn = r.json()["conversation_id"], r.json()["turn"]
 
     def step_output() -> dict[str, Any] | None:
-        return next((e.record.output for e in records(settings, WORKFLOWS)
-                     if isinstance(e.record, StepSucceeded) and e.record.workflow == turn),
-                    None)
+        return next((done.output for done in (step_success(e.record)
+                                              for e in records(settings, WORKFLOWS))
+                     if done is not None and done.workflow == turn), None)
 
     return conversation, turn, wait_for(step_output, timeout=120, interval=0.5,
                                         what=f"the step of {turn}")

@@ -90,7 +90,8 @@ def compaction_calls(settings: VoiceSettings, conversation: str) -> int:
     return sum(1 for m in read_all(settings, topic_name(settings, AGENT))
                if turn.fullmatch((m.key() or b"").decode())
                and (env := decode(m.key(), m.value(), m.headers())).type
-               == "voice.agent.model_call.v1" and env.record.agent_name == "compaction")
+               in ("voice.agent.model_call.v1", "voice.agent.model_call.v2")
+               and env.record.agent_name == "compaction")
 
 
 def check(log: list[Envelope], summary_type: type, entry_types: tuple[type, ...],

@@ -126,10 +126,10 @@ def test_an_assistant_turn_and_a_research_run_rerun_without_divergence(
     done = api.until(f"/staff/research/{run}", "sam", "staff",
                      lambda j: j["state"] != "Running", timeout=90, what="the research run")
     assert done["state"] == "Done", done
-    wait_for(lambda: any(e.type == "voice.workflow.completed.v1"
+    wait_for(lambda: any(e.type == "voice.workflow.completed.v2"
                          for e in workflow_log(settings, run)), timeout=60,
              what="the run's completion on the log")
     rerun = voice(settings, "replay", "workflow", run, "--rerun")
     assert rerun.returncode == 0, rerun.stdout + rerun.stderr
-    assert "voice.workflow.step_succeeded.v1" in rerun.stdout
+    assert "voice.workflow.completed.v2" in rerun.stdout  # its one step's success, the end
     assert "re-ran 1 turn(s): 0 diverged" in rerun.stdout

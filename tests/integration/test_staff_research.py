@@ -16,7 +16,7 @@ from tests.integration.test_staff_helpers import (
     slow_simulator,
     workflow_log,
 )
-from tests.support import stop, wait_for
+from tests.support import step_running, stop, wait_for
 
 pytestmark = pytest.mark.integration
 
@@ -93,7 +93,7 @@ def test_a_worker_killed_mid_research_is_resumed_and_suggests_once(
         api = Api(start_edge(), settings)
         issue = api.open_issue("Streetlights on Elm Road are broken", "", EVIDENCE)
         run = api.ok(api.post(f"/staff/issues/{issue}/research", "sam", "staff"), 202)["run"]
-        wait_for(lambda: "StepStarted" in kinds(workflow_log(settings, run)), timeout=30,
+        wait_for(lambda: step_running(settings, run), timeout=30,
                  what="the research step to start")
         kill(first)
         start_worker(ANTHROPIC_BASE_URL=slow)
@@ -109,7 +109,7 @@ def test_a_worker_killed_mid_research_is_resumed_and_suggests_once(
     # (the same StepStarted again, same id, which readers dedupe). Either way the step ran again.
     assert (lost and lost[0].error_type == "WorkerLost") or len(started) > len(set(started)), \
         kinds(envs)
-    assert kinds(envs).count("WorkflowCompleted") == 1
+    assert kinds(envs).count("LastStepSucceeded") == 1
     suggested = [e for e in envelopes(settings, ISSUES, issue)
                  if isinstance(e.record, InvestigationSuggested)]
     assert [e.record.investigation for e in suggested] == [f"{run}:inv-1"]
@@ -136,6 +136,6 @@ def test_an_operator_retries_a_failed_run_from_its_step(
                      timeout=90, what="the retried run")
     assert done["suggestions"]["sources"]
     log = kinds(workflow_log(settings, run))
-    assert log.count("WorkflowResumed") == 1 and log[-1] == "WorkflowCompleted"
+    assert log.count("WorkflowResumed") == 1 and log[-1] == "LastStepSucceeded"
     assert r1["command_id"].startswith(f"{run}:retry:")
     assert api.post(f"/staff/workflows/{run}/retry", "op", "operator").status_code == 409

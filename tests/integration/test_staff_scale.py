@@ -31,6 +31,7 @@ from schemas.staff import (
     IssueOpened,
     NotificationRecorded,
 )
+from schemas.workflow import WorkflowCompleted
 from streams.envelope import Envelope
 from streams.producer import record_size
 from streams.settings import VoiceSettings
@@ -102,7 +103,7 @@ def test_research_and_delivery_over_thousands_of_evidence_and_followers_stay_und
 
     got = wait_for(delivered, timeout=400, interval=5, what="every follower's notification")
     assert set(got.values()) == {1} and set(got) == {follower(n) for n in range(FOLLOWERS)}
-    wait_for(lambda: any(type(e.record).__name__ == "WorkflowCompleted"
+    wait_for(lambda: any(isinstance(e.record, WorkflowCompleted)
                          for e in envelopes(settings, WORKFLOWS, development)),
              timeout=60, what="the delivery to complete")
 

@@ -30,8 +30,10 @@ from schemas.agent import (
     DisplayEventRecorded,
     DisplayEventsRecorded,
     ModelCallRecorded,
+    ModelCallWithDisplay,
     TelemetryEvent,
     ToolCallRecorded,
+    agent_parts,
     display_events,
     telemetry_events,
 )
@@ -182,15 +184,26 @@ async def test_a_whole_turn_through_the_kafka_sink_leaks_no_plaintext(settings):
     for _, env in producer.sent:
         key, value, headers = encode(env)
         assert b"Elm Street" not in value + b"".join(v for _, v in headers), env.record
-    # Two model calls, one tool call; the display events before each model call one record,
-    # those after the last one record; the turn's telemetry one record.
+    # Two model calls, one tool call, the turn's telemetry: four records. The display events
+    # travel on the model calls' records, before and after each call, in emit order.
     kinds = [type(env.record).__name__ for _, env in producer.sent]
-    assert kinds == ["DisplayEventsRecorded", "ModelCallRecorded", "ToolCallRecorded",
-                     "DisplayEventsRecorded", "ModelCallRecorded", "DisplayEventsRecorded",
+    assert kinds == ["ModelCallWithDisplay", "ToolCallRecorded", "ModelCallWithDisplay",
                      "TelemetryEvents"]
     shown = [e.type for _, env in producer.sent for e in display_events(env.record)]
     assert shown == ["busy", "text_delta", "reasoning", "tool_call", "tool_result",
                      "text_delta", "text_complete", "message_persisted", "cost", "idle", "done"]
+    parts = [type(p).__name__ if not isinstance(p, DisplayEventRecorded) else p.type
+             for _, env in producer.sent for p in agent_parts(env.record)]
+    assert parts == ["busy", "text_delta", "reasoning", "ModelCallRecorded", "tool_call",
+                     "ToolCallRecorded", "tool_result", "ModelCallRecorded", "text_delta",
+                     "text_complete", "message_persisted", "cost", "idle", "done",
+                     "TelemetryEvents"], "the order the engine emitted them in"
+    # Each call's record keeps its own time and content; a re-run reads the calls as before.
+    recorded = effects_from_envelopes([env for _, env in producer.sent], sealer)
+    assert [type(e).__name__ for e in recorded] == ["ModelCallEffect", "ToolCallEffect",
+                                                    "ModelCallEffect"]
+    times = [env.time for _, env in producer.sent]
+    assert times[0] <= times[1] <= times[2], "a held call's record keeps the time it was made"
     facts = [t for _, env in producer.sent for t in telemetry_events(env.record)]
     assert [t.name for t in facts] == ["user_message_labels", "tool_decision",
                                        "contract_envelope", "turn_completed"]
@@ -227,3 +240,68 @@ async def test_a_batch_is_bounded_in_events_and_bytes(settings):
     assert sealer.open_json("cnv-42", f"k/d{n}/data", events[n].data) == {"text": big}
     for _, env in producer.sent:
         assert len(encode(env)[1]) < BATCH_BYTES + 64 * 1024
+
+
+async def test_a_model_calls_record_carries_display_events_within_the_batch_bounds(settings):
+    """A model call's record takes the events around it up to ``BATCH_EVENTS`` in all; the
+    rest go out in a batch after it, every event once, in order."""
+    from consumers.engine.effects import BATCH_EVENTS
+
+    producer = FakeProducer()
+    sink = KafkaEffectSink(producer, settings, WF)
+    base = {"turn_id": "cnv-42:turn-3", "conversation_id": None}
+
+    async def show(i: int) -> None:
+        event = DisplayEvent(id=f"k/d{i}", type="progress", channel="status", ts=1.0,
+                             data={"text": f"step {i}"})
+        await sink.emit(DisplayChunk(key=f"k/d{i}", event=event, **base))
+
+    for i in range(3):
+        await show(i)
+    await sink.emit(ModelCallEffect(key="k/m1", agent_name="a", iteration=1,
+                                    request_model="m", **base))
+    for i in range(3, BATCH_EVENTS + 5):
+        await show(i)
+    await sink.drain()
+    records = [env.record for _, env in producer.sent]
+    assert [type(r).__name__ for r in records] == ["ModelCallWithDisplay",
+                                                   "DisplayEventsRecorded"]
+    call = records[0]
+    assert isinstance(call, ModelCallWithDisplay)
+    assert (len(call.display_before), len(call.display_before) + len(call.display_after)) \
+        == (3, BATCH_EVENTS)
+    events = [e.event_id for r in records for e in display_events(r)]
+    assert events == [f"k/d{i}" for i in range(BATCH_EVENTS + 5)]
+    assert [env.id for _, env in producer.sent] == ["k/m1", f"k/d{BATCH_EVENTS}"]
+
+
+async def test_voice_replay_prints_a_turn_of_the_new_shapes_as_the_records_they_stand_for(
+        settings, monkeypatch):
+    """``voice replay``'s printout of a workflow: a model call carrying display events prints
+    the events before it, the call (as ``model_call.v1``), the events after it, one line each,
+    their content opened under each event's own content id."""
+    import deploy.replay as replay
+
+    model = ScriptedModel([[text("Let me search."), tool_use("search_issues", {"query": "q"})],
+                           [text(f"About {SECRET}.")]])
+    spec = AgentSpec("concern-extraction", "x", ToolRegistry(
+        [Tool("search_issues", "Search", _Query, lambda a, c: Ok(rows=[]))]), "claude-sonnet-4-5")
+    sealer = Sealer(MemoryKeyStore())
+    producer = FakeProducer()
+    await run_turn(spec, TurnInput("cnv-42:turn-3", "hi", conversation_id="cnv-42"), model,
+                   KafkaEffectSink(producer, settings, "cnv-42:turn-3", sealer))
+    agent = [env for topic, env in producer.sent if topic.endswith("voice.agent")]
+    monkeypatch.setattr(replay, "records",
+                        lambda _s, spec, key: agent if spec.name == "voice.agent" else [])
+    lines = list(replay.replay_workflow(settings, "cnv-42:turn-3", sealer))
+    types = [line.split(" ")[2] for line in lines]
+    assert types == ["voice.agent.display_event.v1"] * 3 + ["voice.agent.model_call.v1"] + [
+        "voice.agent.display_event.v1", "voice.agent.tool_call.v1",
+        "voice.agent.display_event.v1", "voice.agent.model_call.v1"] + [
+        "voice.agent.display_event.v1"] * 6
+    assert any(SECRET in line for line in lines if "display_event.v1" in line), \
+        "the reply's text opened under its event's own content id"
+
+
+class _Query(BaseModel):
+    query: str

@@ -1,5 +1,6 @@
-"""Model calls through the real ``anthropic`` SDK against the simulator: fallback chain on
-429/529 (recorded), MODEL_NOT_FOUND without substitution, malformed responses, costs."""
+"""Model calls against the simulator, through the real ``anthropic`` SDK and through the lean
+adapter alike: fallback chain on 429/529 (recorded), MODEL_NOT_FOUND without substitution,
+malformed responses, costs."""
 
 from __future__ import annotations
 
@@ -19,6 +20,7 @@ from consumers.engine import (
     TurnInput,
     run_turn,
 )
+from consumers.engine.lean import LeanModel
 from consumers.engine.model import Price, cost_usd, price_for, static_system_prompt
 from consumers.engine.types import Usage
 from deploy.simulator import serve_simulator
@@ -30,9 +32,18 @@ def sim_url():
         yield url
 
 
-@pytest.fixture
-def client(sim_url):
+@pytest.fixture(params=["sdk", "lean"])
+def client(sim_url, request):
+    if request.param == "lean":
+        return LeanModel(sim_url, "sim")
     return anthropic.AsyncAnthropic(base_url=sim_url, api_key="sim", max_retries=0)
+
+
+def with_headers(client, headers: dict[str, str]):
+    """The same client, sending ``headers`` with every request."""
+    if isinstance(client, LeanModel):
+        return LeanModel(client.base_url, "sim", extra_headers=headers)
+    return AnthropicModel(client, extra_headers=headers)
 
 
 def spec(model: str, *fallbacks: str) -> AgentSpec:
@@ -100,7 +111,7 @@ async def test_unknown_explicit_model_is_model_not_found_never_a_substitute(clie
 
 async def test_malformed_response_is_a_model_error_not_a_crash(client):
     sink = RecordingSink()
-    model = AnthropicModel(client, extra_headers={"x-simulator-fail": "malformed"})
+    model = with_headers(client, {"x-simulator-fail": "malformed"})
     result = await run_turn(spec("claude-sonnet-4-5", "claude-haiku-4-5"),
                             TurnInput("t-bad", "hello there friend"), model, sink)
     assert result.end_reason == "error" and result.errors[0].kind == "MALFORMED_RESPONSE"

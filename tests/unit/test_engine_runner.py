@@ -8,6 +8,7 @@ import asyncio
 import pytest
 
 from consumers.engine import RecordingSink, TurnInput
+from consumers.engine.lean import LeanModel
 from consumers.engine.runner import AgentRunner
 from consumers.engine.testing import ScriptedModel, text
 from streams.model_settings import ModelSettings
@@ -30,10 +31,15 @@ def test_the_key_is_a_secret_read_from_the_sdks_own_variable(monkeypatch: pytest
     model = ModelSettings()
     assert model.api_key is not None and "sk-ant-real-key" not in repr(model)
     assert not model.uses_simulator
-    client = model_client(SETTINGS, model)
+    client = model_client(SETTINGS.model_copy(update={"model_client": "sdk"}), model)
     assert client.api_key == "sk-ant-real-key"
     assert str(client.base_url).startswith("https://api.example.test")
     assert client.max_retries == 0  # retries are the engine's fallback chain
+    lean = model_client(SETTINGS, model)  # the default: the lean adapter, which never retries
+    assert isinstance(lean, LeanModel) and lean.base_url == "https://api.example.test"
+    assert lean._headers["authorization"] == "Bearer sk-ant-real-key"
+    monkeypatch.delenv("ANTHROPIC_BASE_URL")
+    assert model_client(SETTINGS, ModelSettings()).base_url == "https://api.anthropic.com"
 
 
 @pytest.mark.parametrize("key", [None, "", "simulator"])

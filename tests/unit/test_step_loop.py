@@ -119,3 +119,29 @@ async def test_a_cancel_token_is_set_on_the_steps_loop(steps: StepLoop) -> None:
     await asyncio.sleep(0.05)
     steps.call(token.cancel, "cancelled by p")
     assert await asyncio.wait_for(task, 10) == "cancelled by p"
+
+
+def test_with_uvloop_the_steps_loop_is_uvloops_and_runs_steps() -> None:
+    """``VOICE_WORKER_UVLOOP``: ``use_uvloop`` (set before the worker starts) makes every loop
+    the process creates uvloop's, the steps' loop included; a step runs there as before."""
+    import uvloop
+
+    from consumers.app import use_uvloop
+
+    before = asyncio.get_event_loop_policy()
+    use_uvloop()
+    try:
+        steps = StepLoop(name="voice-steps-uv")
+        assert isinstance(steps.loop, uvloop.Loop)
+
+        async def step() -> str:
+            await asyncio.sleep(0)
+            return "done"
+
+        async def main() -> str:
+            return await steps.run(step())
+
+        assert asyncio.run(main()) == "done"
+        steps.close()
+    finally:
+        asyncio.set_event_loop_policy(before)

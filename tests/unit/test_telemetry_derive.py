@@ -14,9 +14,16 @@ from typing import Any
 
 import pytest
 
-from schemas.agent import DisplayEventRecorded, ModelCallRecorded, TelemetryEvent, ToolCallRecorded
+from schemas.agent import (
+    DisplayEventRecorded,
+    ModelCallRecorded,
+    ModelCallWithDisplay,
+    TelemetryEvent,
+    ToolCallRecorded,
+)
 from schemas.conversation import SendMessage
 from schemas.workflow import (
+    LastStepSucceeded,
     StepFailed,
     StepStarted,
     StepSucceeded,
@@ -112,6 +119,18 @@ def samples() -> list[RawRecord]:
          {"traceparent": f"01-{'ab' * 16}-{'cd' * 8}-01-more"}),
         ("voice.agent", TelemetryEvent(name="tp-upper"),
          {"traceparent": f"00-{'AB' * 16}-{'cd' * 8}-01"}),
+        # A model call carrying display events: its model_calls row, its events row.
+        ("voice.agent", ModelCallWithDisplay(
+            **{**mc, "call_id": "call-2"}, response=response,
+            display_before=[DisplayEventRecorded(workflow="wf-1", event_id="e0", type="busy")],
+            display_after=[DisplayEventRecorded(workflow="wf-1", event_id="e2", type="done",
+                                                data=text)]), {"tenant": "acme"}),
+        # The last step's success and the workflow's end in one record: their two rows.
+        ("voice.workflows", WorkflowStarted(workflow="wf-4", kind="conversation-turn"),
+         {"seq": 1, "id": "wf-4:1"}),
+        ("voice.workflows", LastStepSucceeded(workflow="wf-4", step="reply", attempt=1,
+                                              output={"end_reason": "completed"}),
+         {"seq": 2, "id": "wf-4:2"}),
     ]
     raws = []
     for i, (topic, record, env) in enumerate(out):
@@ -196,6 +215,12 @@ def test_clickhouse_derives_the_rows_the_python_mapping_makes(store):
     assert {len(expected[t]) > 0 for t in TABLES} == {True}
     assert sum(1 for r in expected["events"] if r["ce_type"] == "undecodable") == 7
     assert sum(1 for r in expected["events"] if r["trace_id"]) == 4  # the views' share too
+    # A LastStepSucceeded makes the rows its two v1 records made, under two ids.
+    wf4 = sorted((r["scope"], r["step"], r["attempt"], r["status"], r["event_id"])
+                 for r in got["workflow_steps"] if r["workflow"] == "wf-4")
+    assert wf4 == [("step", "reply", 1, "succeeded", "wf-4:2"),
+                   ("workflow", "", None, "completed", "wf-4:2/completed"),
+                   ("workflow", "", None, "started", "wf-4:1")], wf4
 
 
 def test_the_derivation_keeps_sealed_content_sealed(store):
@@ -205,3 +230,27 @@ def test_the_derivation_keeps_sealed_content_sealed(store):
         assert SECRET not in json.dumps(got[table], default=str)
     dump = json.dumps(got, default=str)
     assert SECRET not in dump and SECRET.encode().hex() not in dump
+
+
+def test_migration_4_gives_a_version_3_store_the_rows_of_the_new_workflow_records(store):
+    """A store whose views predate ``LastStepSucceeded`` and ``ModelCallWithDisplay``
+    (migration 3) gets the views that read them, and then their rows."""
+    from telemetry.derive import DERIVATIONS, view_name
+
+    for table, new in (("workflow_steps", LastStepSucceeded), ("model_calls",
+                                                              ModelCallWithDisplay)):
+        old = DERIVATIONS[table].replace(new.ce_type, "voice.none.v1")
+        store.command(f"DROP VIEW {view_name(table)}")
+        store.command(f"CREATE MATERIALIZED VIEW {view_name(table)} TO voice.{table} AS {old}")
+    store.command("ALTER TABLE voice.schema_migrations DELETE WHERE version = 4")
+    assert ensure_schema(store) == [4]
+    env = Envelope(record=LastStepSucceeded(workflow="wf-9", step="reply", attempt=2),
+                   key="wf-9", source="/voice/test", seq=3, id="wf-9:3", time=T0)
+    call = Envelope(record=ModelCallWithDisplay(workflow="wf-9", call_id="c", agent_name="a",
+                                                iteration=1, request_model="m"),
+                    key="wf-9", source="/voice/test", id="wf-9/a1/c", time=T0)
+    got = clickhouse_rows(store, [RawRecord("voice.workflows", 0, 1, *encode(env), 1),
+                                  RawRecord("voice.agent", 0, 1, *encode(call), 1)])
+    assert sorted((r["event_id"], r["status"]) for r in got["workflow_steps"]) == [
+        ("wf-9:3", "succeeded"), ("wf-9:3/completed", "completed")]
+    assert [r["event_id"] for r in got["model_calls"]] == ["wf-9/a1/c"]

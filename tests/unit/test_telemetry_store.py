@@ -9,7 +9,7 @@ from __future__ import annotations
 import json
 import time
 from collections.abc import Iterator
-from datetime import UTC, datetime
+from datetime import UTC, datetime, timedelta
 from pathlib import Path
 
 import pytest
@@ -105,7 +105,8 @@ def test_migration_2_adds_the_trace_columns_to_a_version_1_events_table(store):
     store.command("TRUNCATE TABLE voice.schema_migrations")
     store.insert("voice.schema_migrations", ["version"], [[1]])
     assert [d[0] for d in store.query("DESCRIBE TABLE voice.events").rows] == [n for n, _ in v1]
-    assert ensure_schema(store) == [2, 3]  # 3: the envelopes table and its views (idempotent)
+    # 3: the envelopes table and its views; 4: workflow_steps' view again (both idempotent)
+    assert ensure_schema(store) == [2, 3, 4]
     desc = store.query("DESCRIBE TABLE voice.events").rows
     assert [(d[0], d[1]) for d in desc] == list(COLUMNS["events"])
     assert ensure_schema(store) == []  # once
@@ -202,6 +203,33 @@ def test_views_compute_turns_tokens_tools_failures(store):
     (day, provider, model, calls, tin, *_), = store.query(
         "SELECT * FROM voice.tokens_cost_per_model_day").rows
     assert (provider, model, calls, tin) == ("anthropic", "claude-x", 1, 101)
+
+
+def test_turns_per_hour_times_a_first_attempt_from_its_workflows_start(store):
+    """Issue 14: a turn's first attempt has no StepStarted (its workflow's start is its start)
+    and its success is a LastStepSucceeded; a retry keeps its StepStarted."""
+    from schemas.workflow import LastStepSucceeded
+
+    def at(record, offset: int, seconds: float) -> RawRecord:
+        k, v, h = encode(Envelope(record=record, key=record.workflow, source="/t",
+                                  time=T0 + timedelta(seconds=seconds), id=f"x{offset}"))
+        return RawRecord("voice.workflows", 0, offset, k, v, h)
+
+    rows = Rows()
+    for r in (at(WorkflowStarted(workflow="wf-new", kind="conversation-turn"), 1, 0),
+              at(LastStepSucceeded(workflow="wf-new", step="reply", attempt=1), 2, 3),
+              at(WorkflowStarted(workflow="wf-retry", kind="conversation-turn"), 3, 0),
+              at(StepStarted(workflow="wf-retry", step="reply", attempt=2), 4, 10),
+              at(LastStepSucceeded(workflow="wf-retry", step="reply", attempt=2), 5, 11)):
+        rows.extend(map_record(r))
+    insert(store, rows, token="n")
+    (_hour, turns, p50, *_), = store.query("SELECT * FROM voice.turns_per_hour").rows
+    assert turns == 2 and p50 == pytest.approx(2000.0)  # 3 s and 1 s: the median of two
+    done = store.query("SELECT workflow, scope, status FROM voice.workflow_steps FINAL "
+                       "WHERE status IN ('succeeded', 'completed') ORDER BY workflow, scope"
+                       ).rows
+    assert done == [("wf-new", "step", "succeeded"), ("wf-new", "workflow", "completed"),
+                    ("wf-retry", "step", "succeeded"), ("wf-retry", "workflow", "completed")]
 
 
 def test_read_only_store_and_statement_check(tsettings, store):

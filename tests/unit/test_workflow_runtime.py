@@ -64,7 +64,75 @@ async def test_a_redelivered_lease_record_is_never_acknowledged_twice() -> None:
     await rt.handle(outcome, acks("outcome"), "tp0", 9)
     # The workflow ended: the lease (its latest delivery) and the outcome are acknowledged.
     assert acks.done == ["later", "redelivery", "outcome"]
-    assert [e.type for e in producer.sent][-1] == "voice.workflow.completed.v1"
+    assert [e.type for e in producer.sent][-1] == "voice.workflow.completed.v2"
+
+
+async def test_a_workflow_writes_the_fewest_lifecycle_records_and_readers_see_them_all() -> None:
+    """Issue 14: a first step starts with ``WorkflowStarted`` (no ``StepStarted``), a last
+    step's success is the workflow's end (one ``LastStepSucceeded``); a later step and a retry
+    still get their ``StepStarted``. The seqs stay dense, and the staff view, the replay's
+    fold and ``step_success`` read the new shapes as they read the old."""
+    from api.staff.views import Workflows
+    from deploy.rerun_steps import succeeded_steps
+    from schemas.workflow import LastStepSucceeded, StepFailed, WorkflowFailed, step_success
+
+    calls: list[tuple[str, int]] = []
+
+    async def first(ctx: StepContext) -> dict[str, Any]:
+        calls.append((ctx.step, ctx.attempt))
+        if ctx.attempt == 1:
+            raise RuntimeError("once")
+        return {"n": 1}
+
+    async def second(ctx: StepContext) -> dict[str, Any]:
+        calls.append((ctx.step, ctx.attempt))
+        return {"n": 2}
+
+    producer = FakeProducer()
+    table: dict[str, Any] = {}
+    rt = WorkflowRuntime(VoiceSettings(), table, Publisher(VoiceSettings(), lambda: producer))  # type: ignore[arg-type, return-value]
+    wf = WorkflowDef("k", (StepDef("a", first), StepDef("b", second)))
+    rt.register(wf)
+    started = Envelope(record=WorkflowStarted(workflow="w1", kind="k"), key="w1",
+                       source="/t", seq=1, id="w1:1")
+    await rt.handle(started, lambda: None, "tp0", 1)
+    assert table["w1"]["status"] == "running" and producer.sent == [], "a start writes none"
+    handled = 0
+    for _ in range(200):
+        await asyncio.sleep(0)
+        outcomes = [e for e in producer.sent if e.type.endswith("step_outcome.v1")]
+        for outcome in outcomes[handled:]:
+            await rt.handle(outcome, lambda: None, "tp0", 2)
+        handled = len(outcomes)
+        if table["w1"]["status"] != "running":
+            break
+    lifecycle = [e for e in producer.sent if not e.type.endswith("step_outcome.v1")]
+    assert [(type(e.record).__name__, getattr(e.record, "attempt", None)) for e in lifecycle] \
+        == [("StepFailed", 1), ("StepStarted", 2), ("StepSucceeded", 2), ("StepStarted", 1),
+            ("LastStepSucceeded", 1)]
+    assert [e.seq for e in lifecycle] == [2, 3, 4, 5, 6], "dense after WorkflowStarted's 1"
+    assert calls == [("a", 1), ("a", 2), ("b", 1)]
+    last = lifecycle[-1].record
+    assert isinstance(last, LastStepSucceeded) and last.output == {"n": 2}
+    assert step_success(last) is not None and step_success(last).step == "b"  # type: ignore[union-attr]
+    view = Workflows()
+    for env in [started, *lifecycle]:
+        view.apply(env)
+    w = view.by_key["w1"]
+    assert (w.status, w.step, w.outputs) == ("completed", "b", {"a": {"n": 1}, "b": {"n": 2}})
+    # A workflow failing on its first step's first attempt (no StepStarted) names the step.
+    failed = Workflows()
+    for seq, rec in enumerate((
+            WorkflowStarted(workflow="w2", kind="k"),
+            StepFailed(workflow="w2", step="a", attempt=1, error_type="DEADLINE_EXCEEDED",
+                       retryable=False),
+            WorkflowFailed(workflow="w2", step="a", attempts=1,
+                           error_type="DEADLINE_EXCEEDED")), start=1):
+        failed.apply(Envelope(record=rec, key="w2", source="/t", seq=seq))
+    assert (failed.by_key["w2"].status, failed.by_key["w2"].step) == ("failed", "a")
+    ran = succeeded_steps(wf, [started, *producer.sent], 3)
+    assert [(r.index, r.ctx.attempt, r.output) for r in ran] == [(0, 2, {"n": 1}),
+                                                                 (1, 1, {"n": 2})]
 
 
 def test_unheld_running_workflows_of_our_partitions_are_probed_once_in_a_while() -> None:
@@ -169,7 +237,7 @@ async def test_a_handover_releases_the_leases_and_keeps_only_the_steps_of_our_pa
                    if e.type == "voice.workflow.step_outcome.v1" and e.key == ours)
     await rt.handle(outcome, acks("outcome"), "tp0", 9)
     assert acks.done[-1] == "outcome" and ours not in rt.tasks
-    assert [e.type for e in producer.sent][-1] == "voice.workflow.completed.v1"
+    assert [e.type for e in producer.sent][-1] == "voice.workflow.completed.v2"
 
 
 class CountingTable(dict):
