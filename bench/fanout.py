@@ -20,6 +20,9 @@ conversation reaches 1,000 open streams.
   under uvicorn, all woken by one in-process event, each writing one fixed frame — the floor
   of the framework for a fan-out (no Kafka, no views, no JSON, no middleware).
 
+Both baselines run on the edge's own server (``deploy.edge_server``: ``VOICE_EDGE_HTTP`` and
+``VOICE_EDGE_LOOP``, httptools and uvloop by default), so each ratio compares like with like.
+
 The clients are raw asyncio connections (an HTTP/1.1 GET and a reader per stream), so the
 client costs little beside the edge. Sizes: ``VOICE_BENCH_STREAMS`` (default 5,000) and
 ``VOICE_BENCH_FANOUT`` (default 1,000). ``VOICE_BENCH_PYSPY`` (a py-spy binary) samples the
@@ -85,8 +88,10 @@ async def health(request):
     return PlainTextResponse("ok")
 
 app = Starlette(routes=[Route("/s", stream), Route("/health", health)])
+from deploy.edge_server import server_options  # the edge's server: VOICE_EDGE_HTTP, _LOOP
+from streams.settings import VoiceSettings
 uvicorn.run(app, host="127.0.0.1", port=int(sys.argv[1]), log_level="warning",
-            backlog=4096, timeout_keep_alive=600)
+            backlog=4096, timeout_keep_alive=600, **server_options(VoiceSettings()))
 '''
 
 
@@ -129,8 +134,10 @@ async def health(request):
 
 app = Starlette(routes=[Route("/s", stream), Route("/fire", fire, methods=["POST"]),
                         Route("/health", health)])
+from deploy.edge_server import server_options  # the edge's server: VOICE_EDGE_HTTP, _LOOP
+from streams.settings import VoiceSettings
 uvicorn.run(app, host="127.0.0.1", port=int(sys.argv[1]), log_level="warning",
-            backlog=4096, timeout_keep_alive=600)
+            backlog=4096, timeout_keep_alive=600, **server_options(VoiceSettings()))
 '''
 
 
@@ -223,9 +230,13 @@ def bare_app(source: str) -> Iterator[tuple[subprocess.Popen[bytes], int]]:
     try:
         wait_http_ready(f"http://127.0.0.1:{port}/health", proc=proc)
         yield proc, port
-    finally:
+    finally:  # a loaded machine can take a while to close a thousand connections
         proc.terminate()
-        proc.wait(10)
+        try:
+            proc.wait(30)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait()
 
 
 @benchmark("sse.bare_idle_streams")

@@ -130,10 +130,11 @@ def edge(host: str = typer.Option(None), port: int = typer.Option(None)) -> None
     import uvicorn
 
     from api.app import create_app
+    from deploy.edge_server import server_options
 
     configure_tracing("voice-edge")
     uvicorn.run(create_app(settings, bind_host=bind), host=bind, port=port or settings.edge_port,
-                log_level="warning", timeout_graceful_shutdown=5)
+                log_level="warning", timeout_graceful_shutdown=5, **server_options(settings))
 
 
 @app.command()

@@ -121,6 +121,14 @@ class VoiceSettings(BaseSettings):
     edge_host: str = "127.0.0.1"
     edge_port: int = 8000
 
+    edge_http: Literal["httptools", "h11"] = "httptools"
+    """The edge's HTTP/1.1 implementation under uvicorn: ``httptools`` (C, less CPU per
+    request and per stream write; falls back to h11 when not installed) or ``h11``."""
+
+    edge_loop: Literal["uvloop", "asyncio"] = "uvloop"
+    """The edge's event loop: ``uvloop`` (libuv; falls back to asyncio when not installed)
+    or ``asyncio``'s own."""
+
     master_key: SecretStr | None = None
     """Wraps the per-conversation data keys of the local key store: base64 of 32 bytes, or a
     passphrase; required (and at least 32 bytes) in prod. Unset in dev/test: the public dev key."""

@@ -6,7 +6,7 @@ perhaps by another edge whose record this edge has not read yet); routes turn it
 
 from __future__ import annotations
 
-from fastapi.sse import ServerSentEvent
+from fastapi.sse import ServerSentEvent, format_sse_event
 from pydantic import JsonValue
 
 from api.conversations.models import (
@@ -23,6 +23,7 @@ from api.conversations.models import (
     TurnSummary,
 )
 from api.conversations.views import ConversationView, TurnView
+from api.frame.sse import Frame
 from schemas.conversation import (
     MessageRecorded,
     ProposalRecorded,
@@ -95,29 +96,51 @@ def conversation_out(sealer: Sealer, view: ConversationView) -> ConversationOut:
                            proposals=proposals, turns=turns)
 
 
-def sse_event(sealer: Sealer, env: Envelope) -> ServerSentEvent | None:
-    """The SSE event of one log record, or None for records clients do not see
+EventData = ParticipantMessageEvent | AgentMessageEvent | ProposalEvent | TurnEvent
+
+
+def event_data(sealer: Sealer, env: Envelope) -> tuple[str, EventData] | None:
+    """The SSE event name and data of one log record, or None for records clients do not see
     (``ConversationStarted``, ``TurnRequested``): their seq is simply skipped."""
     rec = env.record
     seq = env.seq
     assert seq is not None
-    data: ParticipantMessageEvent | AgentMessageEvent | ProposalEvent | TurnEvent
     if isinstance(rec, MessageRecorded):
-        event = "message"
-        data = ParticipantMessageEvent(seq=seq, message_id=rec.message_id,
-                                       text=message_text(sealer, env), at=rec.at)
-    elif isinstance(rec, ReplyRecorded):
-        event = "message"
-        data = AgentMessageEvent(seq=seq, turn=rec.turn, text=reply_text(sealer, env))
-    elif isinstance(rec, ProposalRecorded):
-        event = "proposal"
-        data = ProposalEvent(seq=seq, turn=rec.turn, proposal=proposal_json(sealer, env))
-    elif isinstance(rec, TurnStateChanged):
-        event = "turn"
-        data = TurnEvent(seq=seq, turn=rec.turn, state=rec.state, **turn_reason(sealer, rec))
-    else:
+        return "message", ParticipantMessageEvent(seq=seq, message_id=rec.message_id,
+                                                  text=message_text(sealer, env), at=rec.at)
+    if isinstance(rec, ReplyRecorded):
+        return "message", AgentMessageEvent(seq=seq, turn=rec.turn,
+                                            text=reply_text(sealer, env))
+    if isinstance(rec, ProposalRecorded):
+        return "proposal", ProposalEvent(seq=seq, turn=rec.turn,
+                                         proposal=proposal_json(sealer, env))
+    if isinstance(rec, TurnStateChanged):
+        return "turn", TurnEvent(seq=seq, turn=rec.turn, state=rec.state,
+                                 **turn_reason(sealer, rec))
+    return None
+
+
+def sse_event(sealer: Sealer, env: Envelope) -> ServerSentEvent | None:
+    """The SSE event of one log record (``event_data``), or None for one clients do not see."""
+    found = event_data(sealer, env)
+    if found is None:
         return None
-    return ServerSentEvent(event=event, id=str(seq), data=data)
+    event, data = found
+    return ServerSentEvent(event=event, id=str(env.seq), data=data)
+
+
+def event_frame(sealer: Sealer, env: Envelope) -> Frame | None:
+    """The SSE event of one log record as its wire bytes, or None for one clients do not see.
+
+    Bytes, not a ``ServerSentEvent``: a view renders each event once for all its streams
+    (``KeptEvents.render_once``) and every stream writes the same bytes — the event's data
+    is built and serialised once, no SSE model is built, nothing is framed per stream (the
+    framing is FastAPI's own, ``format_sse_event``, as ``sse_frame(sse_event(…))`` gives)."""
+    found = event_data(sealer, env)
+    if found is None:
+        return None
+    event, data = found
+    return format_sse_event(data_str=data.model_dump_json(), event=event, id=str(env.seq))
 
 
 def delta_event(sealer: Sealer, env: Envelope) -> ServerSentEvent:

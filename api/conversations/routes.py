@@ -3,7 +3,7 @@
 Every route answers at once from a Kafka ack or this edge's view of the log; none waits for
 a model. Content is sealed here before it is produced and opened here only for its owner.
 The stream is the frame's SSE loop (``api.frame.sse``) rendering records with
-``render.sse_event``: records clients do not see (``ConversationStarted``, ``TurnRequested``)
+``render.event_frame``: records clients do not see (``ConversationStarted``, ``TurnRequested``)
 are skipped, so ids have gaps.
 """
 
@@ -61,10 +61,10 @@ from api.frame.sse import (
     TOO_OLD,
     EventStream,
     Feed,
+    Frame,
     StreamEnd,
     cursor_dependency,
     event_stream,
-    serialized,
     sse_stream,
 )
 from schemas.conversation import EraseConversation, MessageRecorded, SendMessage, StartConversation
@@ -300,7 +300,7 @@ STREAM_LANE = LaneRoute(f"{router.prefix}/{{conversation}}/stream", open_stream)
 
 
 def conversation_events(views: ConversationViews, sealer: Sealer, conversation: str,
-                        cursor: int, bound_s: float) -> AsyncIterator[ServerSentEvent]:
+                        cursor: int, bound_s: float) -> AsyncIterator[ServerSentEvent | Frame]:
     """The conversation's events after ``cursor``, then live ones (the frame's SSE loop)."""
     erased = "end; the conversation was erased"
 
@@ -308,15 +308,14 @@ def conversation_events(views: ConversationViews, sealer: Sealer, conversation: 
         v = views.get(conversation)
         return None if v is None or v.erased else v
 
-    def render_event(env: Envelope) -> ServerSentEvent | None:
+    def render_event(env: Envelope) -> Frame | None:
         try:
-            sse = render.sse_event(sealer, env)
+            return render.event_frame(sealer, env)
         except KeyErased:  # erased by another edge, not yet on this edge's view
             views.mark_erased(conversation)
             raise StreamEnd(erased) from None
-        return None if sse is None else serialized(sse)
 
-    def render_shared(env: Envelope) -> ServerSentEvent | None:
+    def render_shared(env: Envelope) -> Frame | None:
         # Every stream of a conversation is its owner's: one rendering serves them all.
         v = current()
         return render_event(env) if v is None else v.render_once(env, render_event)
@@ -328,7 +327,7 @@ def conversation_events(views: ConversationViews, sealer: Sealer, conversation: 
             views.mark_erased(conversation)
             raise StreamEnd(erased) from None
 
-    async def older(after: int, upto: int) -> list[tuple[int, ServerSentEvent | None]]:
+    async def older(after: int, upto: int) -> list[tuple[int, Frame | None]]:
         try:
             envs = await views.older(conversation, after, upto)
         except ColdReadFailed as exc:
@@ -338,7 +337,7 @@ def conversation_events(views: ConversationViews, sealer: Sealer, conversation: 
     feed = Feed(view=current, render=render_shared, gone=erased, render_live=render_delta,
                 wait=partial(views.changed, conversation), older=older)
 
-    async def held() -> AsyncIterator[ServerSentEvent]:
+    async def held() -> AsyncIterator[ServerSentEvent | Frame]:
         with views.streaming(conversation):  # never evicted while a stream of it is open
             async for sse in sse_stream(feed, cursor, bound_s):
                 yield sse

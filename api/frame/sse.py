@@ -9,6 +9,11 @@ from the log when the stream can read it there (``Feed.older``: a conversation's
 answers 409 with the oldest cursor it can serve (``api.app`` renders ``CursorTooOld``), and a
 client that falls that far behind while connected gets a final comment instead. Streams differ
 only in their ``Feed``: what they render per event and when they end early.
+
+A feed may render an event as its wire bytes (``sse_frame``) rather than a ``ServerSentEvent``:
+then the bytes are written as they are, so a view that renders each event once
+(``KeptEvents.render_once``) serves every stream of it the same bytes — no model, no
+formatting per stream.
 """
 
 import asyncio
@@ -37,6 +42,9 @@ TOO_OLD = {409: {"description": "The cursor is older than this edge keeps; recon
 SSE_HEADERS = {"Cache-Control": "no-cache", "X-Accel-Buffering": "no"}
 
 E = TypeVar("E")
+
+Frame = bytes
+"""One event (or comment) as it goes on the wire: ``sse_frame`` of a ``ServerSentEvent``."""
 
 
 class StreamEnd(Exception):  # noqa: N818 - control flow, not a failure
@@ -103,9 +111,9 @@ class Feed(Generic[E]):
 
     view: Callable[[], KeptEvents[E] | None]
     """The stream's view now; None once it is gone (then the stream ends with ``gone``)."""
-    render: Callable[[E], ServerSentEvent | None]
-    """The SSE event of one kept event, or None for one clients do not see (its id is
-    skipped); may raise ``StreamEnd``."""
+    render: Callable[[E], ServerSentEvent | Frame | None]
+    """The SSE event of one kept event (or its wire bytes, ``sse_frame``), or None for one
+    clients do not see (its id is skipped); may raise ``StreamEnd``."""
     wait: Callable[[Callable[[], bool], float], Awaitable[bool]]
     """Waits (at most the timeout) until the predicate holds, re-checked on every change."""
     gone: str = "end; the stream is gone"
@@ -116,7 +124,8 @@ class Feed(Generic[E]):
     render_live: Callable[[Any], ServerSentEvent | None] | None = None
     """The SSE event (no ``id:``) of one transient event of the view (``KeptEvents.live``);
     None: the stream sends none. A new stream sends every transient event still held."""
-    older: Callable[[int, int], Awaitable[list[tuple[int, ServerSentEvent | None]]]] | None = None
+    older: Callable[[int, int],
+                    Awaitable[list[tuple[int, ServerSentEvent | Frame | None]]]] | None = None
     """For a cursor older than the view keeps: the events after the first cursor up to the
     second, read from the log, as (cursor, SSE event or None), every cursor once and in
     order; raises ``StreamEnd`` when they cannot be read. None: such a cursor ends the stream
@@ -124,7 +133,7 @@ class Feed(Generic[E]):
 
 
 async def sse_stream(feed: Feed[E], cursor: int, bound_s: float
-                     ) -> AsyncIterator[ServerSentEvent]:
+                     ) -> AsyncIterator[ServerSentEvent | Frame]:
     """The events of ``feed`` after ``cursor`` (``id:`` = cursor), then live ones, ending
     before ``bound_s`` with a comment saying where to resume."""
     loop = asyncio.get_running_loop()
@@ -222,24 +231,20 @@ def sse_data(sse: ServerSentEvent) -> str | None:
     return json.dumps(sse.data, ensure_ascii=False, separators=(",", ":"))
 
 
-def serialized(sse: ServerSentEvent) -> ServerSentEvent:
-    """``sse`` with its data as JSON text (``raw_data``): serialised once, however many
-    streams send it."""
-    data = sse_data(sse)
-    if data is None or sse.raw_data is not None:
-        return sse
-    return ServerSentEvent(raw_data=data, event=sse.event, id=sse.id, retry=sse.retry,
-                           comment=sse.comment)
+def sse_frame(sse: ServerSentEvent) -> Frame:
+    """The wire bytes of ``sse``: the framing FastAPI gives a generator's events."""
+    return format_sse_event(data_str=sse_data(sse), event=sse.event, id=sse.id,
+                            retry=sse.retry, comment=sse.comment)
 
 
-def sse_bytes(events: AsyncIterator[ServerSentEvent]) -> AsyncIterator[bytes]:
+def sse_bytes(events: AsyncIterator[ServerSentEvent | Frame]) -> AsyncIterator[bytes]:
     """The wire bytes of ``events``, for a route that returns its ``EventSourceResponse``
-    itself: the same framing FastAPI gives a generator."""
+    itself: a ``ServerSentEvent`` framed as FastAPI frames a generator's, a ``Frame`` as it
+    is (rendered once for every stream that sends it)."""
 
     async def frames() -> AsyncIterator[bytes]:
         async for sse in events:
-            yield format_sse_event(data_str=sse_data(sse), event=sse.event, id=sse.id,
-                                   comment=sse.comment)
+            yield sse if isinstance(sse, bytes) else sse_frame(sse)
 
     return frames()
 
@@ -286,7 +291,7 @@ class EventStream(EventSourceResponse):
             await self.background()
 
 
-def event_stream(events: AsyncIterator[ServerSentEvent],
+def event_stream(events: AsyncIterator[ServerSentEvent | Frame],
                  headers: dict[str, str] | None = None,
                  ended: Callable[[], None] | None = None) -> EventStream:
     """The response of a stream route: ``events`` written straight to the connection.

@@ -13,11 +13,21 @@ from fastapi.sse import ServerSentEvent
 from pydantic import BaseModel
 from starlette.types import Message
 
+from api.conversations import render
 from api.conversations.views import ConversationViews
 from api.frame.projection import RENDERED_KEPT, Changes
-from api.frame.sse import EventStream, StreamEnd, serialized, sse_bytes
-from schemas.conversation import ConversationErased, ConversationStarted, TurnStateChanged
+from api.frame.sse import EventStream, Frame, StreamEnd, sse_bytes, sse_frame
+from schemas.conversation import (
+    ConversationErased,
+    ConversationStarted,
+    MessageRecorded,
+    ProposalRecorded,
+    ReplyRecorded,
+    TurnRequested,
+    TurnStateChanged,
+)
 from streams.envelope import Envelope
+from streams.sealing import MemoryKeyStore, Sealer
 
 # --- a key's waiters ---------------------------------------------------------------------------
 
@@ -169,14 +179,15 @@ def test_streams_of_one_view_render_each_event_once_and_keep_only_the_last_few()
     view = views["cnv-1"]
     calls: list[int] = []
 
-    def render(env: Envelope) -> ServerSentEvent:
+    def render(env: Envelope) -> Frame:
         calls.append(env.seq or 0)
-        return serialized(ServerSentEvent(event="turn", id=str(env.seq), data={"s": env.seq}))
+        return sse_frame(ServerSentEvent(event="turn", id=str(env.seq), data={"s": env.seq}))
 
     events = list(view.events)
     for event in events:  # as each event arrives, fifty streams of the conversation send it
         out = [view.render_once(event, render) for _stream in range(50)]
-        assert {o.raw_data for o in out} == {f'{{"s":{event.seq}}}'}
+        assert len({id(o) for o in out}) == 1, "the same bytes for every stream"
+        assert out[0] == f'event: turn\ndata: {{"s":{event.seq}}}\nid: {event.seq}\n\n'.encode()
     assert calls == [e.seq for e in events], "each event rendered once"
     assert list(view.rendered) == [e.seq for e in events][-RENDERED_KEPT:]
     view.render_once(events[0], render)  # a stream far behind renders its own
@@ -198,3 +209,53 @@ def test_a_rendering_that_ends_the_stream_is_not_kept_and_erasure_forgets_them()
     views.apply(Envelope(record=ConversationErased(conversation="cnv-1"), key="cnv-1",
                          source="/t", seq=4, tenant="default"))
     assert view.rendered == {}, "no opened content outlives the conversation's erasure"
+
+
+async def test_frames_go_on_the_wire_as_they_are_beside_events() -> None:
+    frame = sse_frame(ServerSentEvent(event="turn", id="5", data=Turn(seq=5)))
+
+    async def events() -> AsyncIterator[ServerSentEvent | Frame]:
+        yield frame
+        yield ServerSentEvent(comment="keep-alive")
+
+    out = [b async for b in sse_bytes(events())]
+    assert out == [b'event: turn\ndata: {"seq":5,"text":null}\nid: 5\n\n', b": keep-alive\n\n"]
+    assert out[0] is frame, "written as rendered, not framed again"
+
+
+def test_a_conversation_events_frame_is_the_bytes_its_sse_event_framed() -> None:
+    """``render.event_frame`` (once per event, for every stream) writes what the stream wrote
+    when each stream framed its own ``ServerSentEvent``: message, reply, proposal, turn (its
+    reason sealed and plain), text with quotes, newlines, control characters and non-ASCII."""
+    sealer = Sealer(MemoryKeyStore())
+    c = "cnv-1"
+    text = 'é "quoted" \\ line\nbreak\ttab \x01 \u2028 😀 </script>'
+    records = [
+        ConversationStarted(conversation=c, owner="alice"),
+        MessageRecorded(conversation=c, message_id="m-1", text=sealer.seal(c, "m-1", text),
+                        at="2026-12-01T10:00:00.123+00:00"),
+        TurnRequested(conversation=c, turn=f"{c}:t1", message_seq=2),
+        ReplyRecorded(conversation=c, turn=f"{c}:t1", reply_id="r-1",
+                      text=sealer.seal(c, "r-1", text)),
+        ProposalRecorded(conversation=c, turn=f"{c}:t1", proposal_id="p-1",
+                         proposal=sealer.seal_json(c, "p-1", {"title": text, "n": [1, 2.5]})),
+        TurnStateChanged(conversation=c, turn=f"{c}:t1", state="Replied"),
+        TurnStateChanged(conversation=c, turn=f"{c}:t2", state="CouldNotInterpret",
+                         reason_code="DEADLINE_EXCEEDED",
+                         sealed_reason=sealer.seal(c, f"{c}:t2:reason", text)),
+        TurnStateChanged(conversation=c, turn=f"{c}:t3", state="CouldNotInterpret",
+                         reason=text),
+    ]
+    seen = 0
+    for seq, rec in enumerate(records, start=1):
+        env = Envelope(record=rec, key=c, source="/t", seq=seq, tenant="default")
+        sse = render.sse_event(sealer, env)
+        frame = render.event_frame(sealer, env)
+        if sse is None:
+            assert frame is None
+            continue
+        seen += 1
+        assert frame == sse_frame(sse)
+        assert frame.startswith(f"event: {sse.event}\ndata: ".encode())
+        assert frame.endswith(f"\nid: {seq}\n\n".encode())
+    assert seen == 6
