@@ -174,12 +174,17 @@ def _start_step(t: Transition, wf: WorkflowDef) -> None:
 
 
 def start(wf: WorkflowDef, started: WorkflowStarted) -> Transition:
-    """A new workflow (its ``started`` record has seq 1): run the first step's first attempt.
+    """A new workflow (its ``started`` record has seq 1): start the first step.
 
-    It emits nothing: ``WorkflowStarted`` says as much as a ``StepStarted`` would (step 0,
-    attempt 1), one record fewer per workflow (``schemas.workflow``)."""
+    Its ``StepStarted`` is written although ``WorkflowStarted`` says as much (step 0, attempt
+    1): after a hand-over it is the record that wakes the next owner of a workflow whose
+    worker left mid-step (``WorkflowStarted`` was acknowledged with the lease released), which
+    then finds it running with no task and runs the step again. Without it, a rebalance storm
+    left a first step that never ran (docs/reliability.md, fault 4)."""
     state = WorkflowState(workflow=started.workflow, kind=started.kind, input=dict(started.input))
-    return Transition(state, run_step=True)
+    t = Transition(state)
+    _start_step(t, wf)
+    return t
 
 
 def step_succeeded(wf: WorkflowDef, state: WorkflowState, output: dict[str, Any]) -> Transition:

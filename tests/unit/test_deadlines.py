@@ -248,7 +248,7 @@ async def test_a_step_past_its_deadline_fails_the_workflow_once_with_deadline_ex
                              source="/t", seq=1), lambda: None, "tp0", 1)
     await settle_loop(rt, producer)
     types = [e.type.split(".")[-2] for e in producer.sent if not e.type.endswith("outcome.v1")]
-    assert types == ["step_failed", "failed"], "not retried (its first attempt: no StepStarted)"
+    assert types == ["step_started", "step_failed", "failed"], "not retried"
     failed = next(e.record for e in producer.sent if e.type.endswith("step_failed.v1"))
     assert failed.error_type == "DEADLINE_EXCEEDED" and "VOICE_STEP_DEADLINE_S" in failed.error
     assert table["w1"]["status"] == "failed" and table["w1"]["settled"] is True

@@ -68,9 +68,9 @@ async def test_a_redelivered_lease_record_is_never_acknowledged_twice() -> None:
 
 
 async def test_a_workflow_writes_the_fewest_lifecycle_records_and_readers_see_them_all() -> None:
-    """Issue 14: a first step starts with ``WorkflowStarted`` (no ``StepStarted``), a last
-    step's success is the workflow's end (one ``LastStepSucceeded``); a later step and a retry
-    still get their ``StepStarted``. The seqs stay dense, and the staff view, the replay's
+    """Issue 14: a last step's success is the workflow's end (one ``LastStepSucceeded``); every
+    step's attempt, the first included, still gets its ``StepStarted`` (after a hand-over it is
+    what wakes the next owner of a step whose worker left). The seqs stay dense, and the staff view, the replay's
     fold and ``step_success`` read the new shapes as they read the old."""
     from api.staff.views import Workflows
     from deploy.rerun_steps import succeeded_steps
@@ -96,7 +96,9 @@ async def test_a_workflow_writes_the_fewest_lifecycle_records_and_readers_see_th
     started = Envelope(record=WorkflowStarted(workflow="w1", kind="k"), key="w1",
                        source="/t", seq=1, id="w1:1")
     await rt.handle(started, lambda: None, "tp0", 1)
-    assert table["w1"]["status"] == "running" and producer.sent == [], "a start writes none"
+    assert table["w1"]["status"] == "running"
+    assert [type(e.record).__name__ for e in producer.sent] == ["StepStarted"], \
+        "a start writes its first step's StepStarted (the next owner's wake-up after a hand-over)"
     handled = 0
     for _ in range(200):
         await asyncio.sleep(0)
@@ -108,9 +110,9 @@ async def test_a_workflow_writes_the_fewest_lifecycle_records_and_readers_see_th
             break
     lifecycle = [e for e in producer.sent if not e.type.endswith("step_outcome.v1")]
     assert [(type(e.record).__name__, getattr(e.record, "attempt", None)) for e in lifecycle] \
-        == [("StepFailed", 1), ("StepStarted", 2), ("StepSucceeded", 2), ("StepStarted", 1),
-            ("LastStepSucceeded", 1)]
-    assert [e.seq for e in lifecycle] == [2, 3, 4, 5, 6], "dense after WorkflowStarted's 1"
+        == [("StepStarted", 1), ("StepFailed", 1), ("StepStarted", 2), ("StepSucceeded", 2),
+            ("StepStarted", 1), ("LastStepSucceeded", 1)]
+    assert [e.seq for e in lifecycle] == [2, 3, 4, 5, 6, 7], "dense after WorkflowStarted's 1"
     assert calls == [("a", 1), ("a", 2), ("b", 1)]
     last = lifecycle[-1].record
     assert isinstance(last, LastStepSucceeded) and last.output == {"n": 2}
