@@ -70,8 +70,8 @@ async def test_a_redelivered_lease_record_is_never_acknowledged_twice() -> None:
 async def test_a_workflow_writes_the_fewest_lifecycle_records_and_readers_see_them_all() -> None:
     """Issue 14: a last step's success is the workflow's end (one ``LastStepSucceeded``); every
     step's attempt, the first included, still gets its ``StepStarted`` (after a hand-over it is
-    what wakes the next owner of a step whose worker left). The seqs stay dense, and the staff view, the replay's
-    fold and ``step_success`` read the new shapes as they read the old."""
+    what wakes the next owner of a step whose worker left). The seqs stay dense, and the
+    staff view, the replay's fold and ``step_success`` read the new shapes as the old."""
     from api.staff.views import Workflows
     from deploy.rerun_steps import succeeded_steps
     from schemas.workflow import LastStepSucceeded, StepFailed, WorkflowFailed, step_success
