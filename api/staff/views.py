@@ -219,7 +219,7 @@ class Workflows(Projection[WorkflowView]):
             # Plain only: the code, and Voice's own words. A message that may quote someone is
             # sealed in the record, and staff and operators do not read participants' words.
             view.last_error = f"{rec.error_type}: {rec.error}" if rec.error else rec.error_type
-            # A first attempt of a first step has no StepStarted (issue 14): its failure names it.
+            # Its failure names the step too (a log that lacks the attempt's StepStarted).
             view.step, view.attempt = rec.step, rec.attempt
         elif isinstance(rec, WorkflowPaused):
             view.status, view.step, view.waiting_for = "paused", rec.step, rec.waiting_for

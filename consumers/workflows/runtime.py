@@ -183,10 +183,9 @@ class WorkflowRuntime:
                 t = self._outcome(state, rec)
                 if t is not None:
                     self.tasks.pop(workflow, None)
-            if t is not None and not t.emits and not t.run_step:
+            if t is not None and not t.emits:
                 # A command refused, queued or answered again: its state and answers only; the
-                # record is then treated like any other that changes no step. (A start emits
-                # nothing either, and runs its first step below.)
+                # record is then treated like any other that changes no step.
                 await self._apply(t, env.correlation or workflow)
                 state, t = t.state, None
             if t is None and workflow in self.tasks:
