@@ -35,6 +35,7 @@ from functools import cache
 from confluent_kafka import Consumer, KafkaError, Producer, TopicPartition
 
 from bench.harness import Context, Result, benchmark, latency_summary, median_run, warmup
+from bench.stack import cpu_seconds
 from schemas.base import Sealed
 from schemas.conversation import MessageRecorded
 from streams.envelope import Envelope, encode
@@ -159,6 +160,12 @@ def tail_consumer(ctx: Context, topic: str, partition: int = 0) -> Consumer:
     return consumer
 
 
+def broker_cpu_s(ctx: Context) -> float:
+    """CPU seconds the run's local broker has used (0.0 on an existing cluster)."""
+    used = cpu_seconds(ctx.broker_pid) if ctx.broker_pid else None
+    return used or 0.0
+
+
 def high_watermarks(ctx: Context, topic: str, partitions: int) -> int:
     """Sum of the partitions' high watermarks: records the broker holds (no duplicates)."""
     consumer = Consumer(
@@ -214,8 +221,11 @@ def round_trip(ctx: Context) -> Result:
     consumer = tail_consumer(ctx, topic)
     samples: list[float] = []
     skipped = 0
+    broker0 = 0.0
     try:
         for i in range(WARMUP + ctx.records):
+            if i == WARMUP:
+                broker0 = broker_cpu_s(ctx)
             j = i % DISTINCT
             value, key = c.values[j], c.keys[j]
             t0 = time.perf_counter()
@@ -236,12 +246,16 @@ def round_trip(ctx: Context) -> Result:
             if i >= WARMUP:
                 samples.append(t1 - t0)
             producer.poll(0)  # serve the delivery report
+        broker_us = (broker_cpu_s(ctx) - broker0) * 1e6 / ctx.records
         if producer.flush(30):
             raise RuntimeError("round trip producer could not deliver everything")
     finally:
         consumer.close()
     return {
         **latency_summary(samples),
+        # The broker's floor for one record produced alone and fetched by one consumer: a
+        # produce request and a fetch answered (None on an existing cluster).
+        "broker_cpu_us_per_record": round(broker_us, 1) if ctx.broker_pid else None,
         "record_bytes": round(raw_record_bytes(c), 1),
         "fetch_wait_max_ms": FETCH_WAIT_MAX_MS,
         "foreign_records_skipped": skipped,
@@ -260,7 +274,10 @@ def produce_ack(ctx: Context) -> Result:
     def on_delivery(err: KafkaError | None, _msg: object) -> None:
         acked.append(err)
 
+    broker0 = 0.0
     for i in range(WARMUP + ctx.records):
+        if i == WARMUP:
+            broker0 = broker_cpu_s(ctx)
         j = i % DISTINCT
         acked.clear()
         t0 = time.perf_counter()
@@ -275,8 +292,11 @@ def produce_ack(ctx: Context) -> Result:
             raise RuntimeError(f"delivery failed: {acked[0]}")
         if i >= WARMUP:
             samples.append(t1 - t0)
+    broker_us = (broker_cpu_s(ctx) - broker0) * 1e6 / ctx.records
     producer.flush(30)
-    return {**latency_summary(samples), "record_bytes": round(raw_record_bytes(c), 1)}
+    return {**latency_summary(samples), "record_bytes": round(raw_record_bytes(c), 1),
+            # The broker's floor for one produce request of one record, acks=all.
+            "broker_cpu_us_per_record": round(broker_us, 1) if ctx.broker_pid else None}
 
 
 def _raw_throughput_run(ctx: Context, topic: str, n: int) -> Result:

@@ -452,6 +452,7 @@ def turns_sustained(ctx: Context) -> Result:
     s = stack(ctx)
     h = _headers(ctx, "bench-sustained")
     asyncio.run(_sustained_run(s, h, SUSTAINED_WARMUP, SUSTAINED_CONCURRENCY))  # unmeasured
+    idle = _idle_cpu(s)
     marks0, cpu0 = s.watermarks(), s.cpu()
     elapsed, parts, latencies = asyncio.run(
         _sustained_run(s, h, SUSTAINED_TURNS, SUSTAINED_CONCURRENCY))
@@ -470,5 +471,24 @@ def turns_sustained(ctx: Context) -> Result:
         "records_per_turn": round(total / n, 2),
         "records_per_turn_by_topic": {t: round(v / n, 2) for t, v in sorted(written.items())},
         "cpu_ms_per_turn": _cpu_delta(cpu0, cpu1, n),
+        "idle_cpu_ms_per_s": idle,
         "stack": s.describe(),
     }
+
+
+IDLE_SECONDS = 10.0
+"""How long ``turn.sustained`` watches the stack with nothing to do (after its warm-up)."""
+
+
+def _idle_cpu(s: Stack) -> dict[str, float | None]:
+    """CPU milliseconds per second each process uses while no turn runs: the stack's floor
+    (idle fetches, heartbeats, commits, timers), which ``cpu_ms_per_turn`` also holds."""
+    time.sleep(1.0)  # the warm-up's last records settle
+    before = s.cpu()
+    time.sleep(IDLE_SECONDS)
+    after = s.cpu()
+    out: dict[str, float | None] = {}
+    for name, b in before.items():
+        a = after.get(name)
+        out[name] = None if a is None or b is None else round((a - b) * 1000 / IDLE_SECONDS, 1)
+    return out

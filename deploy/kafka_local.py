@@ -7,6 +7,8 @@ it says exactly what to install instead of failing somewhere deeper.
 
 from __future__ import annotations
 
+import os
+import shlex
 import shutil
 import signal
 import socket
@@ -186,6 +188,8 @@ class LocalKafka:
         log = open(self.log_path, "ab")
         self.process = subprocess.Popen(
             [java, "-Xms256m", f"-Xmx{self.heap}", "-XX:+UseG1GC",
+             # Kafka's own variable for extra JVM flags (a profiler, say), as its scripts read it.
+             *shlex.split(os.environ.get("KAFKA_OPTS", "")),
              f"-Dlog4j2.configurationFile={LOG4J}", "-cp", cp, "kafka.Kafka", str(props)],
             stdout=log, stderr=subprocess.STDOUT, start_new_session=True,
         )

@@ -1,8 +1,5 @@
 """How Voice's own consumers fetch: the one setting of every consumer that follows a topic's
-end (the edge's tail, the followers, the key store, the log reader). The edge's tail keeps a
-5 ms wait (``api.frame.tail.EDGE_TAIL_FETCH_WAIT_MS``): a partition that becomes fetchable
-while a fetch is held waits for it, and the tail assigns partitions one lookup at a time at
-start, so at 500 ms an edge caught up seconds later.
+end (the edge's tail, the followers, the key store, the log reader).
 
 ``fetch.wait.max.ms`` is how long the broker may hold a fetch that finds nothing new. It is
 not a latency: with ``fetch.min.bytes`` at 1 a record appended to any partition of the fetch

@@ -37,9 +37,6 @@ from streams.topics import ACKS, CONVERSATIONS, TopicSpec, topic_name
 
 log = logging.getLogger(__name__)
 
-EDGE_TAIL_FETCH_WAIT_MS = 5
-"""The edge tail's broker fetch wait (see ``EdgeTail._run``)."""
-
 RecordHandler = Callable[[Envelope], None]
 LocatedHandler = Callable[[Envelope, int, int], None]
 """A handler that also gets the record's partition and offset."""
@@ -122,6 +119,11 @@ class EdgeTail:
         return env.record
 
     def _assign(self, consumer: Consumer) -> None:
+        """Assign every partition at once, each at a concrete offset (the log's start or end
+        looked up here, not left to the client): every partition is then in the tail's first
+        fetch. A logical offset is resolved by the client partition by partition after the
+        assignment, and a partition resolved while a fetch was held joined only the next one,
+        up to ``fetch.wait.max.ms`` later — at start, each step of the catch-up."""
         md = consumer.list_topics(timeout=10)
         parts: list[TopicPartition] = []
         starts = [(self.acks_topic, OFFSET_END), (self.conv_topic, OFFSET_BEGINNING),
@@ -133,19 +135,22 @@ class EdgeTail:
                 raise RuntimeError(f"topic {topic!r} is missing: run `voice topics create`")
             parts += [TopicPartition(topic, p, start) for p in t.partitions]
         self.conv_partitions = len(md.topics[self.conv_topic].partitions)
+        # Where each log starts and ends now: the edge is caught up once it reaches the ends.
+        marks = {(tp.topic, tp.partition): consumer.get_watermark_offsets(
+            TopicPartition(tp.topic, tp.partition), 10) for tp in parts}
+        for tp in parts:
+            low, high = marks[(tp.topic, tp.partition)]
+            tp.offset = high if tp.offset == OFFSET_END else low
         if self.settings.edge_history_s is not None:
-            parts = self._windowed(consumer, parts)
+            parts = self._windowed(consumer, parts, marks)
         consumer.assign(parts)
-        # Where the logs end now: the edge is caught up once it reaches these.
-        self._ends = {}
-        for topic in (self.conv_topic, *self.more, *self.located):
-            for p in md.topics[topic].partitions:
-                _low, high = consumer.get_watermark_offsets(TopicPartition(topic, p), 10)
-                self._ends[(topic, p)] = high
+        self._ends = {(topic, p): marks[(topic, p)][1]
+                      for topic in (self.conv_topic, *self.more, *self.located)
+                      for p in md.topics[topic].partitions}
         self.assigned.set()
 
-    def _windowed(self, consumer: Consumer, parts: list[TopicPartition]
-                  ) -> list[TopicPartition]:
+    def _windowed(self, consumer: Consumer, parts: list[TopicPartition],
+                  marks: Mapping[tuple[str, int], tuple[int, int]]) -> list[TopicPartition]:
         """``parts`` with the conversation log's partitions starting ``edge_history_s`` back
         (by record time); ``conv_starts`` notes where, for the cold reads below it."""
         assert self.settings.edge_history_s is not None
@@ -159,8 +164,7 @@ class EdgeTail:
                 raise RuntimeError(f"no offset by time for {tp.topic}[{tp.partition}]: "
                                    f"{tp.error}")
             if tp.offset < 0:  # no record that recent: start at the end
-                tp.offset = consumer.get_watermark_offsets(
-                    TopicPartition(tp.topic, tp.partition), 10)[1]
+                tp.offset = marks[(tp.topic, tp.partition)][1]
             starts[tp.partition] = tp.offset
         self.conv_starts = starts
         return [*(tp for tp in parts if tp.topic != self.conv_topic), *found]
@@ -170,13 +174,14 @@ class EdgeTail:
             "bootstrap.servers": self.settings.bootstrap,
             "group.id": f"{self.settings.group_prefix}-edge-unused",  # assign(): no group joins
             "enable.auto.commit": False,
+            # The idle-fetch setting (500 ms, any record ends the wait). It was 5 ms here while
+            # the tail left its start offsets to the client (see ``_assign``): 200 fetches a
+            # second, each naming every partition it reads, cost the broker ~40 % of a core
+            # with nothing to read (docs/benchmarks.md, fourth pass).
             **TAILING,
-            # Not the idle-fetch setting's 500 ms: a partition that becomes fetchable while a
-            # fetch is held (the conversation log's, once its start offset is looked up) waits
-            # for that fetch to return, so an edge took seconds more to catch up at start, and
-            # a client reconnecting to a restarted edge met a 404 before it had (web test
-            # test_send_reply_replied_and_resume_after_cuts). The tail is one consumer per edge.
-            "fetch.wait.max.ms": EDGE_TAIL_FETCH_WAIT_MS,
+            # Offsets are concrete (``_assign``); one the log no longer holds (retention ran
+            # between the look-up and the fetch) restarts at the log's start, never its end.
+            "auto.offset.reset": "earliest",
         })
         try:
             while not self._stop.is_set():

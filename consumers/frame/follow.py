@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import logging
 import threading
+import time
 from collections.abc import Callable
 from typing import Any
 
@@ -40,6 +41,8 @@ log = logging.getLogger(__name__)
 Apply = Callable[[Envelope], None]
 
 POLL_S = 0.1
+PARTITIONS_FRESH_S = 30.0
+"""How long ``Follower.ends`` trusts the partitions it looked up."""
 
 
 class Follower:
@@ -66,6 +69,8 @@ class Follower:
         self._applied: dict[int, int] = {}
         """Per partition, the offset after the last record handled (applied or passed over)."""
         self._admin: AdminClient | None = None
+        self._partitions: list[int] | None = None
+        self._partitions_at = 0.0
 
     def start(self) -> None:
         """Start the thread (once; later calls do nothing)."""
@@ -105,14 +110,25 @@ class Follower:
         """Where each partition of the topic ends now (its high watermark), in one request."""
         if self._admin is None:
             self._admin = AdminClient({"bootstrap.servers": self.settings.bootstrap})
-        md = self._admin.list_topics(self.topic, timeout=timeout)
-        t = md.topics.get(self.topic)
-        if t is None or t.error is not None or not t.partitions:
-            raise LookupError(f"topic {self.topic!r} is missing")
         futures = self._admin.list_offsets(
-            {TopicPartition(self.topic, p): OffsetSpec.latest() for p in t.partitions},
+            {TopicPartition(self.topic, p): OffsetSpec.latest()
+             for p in self._partitions_of_topic(timeout)},
             request_timeout=timeout)
         return {tp.partition: fut.result(timeout).offset for tp, fut in futures.items()}
+
+    def _partitions_of_topic(self, timeout: float) -> list[int]:
+        """The topic's partitions, looked up at most every ``PARTITIONS_FRESH_S``: a metadata
+        request per ``fresh`` was one more broker request per turn (a tool that reads the
+        catalog asks on every call). A partition added since is seen within that time."""
+        now = time.monotonic()
+        if self._partitions is None or now - self._partitions_at > PARTITIONS_FRESH_S:
+            assert self._admin is not None
+            md = self._admin.list_topics(self.topic, timeout=timeout)
+            t = md.topics.get(self.topic)
+            if t is None or t.error is not None or not t.partitions:
+                raise LookupError(f"topic {self.topic!r} is missing")
+            self._partitions, self._partitions_at = sorted(t.partitions), now
+        return self._partitions
 
     def _reached(self, ends: dict[int, int]) -> bool:
         """Whether every record up to ``ends`` has been handled (under the lock)."""

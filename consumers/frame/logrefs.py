@@ -246,10 +246,16 @@ class KafkaLogReader:
     ≈ 200 ms connecting and fetching metadata before its first record — most of a turn's
     overhead (docs/benchmarks.md). Concurrent reads each take their own consumer, since one
     consumer's assignment serves one read at a time. One that failed is closed, not kept.
+
+    ``pool_size`` covers the reads that run at once: they run on the default executors of the
+    worker's two loops (the writer's and the steps', six threads each on two cores). With 4
+    kept, a burst of turns opened and closed a consumer every few turns — a connection, its
+    metadata and a group coordinator look-up each (docs/benchmarks.md, fourth pass). An idle
+    kept consumer has no assignment and fetches nothing.
     """
 
     def __init__(self, settings: VoiceSettings, timeout: float = 10.0,
-                 pool_size: int = 4) -> None:
+                 pool_size: int = 12) -> None:
         self.settings = settings
         self.timeout = timeout
         self.pool_size = pool_size

@@ -1,11 +1,13 @@
 """The edge's tail without a broker: records it cannot use (decision 0008) are skipped, logged
 and counted, and the views keep applying the records after them; with a history window
-(decision 0011) it starts the conversation log by time and is caught up at the window's end."""
+(decision 0011) it starts the conversation log by time and is caught up at the window's end;
+every partition is assigned at once at a concrete offset, so all are in its first fetch."""
 
 from __future__ import annotations
 
 import asyncio
 import time
+from types import SimpleNamespace
 
 from confluent_kafka import OFFSET_BEGINNING, TopicPartition
 
@@ -79,7 +81,8 @@ def test_a_window_starts_the_conversation_log_by_time_and_is_caught_up_at_its_en
     consumer = WindowConsumer({0: 40, 1: -1}, high=90)  # partition 1: nothing that recent
     parts = [TopicPartition(conv, 0, OFFSET_BEGINNING), TopicPartition(conv, 1, OFFSET_BEGINNING),
              TopicPartition("t.voice.acks", 0, -1)]
-    assigned = tail._windowed(consumer, parts)  # type: ignore[arg-type]
+    marks = {(conv, 0): (0, 90), (conv, 1): (0, 90)}
+    assigned = tail._windowed(consumer, parts, marks)  # type: ignore[arg-type]
     assert {(tp.topic, tp.partition): tp.offset for tp in assigned} == {
         (conv, 0): 40, (conv, 1): 90, ("t.voice.acks", 0): -1}
     assert tail.conv_starts == {0: 40, 1: 90}
@@ -92,3 +95,45 @@ def test_a_window_starts_the_conversation_log_by_time_and_is_caught_up_at_its_en
     tail._ends = {(conv, 1): 90}
     tail._check_caught_up(consumer)  # type: ignore[arg-type]
     assert tail.caught_up.is_set()
+
+
+class AssignConsumer:
+    """Just what ``_assign`` asks a consumer: the topics, each log's start and end, assign."""
+
+    def __init__(self, partitions: dict[str, int], marks: dict[tuple[str, int], tuple[int, int]]
+                 ) -> None:
+        self.partitions, self.marks = partitions, marks
+        self.assigned: list[list[TopicPartition]] = []
+
+    def list_topics(self, timeout: float) -> SimpleNamespace:
+        return SimpleNamespace(topics={
+            t: SimpleNamespace(error=None, partitions=dict.fromkeys(range(n)))
+            for t, n in self.partitions.items()})
+
+    def get_watermark_offsets(self, tp: TopicPartition, timeout: float) -> tuple[int, int]:
+        return self.marks.get((tp.topic, tp.partition), (0, 0))
+
+    def assign(self, parts: list[TopicPartition]) -> None:
+        self.assigned.append(list(parts))
+
+
+def test_every_partition_is_assigned_at_once_at_a_concrete_offset() -> None:
+    """Regression (issue 14, fourth pass): the tail left OFFSET_BEGINNING / OFFSET_END to the
+    client, which resolved them one partition at a time after the assignment; a partition
+    resolved while a fetch was held joined only the next fetch, so the tail fetched every 5 ms
+    to catch up quickly — ~40 % of the broker's CPU with nothing to read."""
+    tail = EdgeTail(SETTINGS, on_conversation=lambda env: None,
+                    more={ISSUES: lambda env: None})
+    issues = "t.voice.issues"
+    consumer = AssignConsumer(
+        {tail.conv_topic: 2, tail.acks_topic: 2, issues: 1},
+        {(tail.conv_topic, 0): (0, 7), (tail.conv_topic, 1): (3, 9),  # 1: retention ran
+         (tail.acks_topic, 0): (0, 40), (tail.acks_topic, 1): (5, 50), (issues, 0): (0, 2)})
+    tail._assign(consumer)  # type: ignore[arg-type]
+    assert len(consumer.assigned) == 1  # one assignment, every partition in it
+    at = {(tp.topic, tp.partition): tp.offset for tp in consumer.assigned[0]}
+    assert at == {(tail.conv_topic, 0): 0, (tail.conv_topic, 1): 3,  # the logs' starts
+                  (issues, 0): 0,
+                  (tail.acks_topic, 0): 40, (tail.acks_topic, 1): 50}  # acks: their ends
+    assert tail._ends == {(tail.conv_topic, 0): 7, (tail.conv_topic, 1): 9, (issues, 0): 2}
+    assert tail.assigned.is_set()

@@ -6,10 +6,13 @@ from __future__ import annotations
 
 import threading
 import time
+from concurrent.futures import Future
+from types import SimpleNamespace
 from typing import Any
 
 from confluent_kafka import TopicPartition
 
+from consumers.frame import follow
 from consumers.frame.follow import Follower
 from schemas.staff import FollowerAdded, IssueOpened
 from streams.envelope import Envelope, encode
@@ -140,3 +143,39 @@ def test_fresh_falls_back_to_the_thread_when_the_ends_cannot_be_asked() -> None:
 
     f.ends = down  # type: ignore[method-assign]
     assert f.fresh(0.01) is False and len(f._asked) == 1
+
+
+class FakeAdmin:
+    """Just what ``Follower.ends`` asks an admin client: the topic's partitions, their ends."""
+
+    def __init__(self, topic: str, partitions: int) -> None:
+        self.topic, self.partitions = topic, partitions
+        self.metadata_asked = 0
+
+    def list_topics(self, topic: str, timeout: float) -> Any:
+        self.metadata_asked += 1
+        meta = SimpleNamespace(error=None, partitions=dict.fromkeys(range(self.partitions)))
+        return SimpleNamespace(topics={self.topic: meta})
+
+    def list_offsets(self, asked: dict, request_timeout: float) -> dict:
+        done: dict = {}
+        for tp in asked:
+            fut: Future = Future()
+            fut.set_result(SimpleNamespace(offset=10 + tp.partition))
+            done[tp] = fut
+        return done
+
+
+def test_ends_looks_the_partitions_up_once_not_on_every_call() -> None:
+    # Regression (issue 14, fourth pass): a metadata request on every ``fresh`` was one more
+    # broker request per turn; the partitions are looked up again only after a while.
+    f = follower([])
+    admin = FakeAdmin(f.topic, 3)
+    f._admin = admin  # type: ignore[assignment]
+    assert f.ends(1.0) == {0: 10, 1: 11, 2: 12}
+    assert f.ends(1.0) == {0: 10, 1: 11, 2: 12}
+    assert admin.metadata_asked == 1
+    admin.partitions = 4  # a partition added: seen once the lookup is old enough
+    f._partitions_at -= follow.PARTITIONS_FRESH_S + 1
+    assert f.ends(1.0) == {0: 10, 1: 11, 2: 12, 3: 13}
+    assert admin.metadata_asked == 2
