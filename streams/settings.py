@@ -234,6 +234,11 @@ class VoiceSettings(BaseSettings):
     Messages API's stream over httpx (``consumers.engine.lean``: the same requests and results,
     a fraction of the CPU), ``sdk`` through the ``anthropic`` SDK."""
 
+    model_http: Literal["aiohttp", "httpx"] = "aiohttp"
+    """``VOICE_MODEL_HTTP``: what carries the ``lean`` client's requests — ``aiohttp``'s
+    connection pool under httpx's interface (``httpx-aiohttp``), or httpx's own pool, which
+    cost ~5× the CPU per streamed call with many calls at once (decision 0013)."""
+
     worker_concurrency: int = Field(default=64, ge=1)
     """Workflow steps (turns) one worker runs at once."""
 

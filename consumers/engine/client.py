@@ -2,7 +2,8 @@
 the bundled simulator (same code path, different base URL).
 
 ``VOICE_MODEL_CLIENT`` chooses how: ``lean`` (the default) is ``consumers.engine.lean``'s
-``LeanModel``, the Messages API's stream read over httpx; ``sdk`` is ``anthropic.AsyncAnthropic``
+``LeanModel``, the Messages API's stream read over httpx (on aiohttp's pool unless
+``VOICE_MODEL_HTTP=httpx``); ``sdk`` is ``anthropic.AsyncAnthropic``
 (adapted by ``consumers.engine.model.AnthropicModel``). Both give the engine the same results
 (``tests/unit/test_engine_lean.py``).
 
@@ -33,5 +34,5 @@ def model_client(settings: VoiceSettings, model: ModelSettings | None = None
         assert model.api_key is not None
         key, base_url = model.api_key.get_secret_value(), model.base_url
     if settings.model_client == "lean":
-        return LeanModel(base_url or DEFAULT_BASE_URL, key)
+        return LeanModel(base_url or DEFAULT_BASE_URL, key, http=settings.model_http)
     return anthropic.AsyncAnthropic(api_key=key, base_url=base_url, max_retries=0)
