@@ -248,8 +248,10 @@ def _marks(settings: Any, turns: list[_Turn], agent: bool = True
             continue
         if env.id in command_turn:
             mark(command_turn[env.id], "command", env.time.timestamp())
-        elif env.id.endswith(":reply") and env.id[:-6] in wanted:
-            mark(env.id[:-6], "reply_command", env.time.timestamp())
+        elif env.id.endswith((":reply", ":results")):  # the turn's results, one command now
+            turn = env.id.rsplit(":", 1)[0]
+            if turn in wanted:
+                mark(turn, "reply_command", env.time.timestamp())
     for msg, env in envs(ACKS):
         if env.key in command_turn:
             mark(command_turn[env.key], "ack", _ts(msg))
