@@ -88,9 +88,10 @@ async def _wait_turns(client: httpx.AsyncClient, url: str, headers: dict[str, st
     return left
 
 
-def _cpu_delta(before: dict[str, float | None], after: dict[str, float | None], per: int
+def _cpu_delta(before: dict[str, float | None], after: dict[str, float | None], per: float
                ) -> dict[str, float | None]:
-    """CPU milliseconds per unit (turn) of each process between two ``Stack.cpu()``."""
+    """CPU milliseconds per unit (a turn, a second) of each process between two
+    ``Stack.cpu()``."""
     out: dict[str, float | None] = {}
     for name, b in before.items():
         a = after.get(name)
@@ -488,9 +489,4 @@ def _idle_cpu(s: Stack) -> dict[str, float | None]:
     time.sleep(1.0)  # the warm-up's last records settle
     before = s.cpu()
     time.sleep(IDLE_SECONDS)
-    after = s.cpu()
-    out: dict[str, float | None] = {}
-    for name, b in before.items():
-        a = after.get(name)
-        out[name] = None if a is None or b is None else round((a - b) * 1000 / IDLE_SECONDS, 1)
-    return out
+    return _cpu_delta(before, s.cpu(), IDLE_SECONDS)

@@ -68,7 +68,7 @@ class LeanModel:
     ``http`` chooses what carries its requests (``VOICE_MODEL_HTTP``): ``aiohttp`` (the
     default) is httpx's interface over aiohttp's connection pool (``httpx-aiohttp``, the
     transport the ``anthropic`` SDK itself offers as its aiohttp client); ``httpx`` is httpx's
-    own pool, which costed ~4–5 ms of CPU per streamed call at 32 calls at once against ~0.9 ms
+    own pool, which cost ~4–5 ms of CPU per streamed call at 32 calls at once against ~0.9 ms
     (a request there checks every kept connection, a ``getpeername`` each: decision 0013).
     The same request goes out either way, and the same errors come back.
     """
@@ -152,6 +152,8 @@ def _timed_out(exc: httpx.TimeoutException) -> bool:
     cause = exc.__cause__
     return not isinstance(cause, aiohttp.ClientConnectionError) or isinstance(
         cause, aiohttp.ServerTimeoutError | aiohttp.ConnectionTimeoutError)
+
+
 def _error_type_of(body: object) -> str | None:
     err = body.get("error") if isinstance(body, dict) else None
     err = err if isinstance(err, dict) else body
