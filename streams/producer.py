@@ -25,8 +25,11 @@ PRODUCER_CONFIG: dict[str, object] = {
     "acks": "all",
     "enable.idempotence": True,
     "max.in.flight.requests.per.connection": 5,
-    # A request path waits on the ack, so batch only briefly.
-    "linger.ms": 1,
+    # A request path waits on the ack: send at once. librdkafka still batches what queues up
+    # while a request is in flight; 1 ms of linger cost every awaited produce ~1.2 ms (the raw
+    # ack 1.42 → 0.23 ms, the round trip 1.52 → 0.33 ms) and bought no throughput
+    # (docs/benchmarks.md, "Issue 14, fifth pass").
+    "linger.ms": 0,
     "compression.type": "lz4",
     # The Java client's partitioner, so a key lands where Kafka Streams, Faust (aiokafka) and
     # any other Kafka client would put it: co-partitioning holds across producers.

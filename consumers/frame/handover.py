@@ -23,8 +23,12 @@ was being handled, and without a partition left unread afterwards.
    after it (``consumers.frame.stale_records``: that dropped the records the new generation
    read again, and stopped the partition's commit for good), and does not skip offsets of a
    topic that has no gaps of its own (``gapless_topics``: Faust counted them as acknowledged).
+5. **Its consumer** fetches no changelog partition Faust holds paused — those of the tables
+   this worker owns, once recovered (``consumers.frame.changelog_fetch``): Faust's pause is its
+   own bookkeeping, and every fetch of a turn named them all.
 
-It must never acknowledge a record itself: it only waits, and tells Faust what to fetch.
+It must never acknowledge a record itself: it only waits, and tells Faust (and aiokafka under
+it) what to fetch.
 """
 
 from __future__ import annotations
@@ -37,6 +41,7 @@ from typing import Any
 
 import faust
 
+from consumers.frame.changelog_fetch import fetch_only_read_changelogs
 from consumers.frame.failures import InFlight
 from consumers.frame.stale_records import guard_stale_records
 
@@ -72,6 +77,7 @@ class VoiceApp(faust.App):
         guard_stale_records(consumer, lambda: self.consumer_generation_id,
                             lambda: self.tables.changelog_topics,
                             lambda topic: topic in self.gapless_topics)
+        fetch_only_read_changelogs(consumer, lambda: self.tables.changelog_topics)
         return consumer
 
     async def _consumer_wait_empty(self, consumer: Any, logger: Any) -> None:  # noqa: ARG002
