@@ -204,8 +204,13 @@ class WorkerContext:
                 if manual_ack:
                     event.ack()
                 return
-            if env.seq is None and spec in self.writer.logs:
-                raise Unprocessable(f"{env.type!r} on the log {spec.name!r} has no seq")
+            if spec in self.writer.logs:
+                if env.seq is None:
+                    raise Unprocessable(f"{env.type!r} on the log {spec.name!r} has no seq")
+                if dead_letter and raw.partition is not None and raw.offset is not None:
+                    # A step of this worker may read it back by position (``RecentRecords``).
+                    self.log_reader.recent.remember(raw.topic, raw.partition, raw.offset, env,
+                                                    len(raw.key or b"") + len(raw.value or b""))
             await dispatch(env, event)
 
         self.wire_raw(spec, on_raw, manual_ack, agent_name)

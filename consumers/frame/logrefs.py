@@ -18,6 +18,7 @@ import asyncio
 import threading
 import time
 import uuid
+from collections import OrderedDict
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
 from typing import Any, Protocol
@@ -34,6 +35,9 @@ MAX_ENTRIES = 1000
 
 SEEK_GAP = 100
 """Read on through other keys' records up to this many offsets; farther, seek."""
+
+RECENT_BYTES = 8 * 1024 * 1024
+"""Record bytes (key and value, as on the log) ``RecentRecords`` holds at most."""
 
 
 @dataclass(frozen=True)
@@ -239,6 +243,59 @@ def scan_held(envs: Iterable[Envelope], where: str, key: str, through: int) -> l
     raise LogUnavailable(f"{where} ends before seq {through} of {key!r}", retryable=False)
 
 
+class RecentRecords:
+    """Records of aggregate logs this worker has consumed lately, by where they are: a read by
+    position whose records are all here needs no fetch.
+
+    A turn's step reads back records its own worker has just consumed: the message that opened
+    the turn, and the transcript before it. On one worker, or when the turn's workflow and its
+    conversation have the same owner, the read was a consumer's assignment, a fetch and a
+    thread hop for records already decoded in memory (~2 ms of a turn, docs/benchmarks.md,
+    "Issue 14, fifth pass"). What is held is what the log holds at that offset (the log is
+    never rewritten; sealed content stays sealed), and every position is checked as a fetched
+    one is (``checked``). The least recently used go first past ``budget`` bytes.
+    Thread-safe: consumers remember on the worker's loop, steps read on theirs.
+    """
+
+    def __init__(self, budget: int = RECENT_BYTES) -> None:
+        self.budget = budget
+        self._held: OrderedDict[tuple[str, int, int], tuple[Envelope, int]] = OrderedDict()
+        self._bytes = 0
+        self._lock = threading.Lock()
+
+    def remember(self, topic: str, partition: int, offset: int, env: Envelope,
+                 size: int) -> None:
+        """Hold ``env``, read at ``topic[partition]@offset`` (``size`` bytes on the log)."""
+        if size > self.budget:
+            return
+        where = (topic, partition, offset)
+        with self._lock:
+            old = self._held.pop(where, None)
+            if old is not None:
+                self._bytes -= old[1]
+            self._held[where] = (env, size)
+            self._bytes += size
+            while self._bytes > self.budget:
+                self._bytes -= self._held.popitem(last=False)[1][1]
+
+    def held(self, topic: str, partition: int, key: str,
+             positions: Sequence[Position]) -> list[Envelope] | None:
+        """The records at ``positions`` if every one is held (each checked to be the seq of
+        ``key`` indexed there: ``LogUnavailable`` if not), else ``None``."""
+        with self._lock:
+            found = [self._held.get((topic, partition, p.offset)) for p in positions]
+            if any(f is None for f in found):
+                return None
+            for p in positions:
+                self._held.move_to_end((topic, partition, p.offset))
+        where = f"{topic}[{partition}]"
+        return [checked(f[0], where, p.offset, key, p.seq)  # type: ignore[index]
+                for f, p in zip(found, positions, strict=True)]
+
+    def __len__(self) -> int:
+        return len(self._held)
+
+
 class KafkaLogReader:
     """``LogReader`` on the broker; the blocking read runs in a thread.
 
@@ -255,10 +312,12 @@ class KafkaLogReader:
     """
 
     def __init__(self, settings: VoiceSettings, timeout: float = 10.0,
-                 pool_size: int = 12) -> None:
+                 pool_size: int = 12, recent: RecentRecords | None = None) -> None:
         self.settings = settings
         self.timeout = timeout
         self.pool_size = pool_size
+        self.recent = recent or RecentRecords()
+        """Records this worker consumed lately, read without a fetch (``RecentRecords``)."""
         self._idle: list[Consumer] = []
         self._lock = threading.Lock()
 
@@ -288,8 +347,11 @@ class KafkaLogReader:
 
     async def read(self, spec: TopicSpec, partition: int, key: str,
                    positions: Sequence[Position]) -> list[Envelope]:
-        return await asyncio.to_thread(self._using, fetch_records,
-                                       topic_name(self.settings, spec), partition, key,
+        topic = topic_name(self.settings, spec)
+        held = self.recent.held(topic, partition, key, positions) if positions else None
+        if held is not None:
+            return held
+        return await asyncio.to_thread(self._using, fetch_records, topic, partition, key,
                                        list(positions), self.timeout)
 
     def close(self) -> None:

@@ -1,0 +1,83 @@
+"""Reads by position served from the records a worker consumed lately (issue 14, fifth pass).
+
+A step reads back what its worker's consumer of the log has just decoded; ``RecentRecords``
+holds those records by where they are, bounded, and checks each position as a fetch does.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from typing import Any
+
+import pytest
+
+from consumers.frame.logrefs import KafkaLogReader, LogUnavailable, Position, RecentRecords
+from schemas.conversation import ConversationStarted
+from streams.envelope import Envelope
+from streams.topics import CONVERSATIONS
+from tests.unit.test_consumer_failures import CNV, SETTINGS, event, run_agent, worker
+
+TOPIC = "t.voice.conversations"
+
+
+def record(seq: int, key: str = CNV) -> Envelope:
+    return Envelope(record=ConversationStarted(conversation=key, owner="alice"), key=key,
+                    source="/test", seq=seq, id=f"{key}:{seq}")
+
+
+def test_every_position_held_is_served_in_the_order_asked_and_checked() -> None:
+    recent = RecentRecords()
+    for offset, seq in ((10, 1), (12, 2), (15, 3)):
+        recent.remember(TOPIC, 0, offset, record(seq), 300)
+    got = recent.held(TOPIC, 0, CNV, [Position(3, 15), Position(1, 10)])
+    assert got is not None and [e.seq for e in got] == [3, 1]
+    assert recent.held(TOPIC, 0, CNV, [Position(1, 10), Position(4, 16)]) is None  # one missing
+    assert recent.held(TOPIC, 1, CNV, [Position(1, 10)]) is None  # another partition
+    with pytest.raises(LogUnavailable, match="holds seq 2") as bad:
+        recent.held(TOPIC, 0, CNV, [Position(5, 12)])  # not the seq indexed there
+    assert bad.value.retryable is False
+    with pytest.raises(LogUnavailable, match="cnv-other"):
+        recent.held(TOPIC, 0, "cnv-other", [Position(1, 10)])  # another key's record
+
+
+def test_the_least_recently_used_go_first_past_the_budget() -> None:
+    recent = RecentRecords(budget=1000)
+    for offset in range(3):
+        recent.remember(TOPIC, 0, offset, record(offset + 1), 400)
+    assert len(recent) == 2  # 1200 > 1000: offset 0 went
+    assert recent.held(TOPIC, 0, CNV, [Position(1, 0)]) is None
+    assert recent.held(TOPIC, 0, CNV, [Position(2, 1)]) is not None  # now the most recent
+    recent.remember(TOPIC, 0, 3, record(4), 400)
+    assert recent.held(TOPIC, 0, CNV, [Position(2, 1)]) is not None
+    assert recent.held(TOPIC, 0, CNV, [Position(3, 2)]) is None
+    recent.remember(TOPIC, 0, 9, record(9), 5000)  # larger than the whole budget: not held
+    assert recent.held(TOPIC, 0, CNV, [Position(9, 9)]) is None and len(recent) == 2
+
+
+def test_a_read_of_held_records_asks_no_broker_and_any_other_does() -> None:
+    reader = KafkaLogReader(SETTINGS)
+    fetched: list[Any] = []
+
+    def using(fn: Any, *args: Any) -> list[Envelope]:
+        fetched.append(args)
+        return []
+
+    reader._using = using  # type: ignore[method-assign]
+    reader.recent.remember(TOPIC, 2, 40, record(7), 300)
+    got = asyncio.run(reader.read(CONVERSATIONS, 2, CNV, [Position(7, 40)]))
+    assert [e.id for e in got] == [f"{CNV}:7"] and fetched == []
+    asyncio.run(reader.read(CONVERSATIONS, 2, CNV, [Position(7, 40), Position(8, 41)]))
+    assert fetched == [(TOPIC, 2, CNV, [Position(7, 40), Position(8, 41)], 10.0)]
+
+
+def test_the_worker_holds_the_log_records_its_consumer_decoded() -> None:
+    ctx, _producer, halts = worker()
+    ev = event(21, record(1), topic=TOPIC)
+    run_agent(ctx, "voice_conversations_agent", ev)
+    assert halts == [] and ev.acks == [21]
+    [held] = ctx.log_reader.recent.held(TOPIC, 0, CNV, [Position(1, 21)]) or []
+    assert held.id == f"{CNV}:1"
+    # A record of a topic that is no aggregate's log is not held.
+    other = event(5, record(1), topic="t.voice.workflows")
+    run_agent(ctx, "staff_workflow_watch", other)
+    assert ctx.log_reader.recent.held("t.voice.workflows", 0, CNV, [Position(1, 5)]) is None
