@@ -1,5 +1,6 @@
 """How Voice's own consumers fetch: the one setting of every consumer that follows a topic's
-end (the edge's tail, the followers, the key store, the log reader).
+end (the edge's tail, the followers, the key store, the log reader), and the one way they take
+what was fetched (``take``).
 
 ``fetch.wait.max.ms`` is how long the broker may hold a fetch that finds nothing new. It is
 not a latency: with ``fetch.min.bytes`` at 1 a record appended to any partition of the fetch
@@ -12,6 +13,8 @@ that changes what a consumer reads.
 
 from __future__ import annotations
 
+from confluent_kafka import Consumer, Message
+
 IDLE_FETCH_WAIT_MS = 500
 """The broker holds a fetch with nothing new at most this long (librdkafka's default)."""
 
@@ -20,3 +23,22 @@ TAILING: dict[str, object] = {
     "fetch.min.bytes": 1,  # any record ends the broker's wait: no latency from the above
 }
 """The fetch settings of a consumer that follows a topic's end."""
+
+
+def take(consumer: Consumer, wait: float, most: int = 500) -> list[Message]:
+    """What ``consumer`` has fetched already, or else the first message to come within
+    ``wait`` seconds with whatever came beside it; at most ``most``. A message may be an event
+    (a partition's end, an error): the caller looks at ``error()``.
+
+    Never ``consume(most, wait)``: librdkafka returns from it only once ``most`` messages have
+    come or ``wait`` is over, so a lone record waited out the whole of ``wait`` — measured: a
+    record produced 20 ms into ``consume(10_000, 0.1)`` came back at 100 ms, and every key a
+    worker had not read yet cost a turn up to 100 ms (docs/benchmarks.md, "Issue 14, fifth
+    pass")."""
+    batch = consumer.consume(num_messages=most, timeout=0)
+    if batch:
+        return batch
+    first = consumer.poll(wait)
+    if first is None:
+        return []
+    return [first, *consumer.consume(num_messages=most - 1, timeout=0)] if most > 1 else [first]

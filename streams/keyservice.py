@@ -31,7 +31,7 @@ from cryptography.hazmat.primitives.ciphers.aead import AESGCM
 
 from schemas.keys import KEK_RECORD_KEY, DataKeyWrapped, KekVersions
 from streams.envelope import Envelope, encode
-from streams.fetch import TAILING
+from streams.fetch import TAILING, take
 from streams.kek import Kek, MasterKek, master_key_from_env, master_keys_from_env
 from streams.keyring import KeyRing, wrap_record
 from streams.sealing import KeyErased, KeyNotFound, SealingError, check_id
@@ -256,7 +256,7 @@ class ClusterKeyStore:
             consumer.assign([TopicPartition(self._topic, p, OFFSET_BEGINNING) for p in parts])
             while not self._stop.is_set():
                 moved: dict[int, int] = {}
-                for msg in consumer.consume(num_messages=10_000, timeout=0.1):
+                for msg in take(consumer, 0.1, 10_000):
                     err = msg.error()
                     if err is not None:
                         if err.code() == KafkaError._PARTITION_EOF:

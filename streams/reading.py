@@ -11,6 +11,7 @@ from typing import Any
 
 from confluent_kafka import OFFSET_BEGINNING, Consumer, KafkaError, KafkaException, TopicPartition
 
+from streams.fetch import take
 from streams.settings import VoiceSettings
 
 
@@ -31,7 +32,7 @@ def read_topic(settings: VoiceSettings, topic: str, key: bytes | None = None,
         out: list[Any] = []
         deadline = time.monotonic() + timeout
         while todo and time.monotonic() < deadline:
-            for msg in c.consume(num_messages=1000, timeout=0.2):
+            for msg in take(c, 0.2, 1000):
                 if msg.error():
                     continue
                 if key is None or msg.key() == key:

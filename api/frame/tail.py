@@ -30,7 +30,7 @@ from confluent_kafka import OFFSET_BEGINNING, OFFSET_END, Consumer, TopicPartiti
 
 from schemas.system import CommandAcknowledged
 from streams.envelope import DecodeError, Envelope, decode
-from streams.fetch import TAILING
+from streams.fetch import TAILING, take
 from streams.free_text import describe, trace_of
 from streams.settings import VoiceSettings
 from streams.topics import ACKS, CONVERSATIONS, TopicSpec, topic_name
@@ -192,10 +192,7 @@ class EdgeTail:
                     log.warning("edge tail cannot assign yet: %s", exc)
                     self._stop.wait(1.0)
             while not self._stop.is_set():
-                # poll() returns as soon as one record arrives (consume() would wait for a
-                # full batch or its timeout); then drain what else is already fetched.
-                first = consumer.poll(0.1)
-                msgs = [first, *consumer.consume(num_messages=500, timeout=0)] if first else []
+                msgs = take(consumer, 0.1)
                 self._hand_over([(m.topic(), m.partition(), m.offset(), m.key(), m.value(),
                                   m.headers()) for m in msgs if not m.error()])
                 if not self.caught_up.is_set():

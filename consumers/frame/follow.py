@@ -31,7 +31,7 @@ from confluent_kafka import OFFSET_BEGINNING, Consumer, TopicPartition
 from confluent_kafka.admin import AdminClient, OffsetSpec
 
 from streams.envelope import DecodeError, Envelope, decode
-from streams.fetch import TAILING
+from streams.fetch import TAILING, take
 from streams.free_text import describe, trace_of
 from streams.settings import VoiceSettings
 from streams.topics import TopicSpec, topic_name
@@ -146,8 +146,7 @@ class Follower:
         try:
             parts = self._assign(consumer)
             while not self._stop.is_set() and parts:
-                first = consumer.poll(POLL_S)
-                msgs = [first, *consumer.consume(num_messages=500, timeout=0)] if first else []
+                msgs = take(consumer, POLL_S)
                 handled: dict[int, int] = {}
                 for msg in msgs:
                     if not msg.error():

@@ -26,7 +26,7 @@ from typing import Any, Protocol
 from confluent_kafka import Consumer, KafkaError, TopicPartition
 
 from streams.envelope import DecodeError, Envelope, decode
-from streams.fetch import TAILING
+from streams.fetch import TAILING, take
 from streams.settings import VoiceSettings
 from streams.topics import TopicSpec, topic_name
 
@@ -200,14 +200,8 @@ def scan_records(c: Consumer, topic: str, partition: int, key: str, start: int,
 
 
 def _next_batch(c: Consumer) -> list[Any]:
-    """What has arrived, or else the first record to arrive within 0.2 s. Not
-    ``consume(n, timeout)`` alone: it waits out its whole timeout unless ``n`` records come,
-    which cost every read 200 ms."""
-    batch = c.consume(num_messages=500, timeout=0)
-    if batch:
-        return batch
-    msg = c.poll(0.2)
-    return [] if msg is None else [msg]
+    """What has arrived, or else the first record to arrive within 0.2 s (``take``)."""
+    return take(c, 0.2)
 
 
 def _checked(msg: Any, where: str, key: str, seq: int) -> Envelope:
