@@ -13,7 +13,10 @@ that changes what a consumer reads.
 
 from __future__ import annotations
 
-from confluent_kafka import Consumer, Message
+from collections.abc import Iterable
+
+from confluent_kafka import Consumer, Message, TopicPartition
+from confluent_kafka.admin import AdminClient, OffsetSpec
 
 IDLE_FETCH_WAIT_MS = 500
 """The broker holds a fetch with nothing new at most this long (librdkafka's default)."""
@@ -42,3 +45,13 @@ def take(consumer: Consumer, wait: float, most: int = 500) -> list[Message]:
     if first is None:
         return []
     return [first, *consumer.consume(num_messages=most - 1, timeout=0)] if most > 1 else [first]
+
+
+def log_ends(admin: AdminClient, topic: str, partitions: Iterable[int],
+             timeout: float) -> dict[int, int]:
+    """Where each of ``partitions`` of ``topic`` ends now (its high watermark), in one
+    ``ListOffsets`` request — not one (or two) per partition, as a consumer's
+    ``get_watermark_offsets`` asks."""
+    futures = admin.list_offsets({TopicPartition(topic, p): OffsetSpec.latest()
+                                  for p in partitions}, request_timeout=timeout)
+    return {tp.partition: fut.result(timeout).offset for tp, fut in futures.items()}

@@ -27,11 +27,12 @@ from dataclasses import dataclass
 from typing import Any
 
 from confluent_kafka import OFFSET_BEGINNING, Consumer, KafkaError, Producer, TopicPartition
+from confluent_kafka.admin import AdminClient
 from cryptography.hazmat.primitives.ciphers.aead import AESGCM
 
 from schemas.keys import KEK_RECORD_KEY, DataKeyWrapped, KekVersions
 from streams.envelope import Envelope, encode
-from streams.fetch import TAILING, take
+from streams.fetch import TAILING, log_ends, take
 from streams.kek import Kek, MasterKek, master_key_from_env, master_keys_from_env
 from streams.keyring import KeyRing, wrap_record
 from streams.sealing import KeyErased, KeyNotFound, SealingError, check_id
@@ -84,7 +85,7 @@ class ClusterKeyStore:
         """Set once the reader has read every partition to the end it found at start."""
         self.skipped = 0
         """Records of the key topic the reader could not take (logged with their offset)."""
-        self._probe: Consumer | None = None
+        self._probe: AdminClient | None = None
         self._probe_lock = threading.Lock()
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._run, name="voice-keys-reader", daemon=True)
@@ -149,9 +150,7 @@ class ClusterKeyStore:
         self._thread.join(timeout=10)
         self._producer.flush(5)
         with self._probe_lock:
-            if self._probe is not None:
-                self._probe.close()
-                self._probe = None
+            self._probe = None  # librdkafka's threads go with the handle
 
     # -- rotation ----------------------------------------------------------------------------
 
@@ -229,12 +228,11 @@ class ClusterKeyStore:
                 self._cond.wait(left)
 
     def _ends(self, timeout: float) -> dict[int, int]:
+        """Where each partition of the key topic ends now, in one request (``log_ends``)."""
         with self._probe_lock:
             if self._probe is None:
-                self._probe = Consumer(self._consumer_config())
-            return {p: self._probe.get_watermark_offsets(TopicPartition(self._topic, p),
-                                                         timeout=timeout)[1]
-                    for p in self._partitions}
+                self._probe = AdminClient({"bootstrap.servers": self._bootstrap})
+            return log_ends(self._probe, self._topic, self._partitions, timeout)
 
     def _consumer_config(self) -> dict[str, Any]:
         return {"bootstrap.servers": self._bootstrap,

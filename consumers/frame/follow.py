@@ -28,10 +28,10 @@ from collections.abc import Callable
 from typing import Any
 
 from confluent_kafka import OFFSET_BEGINNING, Consumer, TopicPartition
-from confluent_kafka.admin import AdminClient, OffsetSpec
+from confluent_kafka.admin import AdminClient
 
 from streams.envelope import DecodeError, Envelope, decode
-from streams.fetch import TAILING, take
+from streams.fetch import TAILING, log_ends, take
 from streams.free_text import describe, trace_of
 from streams.settings import VoiceSettings
 from streams.topics import TopicSpec, topic_name
@@ -110,11 +110,7 @@ class Follower:
         """Where each partition of the topic ends now (its high watermark), in one request."""
         if self._admin is None:
             self._admin = AdminClient({"bootstrap.servers": self.settings.bootstrap})
-        futures = self._admin.list_offsets(
-            {TopicPartition(self.topic, p): OffsetSpec.latest()
-             for p in self._partitions_of_topic(timeout)},
-            request_timeout=timeout)
-        return {tp.partition: fut.result(timeout).offset for tp, fut in futures.items()}
+        return log_ends(self._admin, self.topic, self._partitions_of_topic(timeout), timeout)
 
     def _partitions_of_topic(self, timeout: float) -> list[int]:
         """The topic's partitions, looked up at most every ``PARTITIONS_FRESH_S``: a metadata

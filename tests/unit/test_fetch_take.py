@@ -13,7 +13,7 @@ from typing import Any
 import pytest
 
 import streams.keyservice as keyservice
-from streams.fetch import take
+from streams.fetch import log_ends, take
 
 
 class Fetched:
@@ -85,3 +85,24 @@ def test_the_key_store_takes_its_records_this_way(monkeypatch: pytest.MonkeyPatc
         store._run()
     [(consumer, wait, most)] = seen
     assert isinstance(consumer, Probe) and wait == 0.1 and most == 10_000
+
+
+def test_where_a_log_ends_is_one_request_for_all_its_partitions() -> None:
+    """The key store's ``sync`` asked each partition apart (two requests each, in turn)."""
+    asked: list[dict[Any, Any]] = []
+
+    class Done:
+        def __init__(self, offset: int) -> None:
+            self.offset = offset
+
+        def result(self, timeout: float) -> Any:  # noqa: ARG002
+            return self
+
+    class Admin:
+        def list_offsets(self, request: dict[Any, Any], request_timeout: float) -> Any:
+            asked.append(request)
+            return {tp: Done(10 * tp.partition) for tp in request}
+
+    assert log_ends(Admin(), "t.voice.keys", [0, 1, 2], 5.0) == {0: 0, 1: 10, 2: 20}  # type: ignore[arg-type]
+    [request] = asked
+    assert sorted(tp.partition for tp in request) == [0, 1, 2]
