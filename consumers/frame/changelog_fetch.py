@@ -48,7 +48,10 @@ def fetch_only_read_changelogs(consumer: Any, changelogs: Callable[[], Collectio
         loop = getattr(thread, "thread_loop", None)
         if thread is None or loop is None or getattr(thread, "_consumer", None) is None:
             return  # not started: nothing is fetched yet, the first rebalance calls again
-        loop.call_soon_threadsafe(apply, thread)
+        try:
+            loop.call_soon_threadsafe(apply, thread)
+        except RuntimeError:  # its loop is closed (the worker is stopping): nothing fetches
+            pass
 
     def apply(thread: Any) -> None:
         """On the consumer's thread: the state Faust holds now, whatever came in between."""

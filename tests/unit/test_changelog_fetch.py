@@ -120,3 +120,13 @@ def test_the_plan_names_only_changelogs_and_only_assigned_ones() -> None:
     assert changelogs_to_pause({a, s}, {a, b, s}, set(), {OWN}) == ({a}, set())
     assert changelogs_to_pause({a, b, s}, {s}, {a, b, s}, {OWN}) == (set(), {a, b})
     assert changelogs_to_pause({a}, {a}, {a, b}, {OWN}) == (set(), set())
+
+
+def test_a_consumer_whose_loop_is_closed_is_left_alone(worker: Any) -> None:
+    """A worker stopping: Faust may still pause what it had, after the thread's loop closed."""
+    consumer, kafka, loop = worker
+    closed = asyncio.new_event_loop()
+    closed.close()
+    consumer._thread.thread_loop = closed
+    consumer.pause_partitions(kafka.assignment())  # no RuntimeError from the closed loop
+    assert TP(OWN, 0) in consumer._paused_partitions and kafka.paused() == set()
