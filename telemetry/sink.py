@@ -50,6 +50,7 @@ from typing import Any
 import pyarrow as pa
 from confluent_kafka import Consumer, KafkaException, TopicPartition
 
+from streams.fetch import take
 from streams.retry import RetryPolicy
 from streams.settings import VoiceSettings
 from streams.topics import TOPICS, record_specs, topic_name
@@ -180,7 +181,14 @@ class Sink:
             timeout = max(0.0, min(timeout, left)) if left > 0 or not self._busy() else min(
                 timeout, BUSY_POLL_S)
         room = max(1, min(1000, self.settings.telemetry_batch_rows - self._batch.records))
-        taken = self._take(self.consumer.consume(num_messages=room, timeout=timeout))
+        if self._batch.started is None:
+            # Nothing waits yet: the first record starts its batch's age as it comes, not
+            # once ``consume`` has waited out ``timeout`` (``take``) — that wait was up to
+            # half a second more of every record's lag (docs/benchmarks.md, fifth pass).
+            msgs = take(self.consumer, timeout, room)
+        else:  # a batch fills until it is due: waiting for more is the point
+            msgs = self.consumer.consume(num_messages=room, timeout=timeout)
+        taken = self._take(msgs)
         if self._due():
             self._hand_over()
         return taken

@@ -63,15 +63,27 @@ class FakeConsumer:
         self.log = log
         self.committed: list[TopicPartition] = []
         self.paused = False
+        self.arrivals: list[Msg] = []  # what comes while a ``poll`` waits
+        self.waits: list[object] = []  # each call's timeout
 
     def subscribe(self, topics, on_assign=None, on_revoke=None):
         self.topics, self.on_revoke = topics, on_revoke
 
     def consume(self, num_messages=1, timeout=-1):
+        self.waits.append(timeout)
         if self.paused:
             return []
         out, self.queue = self.queue[:num_messages], self.queue[num_messages:]
         return out
+
+    def poll(self, timeout=-1):
+        self.waits.append(("poll", timeout))
+        if self.paused or not self.queue:
+            self.queue.extend(self.arrivals)
+            self.arrivals = []
+        if self.paused or not self.queue:
+            return None
+        return self.queue.pop(0)
 
     def assignment(self):
         return [TopicPartition("voice.agent", 0)]
@@ -217,6 +229,22 @@ def test_flush_on_age(tmp_path, parts):
     until(lambda: "insert voice.envelopes" in log, "the insert")
     sink.poll_once(timeout=0)
     assert log == ["insert voice.envelopes", "commit voice.agent:0:1"]
+
+
+def test_a_record_into_an_empty_batch_is_taken_as_it_comes(parts):
+    """Regression: an empty batch waited in ``consume(room, 0.5)`` for the whole half second
+    even when a record came at once, and its age (the flush) began only then."""
+    _log, consumer, _, sink = parts
+    now = [100.0]
+    sink._clock = lambda: now[0]
+    consumer.arrivals = [msg(0)]
+    assert sink.poll_once(timeout=0.5) == 1 and sink._batch.started == 100.0
+    assert all(w == 0 for w in consumer.waits if not isinstance(w, tuple))  # never waited
+    assert ("poll", 0.5) in consumer.waits  # the wait that a record ends
+    consumer.waits.clear()
+    now[0] += 0.2
+    sink.poll_once(timeout=0.5)  # a batch begun fills until it is due: that wait is kept
+    assert consumer.waits == [pytest.approx(0.5)]
 
 
 def test_a_batch_holds_nothing_the_collector_walks(parts):
