@@ -13,9 +13,11 @@ that changes what a consumer reads.
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+import threading
+import time
+from collections.abc import Callable, Iterable
 
-from confluent_kafka import Consumer, Message, TopicPartition
+from confluent_kafka import Consumer, KafkaError, KafkaException, Message, TopicPartition
 from confluent_kafka.admin import AdminClient, OffsetSpec
 
 IDLE_FETCH_WAIT_MS = 500
@@ -54,4 +56,55 @@ def log_ends(admin: AdminClient, topic: str, partitions: Iterable[int],
     ``get_watermark_offsets`` asks."""
     futures = admin.list_offsets({TopicPartition(topic, p): OffsetSpec.latest()
                                   for p in partitions}, request_timeout=timeout)
-    return {tp.partition: fut.result(timeout).offset for tp, fut in futures.items()}
+    try:
+        return {tp.partition: fut.result(timeout).offset for tp, fut in futures.items()}
+    except TimeoutError:  # the broker's silence, as the client's own timeout says it
+        raise KafkaException(KafkaError(
+            KafkaError._TIMED_OUT, f"where {topic} ends: no answer in {timeout:.1f} s")) from None
+
+
+class LogEnds:
+    """``log_ends`` over an ``AdminClient`` kept between calls — and dropped when a request
+    fails, then tried once more on a new one while time is left.
+
+    A kept client's metadata outlives a broker restart: it names the partitions' old leader
+    epochs, and librdkafka's admin client answered every later ``ListOffsets`` with
+    ``FENCED_LEADER_EPOCH`` instead of looking again — an edge answered 503 for good after its
+    broker came back (``test_the_edge_answers_503_with_retry_after_while_the_broker_is_down``).
+    A new client fetches new metadata. A broker that is down fails the first try at its
+    deadline, so that costs no second wait.
+    """
+
+    def __init__(self, bootstrap: str,
+                 make: Callable[[dict[str, object]], AdminClient] = AdminClient) -> None:
+        self._config: dict[str, object] = {"bootstrap.servers": bootstrap}
+        self._make = make
+        self._admin: AdminClient | None = None
+        self._lock = threading.Lock()
+
+    def admin(self) -> AdminClient:
+        """The kept client (a new one if none is kept)."""
+        with self._lock:
+            if self._admin is None:
+                self._admin = self._make(self._config)
+            return self._admin
+
+    def drop(self) -> None:
+        """Let the kept client go (librdkafka's threads go with the handle)."""
+        with self._lock:
+            self._admin = None
+
+    def __call__(self, topic: str, partitions: Iterable[int], timeout: float) -> dict[int, int]:
+        wanted = list(partitions)
+        deadline = time.monotonic() + timeout
+        for attempt in (1, 2):
+            admin = self.admin()
+            try:
+                return log_ends(admin, topic, wanted, max(0.1, deadline - time.monotonic()))
+            except Exception:
+                with self._lock:
+                    if self._admin is admin:  # not already replaced by another caller
+                        self._admin = None
+                if attempt == 2 or time.monotonic() >= deadline:
+                    raise
+        raise AssertionError("unreachable")

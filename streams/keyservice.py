@@ -27,12 +27,11 @@ from dataclasses import dataclass
 from typing import Any
 
 from confluent_kafka import OFFSET_BEGINNING, Consumer, KafkaError, Producer, TopicPartition
-from confluent_kafka.admin import AdminClient
 from cryptography.hazmat.primitives.ciphers.aead import AESGCM
 
 from schemas.keys import KEK_RECORD_KEY, DataKeyWrapped, KekVersions
 from streams.envelope import Envelope, encode
-from streams.fetch import TAILING, log_ends, take
+from streams.fetch import TAILING, LogEnds, take
 from streams.kek import Kek, MasterKek, master_key_from_env, master_keys_from_env
 from streams.keyring import KeyRing, wrap_record
 from streams.sealing import KeyErased, KeyNotFound, SealingError, check_id
@@ -85,8 +84,9 @@ class ClusterKeyStore:
         """Set once the reader has read every partition to the end it found at start."""
         self.skipped = 0
         """Records of the key topic the reader could not take (logged with their offset)."""
-        self._probe: AdminClient | None = None
-        self._probe_lock = threading.Lock()
+        self._ends_now = LogEnds(self._bootstrap)
+        """Where the key topic ends now, for ``sync`` (one request; a new client after a
+        failure)."""
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._run, name="voice-keys-reader", daemon=True)
         self._thread.start()
@@ -149,8 +149,7 @@ class ClusterKeyStore:
         self._stop.set()
         self._thread.join(timeout=10)
         self._producer.flush(5)
-        with self._probe_lock:
-            self._probe = None  # librdkafka's threads go with the handle
+        self._ends_now.drop()
 
     # -- rotation ----------------------------------------------------------------------------
 
@@ -228,11 +227,8 @@ class ClusterKeyStore:
                 self._cond.wait(left)
 
     def _ends(self, timeout: float) -> dict[int, int]:
-        """Where each partition of the key topic ends now, in one request (``log_ends``)."""
-        with self._probe_lock:
-            if self._probe is None:
-                self._probe = AdminClient({"bootstrap.servers": self._bootstrap})
-            return log_ends(self._probe, self._topic, self._partitions, timeout)
+        """Where each partition of the key topic ends now, in one request (``LogEnds``)."""
+        return self._ends_now(self._topic, self._partitions, timeout)
 
     def _consumer_config(self) -> dict[str, Any]:
         return {"bootstrap.servers": self._bootstrap,

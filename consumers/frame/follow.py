@@ -28,10 +28,9 @@ from collections.abc import Callable
 from typing import Any
 
 from confluent_kafka import OFFSET_BEGINNING, Consumer, TopicPartition
-from confluent_kafka.admin import AdminClient
 
 from streams.envelope import DecodeError, Envelope, decode
-from streams.fetch import TAILING, log_ends, take
+from streams.fetch import TAILING, LogEnds, take
 from streams.free_text import describe, trace_of
 from streams.settings import VoiceSettings
 from streams.topics import TopicSpec, topic_name
@@ -68,7 +67,8 @@ class Follower:
         """(end offset per partition when asked, the caller's event)."""
         self._applied: dict[int, int] = {}
         """Per partition, the offset after the last record handled (applied or passed over)."""
-        self._admin: AdminClient | None = None
+        self._ends_now = LogEnds(settings.bootstrap)
+        """Where the topic ends now (one request; a new admin client after a failure)."""
         self._partitions: list[int] | None = None
         self._partitions_at = 0.0
 
@@ -85,7 +85,7 @@ class Follower:
         self._stop.set()
         if self._thread is not None:
             self._thread.join(timeout=5)
-        self._admin = None  # librdkafka's threads go with the handle
+        self._ends_now.drop()
 
     def fresh(self, timeout: float) -> bool:
         """Wait until every record on the topic now has been applied; False on timeout."""
@@ -108,9 +108,7 @@ class Follower:
 
     def ends(self, timeout: float) -> dict[int, int]:
         """Where each partition of the topic ends now (its high watermark), in one request."""
-        if self._admin is None:
-            self._admin = AdminClient({"bootstrap.servers": self.settings.bootstrap})
-        return log_ends(self._admin, self.topic, self._partitions_of_topic(timeout), timeout)
+        return self._ends_now(self.topic, self._partitions_of_topic(timeout), timeout)
 
     def _partitions_of_topic(self, timeout: float) -> list[int]:
         """The topic's partitions, looked up at most every ``PARTITIONS_FRESH_S``: a metadata
@@ -118,8 +116,7 @@ class Follower:
         catalog asks on every call). A partition added since is seen within that time."""
         now = time.monotonic()
         if self._partitions is None or now - self._partitions_at > PARTITIONS_FRESH_S:
-            assert self._admin is not None
-            md = self._admin.list_topics(self.topic, timeout=timeout)
+            md = self._ends_now.admin().list_topics(self.topic, timeout=timeout)
             t = md.topics.get(self.topic)
             if t is None or t.error is not None or not t.partitions:
                 raise LookupError(f"topic {self.topic!r} is missing")

@@ -8,12 +8,14 @@ reached a worker up to 100 ms late, and each turn that needed it waited (``sync`
 from __future__ import annotations
 
 import threading
+import time
 from typing import Any
 
 import pytest
+from confluent_kafka import KafkaError, KafkaException
 
 import streams.keyservice as keyservice
-from streams.fetch import log_ends, take
+from streams.fetch import LogEnds, log_ends, take
 
 
 class Fetched:
@@ -106,3 +108,70 @@ def test_where_a_log_ends_is_one_request_for_all_its_partitions() -> None:
     assert log_ends(Admin(), "t.voice.keys", [0, 1, 2], 5.0) == {0: 0, 1: 10, 2: 20}  # type: ignore[arg-type]
     [request] = asked
     assert sorted(tp.partition for tp in request) == [0, 1, 2]
+
+
+class Fenced:
+    """An admin client whose metadata is older than the broker's (after a restart)."""
+
+    def list_offsets(self, request: dict[Any, Any], request_timeout: float) -> Any:
+        raise KafkaException(KafkaError(KafkaError.FENCED_LEADER_EPOCH))
+
+
+class Answers:
+    def list_offsets(self, request: dict[Any, Any], request_timeout: float) -> Any:
+        class Done:
+            offset = 7
+
+            def result(self, timeout: float) -> Any:  # noqa: ARG002
+                return self
+
+        return {tp: Done() for tp in request}
+
+
+def test_a_client_whose_request_failed_is_dropped_and_a_new_one_asks_again() -> None:
+    """Regression: after a broker restart the kept admin client answered every request
+    FENCED_LEADER_EPOCH, and an edge's uploads were 503 for good."""
+    made: list[Any] = []
+    clients = iter([Fenced(), Answers(), Fenced(), Fenced()])
+
+    def make(config: dict[str, object]) -> Any:
+        made.append(next(clients))
+        return made[-1]
+
+    ends = LogEnds("127.0.0.1:1", make=make)
+    assert ends("t.voice.keys", [0, 1], 5.0) == {0: 7, 1: 7} and len(made) == 2
+    assert ends("t.voice.keys", [0], 5.0) == {0: 7} and len(made) == 2  # kept while it answers
+    ends.drop()
+    with pytest.raises(KafkaException):  # a new one fails too: once more, then the error
+        ends("t.voice.keys", [0], 5.0)
+    assert len(made) == 4
+
+
+def test_a_request_that_used_up_its_time_is_not_asked_again() -> None:
+    made: list[Any] = []
+
+    class Slow:
+        def list_offsets(self, request: dict[Any, Any], request_timeout: float) -> Any:
+            time.sleep(request_timeout)
+            raise KafkaException(KafkaError(KafkaError._TIMED_OUT))
+
+    def make(config: dict[str, object]) -> Any:
+        made.append(Slow())
+        return made[-1]
+
+    with pytest.raises(KafkaException):
+        LogEnds("127.0.0.1:1", make=make)("t.voice.keys", [0], 0.2)
+    assert len(made) == 1
+
+
+def test_no_answer_in_time_is_the_brokers_error_not_an_os_error() -> None:
+    """Regression: ``Future.result`` timing out raised ``TimeoutError`` (an ``OSError``), and
+    the edge answered 'a store … is unavailable' for a broker that was down."""
+    from concurrent.futures import Future
+
+    class Silent:
+        def list_offsets(self, request: dict[Any, Any], request_timeout: float) -> Any:
+            return {tp: Future() for tp in request}
+
+    with pytest.raises(KafkaException, match="no answer"):
+        log_ends(Silent(), "t.voice.keys", [0], 0.05)  # type: ignore[arg-type]

@@ -16,6 +16,7 @@ from consumers.frame import follow
 from consumers.frame.follow import Follower
 from schemas.staff import FollowerAdded, IssueOpened
 from streams.envelope import Envelope, encode
+from streams.fetch import LogEnds
 from streams.settings import VoiceSettings
 from streams.topics import ISSUES
 
@@ -171,7 +172,7 @@ def test_ends_looks_the_partitions_up_once_not_on_every_call() -> None:
     # broker request per turn; the partitions are looked up again only after a while.
     f = follower([])
     admin = FakeAdmin(f.topic, 3)
-    f._admin = admin  # type: ignore[assignment]
+    f._ends_now = LogEnds("127.0.0.1:1", make=lambda config: admin)  # type: ignore[arg-type]
     assert f.ends(1.0) == {0: 10, 1: 11, 2: 12}
     assert f.ends(1.0) == {0: 10, 1: 11, 2: 12}
     assert admin.metadata_asked == 1
