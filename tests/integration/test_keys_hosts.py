@@ -41,7 +41,18 @@ ASSISTANT = "/api/v1/assistant"
 def hosts(kafka_bootstrap: str, simulator_url: str,
           tmp_path_factory: pytest.TempPathFactory) -> Iterator[Hosts]:
     with running_hosts(kafka_bootstrap, tmp_path_factory.mktemp("hosts"), simulator_url) as h:
+        for api in apis(h):
+            acknowledged(api)
         yield h
+
+
+def acknowledged(api: Api, timeout: float = 120) -> None:
+    """Until a command through ``api`` is acknowledged. The group is stable once both workers
+    are assigned, but each still recovers its tables (and sets up its standbys) before it
+    takes a command; on a loaded machine that outlasted the gateway bound, and the first
+    test's command was answered 503 (retry) — what a client is told to do, done here."""
+    wait_for(lambda: api.post("/me/conversations", "warm-up", "participant").status_code == 201,
+             timeout=timeout, interval=1.0, what=f"a command acknowledged through {api.url}")
 
 
 def apis(hosts: Hosts) -> tuple[Api, Api]:
