@@ -36,6 +36,9 @@ MAX_ENTRIES = 1000
 SEEK_GAP = 100
 """Read on through other keys' records up to this many offsets; farther, seek."""
 
+READ_WAIT_S = 0.2
+"""How long a read waits for the next record to arrive (``take``) before it looks again."""
+
 RECENT_BYTES = 8 * 1024 * 1024
 """Record bytes (key and value, as on the log) ``RecentRecords`` holds at most."""
 
@@ -135,7 +138,7 @@ def fetch_records(c: Consumer, topic: str, partition: int, key: str,
                 if time.monotonic() > deadline:
                     raise LogUnavailable(f"could not read {where}@{wanted[i]} in {timeout:.0f} s",
                                          retryable=True)
-                for msg in _next_batch(c):
+                for msg in take(c, READ_WAIT_S):
                     err = msg.error()
                     if err is not None:
                         if err.fatal() or err.code() == KafkaError._AUTO_OFFSET_RESET:
@@ -181,7 +184,7 @@ def scan_records(c: Consumer, topic: str, partition: int, key: str, start: int,
             if time.monotonic() > deadline:
                 raise LogUnavailable(f"could not read {where} from {start} to seq {through} of "
                                      f"{key!r} in {timeout:.0f} s", retryable=True)
-            for msg in _next_batch(c):
+            for msg in take(c, READ_WAIT_S):
                 err = msg.error()
                 if err is not None:
                     if err.fatal() or err.code() == KafkaError._AUTO_OFFSET_RESET:
@@ -197,11 +200,6 @@ def scan_records(c: Consumer, topic: str, partition: int, key: str, start: int,
                     return [found[s] for s in sorted(found)]
     finally:
         c.unassign()
-
-
-def _next_batch(c: Consumer) -> list[Any]:
-    """What has arrived, or else the first record to arrive within 0.2 s (``take``)."""
-    return take(c, 0.2)
 
 
 def _checked(msg: Any, where: str, key: str, seq: int) -> Envelope:
@@ -306,11 +304,11 @@ class KafkaLogReader:
     """
 
     def __init__(self, settings: VoiceSettings, timeout: float = 10.0,
-                 pool_size: int = 12, recent: RecentRecords | None = None) -> None:
+                 pool_size: int = 12) -> None:
         self.settings = settings
         self.timeout = timeout
         self.pool_size = pool_size
-        self.recent = recent or RecentRecords()
+        self.recent = RecentRecords()
         """Records this worker consumed lately, read without a fetch (``RecentRecords``)."""
         self._idle: list[Consumer] = []
         self._lock = threading.Lock()

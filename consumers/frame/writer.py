@@ -199,6 +199,7 @@ class Writer:
         self.topic = topic
         self._owners: dict[type[Record], tuple[Aggregate[Any], MutableMapping[Any, Any]]] = {}
         self._handlers: dict[type[Record], Handler] = {}
+        self._logs: set[TopicSpec] = set()
         self._acks: set[asyncio.Future[Any]] = set()
         """Acknowledgements on their way to the broker (held so they are not collected)."""
 
@@ -208,11 +209,13 @@ class Writer:
             self._claim(type_)
         for type_ in agg.commands:
             self._owners[type_] = (agg, table)
+        self._logs.add(agg.log)
 
     @property
     def logs(self) -> set[TopicSpec]:
-        """The logs the registered aggregates append to (every record there has a seq)."""
-        return {agg.log for agg, _table in self._owners.values()}
+        """The logs the registered aggregates append to (every record there has a seq). Kept at
+        registration: every record a worker's log consumers take asks it."""
+        return self._logs
 
     def route(self, types: tuple[type[Record], ...], handler: Handler) -> None:
         """Hand commands of ``types`` that no aggregate writes to ``handler``."""
