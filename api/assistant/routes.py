@@ -59,11 +59,17 @@ ERASED = "end; no such conversation"
 """How a display stream ends once its conversation is gone (erased, on any edge)."""
 
 
+TURN_DONE = "end; turn done"
+
+
 def display_stream(conversations: AssistantConversations, sealer: Sealer, conversation: str,
                    cursor: int, bound_s: float, until_done: str | None = None
                    ) -> AsyncIterator[ServerSentEvent]:
     """The conversation's display events after ``cursor``, then live ones. Ends after
-    ``until_done``'s ``done`` event when given, else once nothing runs and all is sent."""
+    ``until_done``'s ``done`` event once that turn has ended on this edge's view (the engine
+    shows ``done`` before the sequencer ends the turn: a client that sends its next message
+    as the stream ends must not find the conversation busy), else once nothing runs and all
+    is sent."""
 
     def render(rec: AssistantDisplayRecorded) -> ServerSentEvent:
         try:
@@ -79,8 +85,8 @@ def display_stream(conversations: AssistantConversations, sealer: Sealer, conver
 
     def ends_after(rec: AssistantDisplayRecorded, cursor: int) -> str | None:
         done = (until_done is not None and rec.event.type == "done"
-                and rec.event.message_id == until_done)
-        return f"end; turn done; resume with after={cursor}" if done else None
+                and rec.event.message_id == until_done and idle())
+        return f"{TURN_DONE}; resume with after={cursor}" if done else None
 
     def idle() -> bool:
         v = current()
@@ -90,7 +96,8 @@ def display_stream(conversations: AssistantConversations, sealer: Sealer, conver
 
     feed = Feed(view=current, render=render,
                 wait=partial(conversations.changed, conversation),
-                gone=ERASED, ends_after=ends_after, idle=idle)
+                gone=ERASED, ends_after=ends_after, idle=idle,
+                idle_end="end; idle" if until_done is None else TURN_DONE)
     return sse_stream(feed, cursor, bound_s)
 
 

@@ -121,6 +121,8 @@ class Feed(Generic[E]):
     """A final comment to end with right after sending ``event`` (e.g. its turn is done)."""
     idle: Callable[[], bool] = lambda: False
     """Whether to end once every kept event is sent (e.g. no turn runs any more)."""
+    idle_end: str = "end; idle"
+    """The final comment when ``idle`` ends the stream (the resume cursor follows it)."""
     render_live: Callable[[Any], ServerSentEvent | None] | None = None
     """The SSE event (no ``id:``) of one transient event of the view (``KeptEvents.live``);
     None: the stream sends none. A new stream sends every transient event still held."""
@@ -201,7 +203,7 @@ async def sse_stream(feed: Feed[E], cursor: int, bound_s: float
             # Positions the view had passed without an event (a notification seen before) too.
             cursor = max(cursor, head)
             if feed.idle():
-                yield ServerSentEvent(comment=f"end; idle; resume with after={cursor}")
+                yield ServerSentEvent(comment=f"{feed.idle_end}; resume with after={cursor}")
                 return
             if now - last_sent >= keepalive:
                 yield ServerSentEvent(comment="keep-alive")
