@@ -97,14 +97,19 @@ class LogEnds:
     def __call__(self, topic: str, partitions: Iterable[int], timeout: float) -> dict[int, int]:
         wanted = list(partitions)
         deadline = time.monotonic() + timeout
-        for attempt in (1, 2):
-            admin = self.admin()
-            try:
-                return log_ends(admin, topic, wanted, max(0.1, deadline - time.monotonic()))
-            except Exception:
-                with self._lock:
-                    if self._admin is admin:  # not already replaced by another caller
-                        self._admin = None
-                if attempt == 2 or time.monotonic() >= deadline:
-                    raise
-        raise AssertionError("unreachable")
+        try:
+            return self._ask(topic, wanted, deadline)
+        except Exception:
+            if time.monotonic() >= deadline:
+                raise
+        return self._ask(topic, wanted, deadline)  # once more, on a new client
+
+    def _ask(self, topic: str, wanted: list[int], deadline: float) -> dict[int, int]:
+        admin = self.admin()
+        try:
+            return log_ends(admin, topic, wanted, max(0.1, deadline - time.monotonic()))
+        except Exception:
+            with self._lock:
+                if self._admin is admin:  # not already replaced by another caller
+                    self._admin = None
+            raise

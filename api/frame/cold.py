@@ -24,6 +24,7 @@ from confluent_kafka import Consumer, KafkaError, TopicPartition
 
 from api.frame.tail import EdgeTail
 from streams.envelope import DecodeError, Envelope, decode
+from streams.fetch import take
 from streams.ids import conversation_since_ms
 from streams.settings import VoiceSettings
 from streams.topics import partition_of
@@ -131,9 +132,9 @@ def _scan(consumer: Consumer, topic: str, partition: int, wanted: bytes, timeout
         if time.monotonic() > deadline:
             raise ColdReadFailed(f"{topic}[{partition}] not read to offset {end} in "
                                  f"{timeout:g} s (at {position})")
-        # Never more than is left to read: ``consume`` waits until it has that many.
-        for msg in consumer.consume(num_messages=max(1, min(BATCH, end - position)),
-                                    timeout=0.5):
+        # ``take``, not ``consume(n, …)``: offsets without a record (a transaction's marker,
+        # a compacted record) would have it wait out its timeout for records never coming.
+        for msg in take(consumer, 0.5, BATCH):
             if msg.error():
                 if msg.error().code() == KafkaError._PARTITION_EOF:
                     position = end  # nothing more is there (end past a gap): done
