@@ -160,9 +160,10 @@ def browser(request: pytest.FixtureRequest) -> Iterator[Browser]:
     assert not errors, f"{driver.name} logged errors: {errors}"
 
 
-def wait_for(check: Callable[[], Any], what: str, timeout: float = WAIT_S) -> Any:
+def wait_for(check: Callable[[], Any], what: str, timeout: float = WAIT_S,
+             page: Browser | Any | None = None) -> Any:
     """Poll ``check`` until it returns something truthy; fail naming ``what`` with the last
-    exception or value."""
+    exception or value (and, given the ``page``'s driver, what the page showed then)."""
     deadline = time.monotonic() + timeout
     last: Any = None
     while time.monotonic() < deadline:
@@ -174,7 +175,20 @@ def wait_for(check: Callable[[], Any], what: str, timeout: float = WAIT_S) -> An
         except Exception as exc:  # a stale element while the page re-renders: look again
             last = exc
         time.sleep(0.2)
-    raise AssertionError(f"{what}: not within {timeout}s (last: {last!r})")
+    shown = f"; the page showed: {page_text(page)}" if page is not None else ""
+    raise AssertionError(f"{what}: not within {timeout}s (last: {last!r}){shown}")
+
+
+def page_text(driver: Browser | Any) -> str:
+    """What a page shows, and its stream's state (``data-*`` of ``stream-status``), for a
+    failure's message."""
+    try:
+        status = driver.execute_script(
+            "const s = document.querySelector('[data-testid=\"stream-status\"]');"
+            "return s ? JSON.stringify(s.dataset) : 'no stream-status';")
+        return f"stream {status}; text {driver.find_element(By.TAG_NAME, 'body').text[:3000]!r}"
+    except Exception as exc:  # the page itself is gone: say so
+        return f"(not readable: {exc!r})"
 
 
 def by_testid(driver: Browser | Any, testid: str) -> Any:

@@ -78,7 +78,7 @@ def test_send_reply_replied_and_resume_after_cuts(stack: WebStack, browser: Any)
                      "the sent message in the transcript", timeout=30)
     assert first[0][2] == FIRST
     wait_for(lambda: turn_state(browser) == "Replied" and agent_replies(browser) == 1,
-             "the agent's reply and Replied")
+             "the agent's reply and Replied", page=browser)
     assert by_testid(browser, "proposal").is_displayed()
 
     # The edge cuts every stream at its gateway bound: wait for a cut after the reply.
@@ -96,7 +96,7 @@ def test_send_reply_replied_and_resume_after_cuts(stack: WebStack, browser: Any)
     box.send_keys(SECOND)
     box.send_keys(Keys.CONTROL, Keys.ENTER)
     wait_for(lambda: agent_replies(browser) == 2 and turn_state(browser) == "Replied",
-             "the second reply and Replied")
+             "the second reply and Replied", page=browser)
     # And one more cut after it, so a resume after the last event is covered too.
     seen = reconnects(browser)
     wait_for(lambda: reconnects(browser) > seen, "the stream cut and resumed again")
@@ -163,7 +163,7 @@ def test_the_reply_is_drawn_as_it_is_written(slow_stack: WebStack, browser: Any)
             shot.append(screenshot(browser, "participant-draft"))  # for docs/web.md
         return now["state"] == "Replied" and now["agents"] == 1
 
-    wait_for(replied, "the reply recorded and Replied")
+    wait_for(replied, "the reply recorded and Replied", page=browser)
     drafting = [s["drafts"][0] for s in samples if s["drafts"] and s["agents"] == 0]
     lengths = sorted({len(d) for d in drafting if d})
     assert len(lengths) >= 2, f"no draft seen growing before the reply: {samples[-5:]}"
