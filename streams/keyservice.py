@@ -149,6 +149,9 @@ class ClusterKeyStore:
         self._stop.set()
         self._thread.join(timeout=10)
         self._producer.flush(5)
+        # Drop the client now: librdkafka's threads live until the handle is destroyed and
+        # would keep reconnecting to a broker that may be gone (as ``RecordProducer.close``).
+        del self._producer
         self._ends_now.drop()
 
     # -- rotation ----------------------------------------------------------------------------
@@ -278,7 +281,8 @@ class ClusterKeyStore:
         warned = False
         while not self._stop.is_set():
             try:
-                md = consumer.list_topics(self._topic, timeout=5)
+                # Short: a close waits for this thread, and with no broker this is all it does.
+                md = consumer.list_topics(self._topic, timeout=1)
                 t = md.topics.get(self._topic)
                 if t is not None and t.error is None and t.partitions:
                     return sorted(t.partitions)

@@ -135,3 +135,21 @@ def start_edge(settings: VoiceSettings, tmp_path: Path) -> Iterator[Callable[...
     yield start
     for p in procs:
         stop(p)
+
+
+@pytest.fixture
+def make_worker() -> Iterator[Callable[..., object]]:
+    """``consumers.app.create_worker`` for a test that builds a worker without running it;
+    each one is closed after the test (its key store's consumer, made with it, would reconnect
+    to the test's absent broker for the rest of the session)."""
+    from consumers.app import create_worker
+
+    made: list[object] = []
+
+    def make(*args: object, **kwargs: object) -> object:
+        made.append(create_worker(*args, **kwargs))  # type: ignore[arg-type]
+        return made[-1]
+
+    yield make
+    for worker in made:
+        worker.close()  # type: ignore[attr-defined]

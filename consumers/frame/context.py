@@ -267,6 +267,16 @@ class WorkerContext:
     async def _on_workflow_record(self, env: Envelope, event: Any) -> None:
         await self.runtime.handle(env, event.ack, event.message.tp, event.message.offset)
 
+    def close(self) -> None:
+        """Let go of what the context holds: the steps' loop, the producer, the key store's
+        reader (its consumer is made with the context). The worker's shutdown calls it; so
+        does a test that builds a context without running it."""
+        if self.steps is not None:
+            self.steps.close()
+        if self._producer is not None:
+            self._producer.close()
+        self.sealer.close()
+
     def _lifecycle(self) -> None:
         @self.app.timer(1.0)
         async def _lease_check() -> None:
@@ -306,8 +316,4 @@ class WorkerContext:
             # Running steps stop now: their records stay unacknowledged, so the partitions'
             # next owner resumes them (a shutdown never waits for a model call).
             self.runtime.keep_only(set())
-            if self.steps is not None:
-                self.steps.close()
-            if self._producer is not None:
-                self._producer.close()
-            self.sealer.close()
+            self.close()

@@ -10,7 +10,7 @@ broker refused — run through the agents a real worker registers.
 from __future__ import annotations
 
 import asyncio
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Iterator
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -299,8 +299,22 @@ class Stream:
         return events_of(*self.evs)
 
 
+MADE: list[WorkerContext] = []
+"""The contexts ``worker`` made, closed after each test (``close_workers``)."""
+
+
+@pytest.fixture(autouse=True)
+def close_workers() -> Iterator[None]:
+    yield
+    while MADE:
+        ctx = MADE.pop()
+        ctx._producer = None  # the fake has nothing to close
+        ctx.close()
+
+
 def worker(**overrides: object) -> tuple[WorkerContext, FakeProducer, list[Halt]]:
     ctx = create_worker(SETTINGS.model_copy(update=overrides))
+    MADE.append(ctx)
     producer = FakeProducer()
     ctx._producer = producer  # type: ignore[assignment]  # the lazily made producer
     halts: list[Halt] = []

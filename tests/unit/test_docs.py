@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from pathlib import Path
+from typing import Any
 
 from streams.topics import TOPICS
 
@@ -15,11 +16,10 @@ def test_architecture_lists_every_registered_topic() -> None:
     assert not missing, f"docs/architecture.md's topic table lacks {missing}"
 
 
-def test_architecture_lists_every_worker_table() -> None:
-    from consumers.app import create_worker
+def test_architecture_lists_every_worker_table(make_worker: Any) -> None:
     from streams.settings import VoiceSettings
 
-    worker = create_worker(VoiceSettings(env="test", kafka_bootstrap="127.0.0.1:1"))
+    worker = make_worker(VoiceSettings(env="test", kafka_bootstrap="127.0.0.1:1"))
     names = [t.name for t in worker.app.tables.values()]
     assert names, "the worker has tables"
     missing = [n for n in names if f"`{n}`" not in ARCHITECTURE]

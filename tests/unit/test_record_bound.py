@@ -49,6 +49,13 @@ def test_the_bound_is_below_the_broker_s_limit_and_required() -> None:
 
 def test_a_table_refuses_a_value_whose_changelog_record_is_over_the_bound() -> None:
     ctx = WorkerContext(settings())
+    try:
+        table_refuses(ctx)
+    finally:
+        ctx.close()
+
+
+def table_refuses(ctx: WorkerContext) -> None:
     table = ctx.table("sized")
     assert isinstance(table, BoundedTable) and table.max_bytes == LIMIT
     big = {"entries": ["x" * 1000] * 40}
@@ -60,10 +67,8 @@ def test_a_table_refuses_a_value_whose_changelog_record_is_over_the_bound() -> N
     assert "k" not in table, "nothing was stored"
 
 
-def test_every_table_of_the_worker_is_bounded() -> None:
-    from consumers.app import create_worker
-
-    worker = create_worker(settings())
+def test_every_table_of_the_worker_is_bounded(make_worker: Any) -> None:
+    worker = make_worker(settings())
     assert worker.app.tables
     assert all(isinstance(t, BoundedTable) and t.max_bytes == LIMIT
                for t in worker.app.tables.values())

@@ -14,7 +14,6 @@ from fastapi.sse import ServerSentEvent
 
 from api.frame.projection import KeptEvents, StreamProjection
 from api.frame.sse import Feed, sse_stream
-from consumers.app import create_worker
 from consumers.frame import Ack, Aggregate, AggregateState, Decision, append
 from consumers.frame.context import WorkerContext
 from schemas.base import Record, record_type
@@ -116,9 +115,9 @@ def add(id_: str, text: str) -> Envelope:
                     subject=CNV, tenant="t1", id=id_, time=T0)
 
 
-def test_a_fourth_aggregate_runs_on_the_unchanged_frame() -> None:
+def test_a_fourth_aggregate_runs_on_the_unchanged_frame(make_worker: Any) -> None:
     settings = VoiceSettings(env="test", kafka_bootstrap="127.0.0.1:1", topic_prefix="t.")
-    worker = create_worker(settings)
+    worker = make_worker(settings)
     NotesProduct().register(worker)  # what one more entry in ``products()`` does
     agg, table = worker.writer._owners[AddNote]
     assert isinstance(agg, Notes) and "notes" in worker.app.tables

@@ -3,7 +3,9 @@ exactly one writer, and the table names (the changelog topics holding deployed s
 
 from __future__ import annotations
 
-from consumers.app import create_worker, products
+from typing import Any
+
+from consumers.app import products
 from consumers.assistant.sequencer import AssistantSequencer
 from consumers.conversations.sequencer import ConversationSequencer
 from consumers.staff.inbox import InboxWriter
@@ -17,8 +19,8 @@ from streams.settings import VoiceSettings
 SETTINGS = VoiceSettings(env="test", kafka_bootstrap="127.0.0.1:1", topic_prefix="t.")
 
 
-def test_every_command_type_is_routed_to_the_aggregate_that_owns_it() -> None:
-    w = create_worker(SETTINGS)
+def test_every_command_type_is_routed_to_the_aggregate_that_owns_it(make_worker: Any) -> None:
+    w = make_worker(SETTINGS)
     owner = {t: type(agg) for t, (agg, _) in w.writer._owners.items()}
     assert owner[StartConversation] is owner[SendMessage] is ConversationSequencer
     assert all(owner[t] is IssueWriter for t in ISSUE_COMMANDS)
@@ -28,8 +30,8 @@ def test_every_command_type_is_routed_to_the_aggregate_that_owns_it() -> None:
     assert [p.name for p in w.products] == [p.name for p in products()]
 
 
-def test_table_names_and_agents_are_stable() -> None:
-    w = create_worker(SETTINGS)
+def test_table_names_and_agents_are_stable(make_worker: Any) -> None:
+    w = make_worker(SETTINGS)
     assert sorted(w.app.tables) == [
         "assistant_conversations", "assistant_index", "conversations",
         "staff_deliveries", "staff_inboxes", "staff_issues", "staff_review_queues",
@@ -37,17 +39,18 @@ def test_table_names_and_agents_are_stable() -> None:
     assert "voice_commands_agent" in w.app.agents  # one consumer of voice.commands
 
 
-def test_a_concern_agent_can_be_passed_through_the_factory() -> None:
+def test_a_concern_agent_can_be_passed_through_the_factory(make_worker: Any) -> None:
     async def agent(*args: object) -> None:
         raise AssertionError("not called here")
 
-    w = create_worker(SETTINGS, agent=agent)  # type: ignore[arg-type]
+    w = make_worker(SETTINGS, agent=agent)
     conversations = w.products[0]
     assert conversations.turns.agent is agent  # type: ignore[attr-defined]
 
 
-def test_the_janitor_looks_after_the_turns_of_both_conversation_kinds() -> None:
-    w = create_worker(SETTINGS.model_copy(update={"turn_deadline_s": 7.0,
+def test_the_janitor_looks_after_the_turns_of_both_conversation_kinds(make_worker: Any
+                                                                       ) -> None:
+    w = make_worker(SETTINGS.model_copy(update={"turn_deadline_s": 7.0,
                                                   "assistant_turn_deadline_s": 8.0}))
     watched = {type(x.aggregate): x.aggregate for x in w.janitor.watched}
     assert set(watched) == {ConversationSequencer, AssistantSequencer}
