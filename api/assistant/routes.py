@@ -43,6 +43,7 @@ from api.frame.deps import (
     known,
     no_turn,
     not_found,
+    with_key,
 )
 from api.frame.model_registry import check_model
 from api.frame.models import CancelRequested, HeaderText, sse_event_schema
@@ -128,7 +129,9 @@ async def _attach(views: AssistantViews, sealer: Sealer, owner: Principal, body:
         meta = None
         if ds is not None:
             try:
-                meta = sealer.open_json(dataset_id, "meta", ds.meta)
+                # Uploaded through another edge: its key is learnt in a thread, not here.
+                meta = await with_key(sealer, dataset_id, sealer.open_json, dataset_id, "meta",
+                                      ds.meta)
             except KeyErased:
                 meta = None
         if ds is not None and ds.namespace != body.namespace_id:
@@ -207,7 +210,8 @@ async def chat(
                           capabilities=tuple(sorted(principal.capabilities)))
     ack = await commands.submit(conversation, AssistantChat(
         conversation=conversation, owner=principal.sub, create=create, message_id=message_id,
-        request=sealer.seal_json(conversation, message_id, request_doc),
+        request=await with_key(sealer, conversation, sealer.seal_json, conversation,
+                               message_id, request_doc),
         datasets=[ref for ref, _ in attached], options=options,
         idempotency_key=idempotency_key))
     if ack.outcome == "rejected":

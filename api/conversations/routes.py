@@ -53,6 +53,7 @@ from api.frame.deps import (
     owned_dependency,
     owned_view,
     principal_from,
+    with_key,
 )
 from api.frame.lane import LaneRoute, StreamParams
 from api.frame.models import CancelRequested, HeaderText, sse_event_schema
@@ -154,8 +155,8 @@ async def send_message(
     conversation = view.conversation
     message_id = new_id()
     with opening(views, conversation):
-        # In a thread: a key this edge has not read yet makes the store read the key topic.
-        sealed = await asyncio.to_thread(sealer.seal, conversation, message_id, body.text)
+        sealed = await with_key(sealer, conversation, sealer.seal, conversation, message_id,
+                                body.text)
     ack = await commands.submit(conversation, SendMessage(
         conversation=conversation, message_id=message_id, text=sealed,
         idempotency_key=idempotency_key))

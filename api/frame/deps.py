@@ -210,6 +210,15 @@ async def owned_view(projection: Projection[V], key: str, principal: Principal, 
     return view
 
 
+async def with_key(sealer: Sealer, key: str, use: Callable[..., V], *args: Any) -> V:
+    """``use(*args)``, a sealer call with ``key``'s data key: on the loop when this edge holds
+    the key (a dict lookup and microseconds of AES), else in a thread — the store then reads
+    the key topic, or writes a new key, which must never wait on the event loop."""
+    if sealer.holds(key):
+        return use(*args)
+    return await asyncio.to_thread(use, *args)
+
+
 def check_text_size(settings: VoiceSettings, text: str, field: str = "text") -> None:
     """422 at ``body.{field}`` when ``text`` is over ``VOICE_MAX_MESSAGE_BYTES`` UTF-8 bytes
     (the same shape as the body's own validation errors)."""
