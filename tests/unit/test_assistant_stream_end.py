@@ -44,15 +44,21 @@ class Log:
                 data=self.sealer.seal_json(CONV, f"{event_id}/data", {}))))
 
 
-async def test_the_stream_ends_after_done_only_once_the_turn_has_ended() -> None:
+def running() -> Log:
+    """A conversation whose turn ``TURN`` runs, as the edge's view has it."""
     sealer = Sealer(MemoryKeyStore())
     sealer.create(CONV)
-    conversations = AssistantConversations()
-    log = Log(conversations, sealer)
+    log = Log(AssistantConversations(), sealer)
     log.add(AssistantConversationStarted(conversation=CONV, owner="alice"))
     log.add(AssistantTurnRequested(conversation=CONV, turn=TURN, message_id="m",
                                    request=sealer.seal_json(CONV, "m", {}), datasets=[],
                                    options=ChatOptions(), after=0, at="t"))
+    return log
+
+
+async def test_the_stream_ends_after_done_only_once_the_turn_has_ended() -> None:
+    log = running()
+    conversations, sealer = log.conversations, log.sealer
     log.display(1, "text_complete")
     log.display(2, "done")
     sent: list[str] = []
@@ -71,14 +77,8 @@ async def test_the_stream_ends_after_done_only_once_the_turn_has_ended() -> None
 
 
 async def test_a_stream_whose_turn_has_already_ended_ends_at_done() -> None:
-    sealer = Sealer(MemoryKeyStore())
-    sealer.create(CONV)
-    conversations = AssistantConversations()
-    log = Log(conversations, sealer)
-    log.add(AssistantConversationStarted(conversation=CONV, owner="alice"))
-    log.add(AssistantTurnRequested(conversation=CONV, turn=TURN, message_id="m",
-                                   request=sealer.seal_json(CONV, "m", {}), datasets=[],
-                                   options=ChatOptions(), after=0, at="t"))
+    log = running()
+    conversations, sealer = log.conversations, log.sealer
     log.display(1, "done")
     log.add(AssistantTurnEnded(conversation=CONV, turn=TURN, state="Replied",
                                end_reason="done"))
