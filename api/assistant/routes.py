@@ -98,7 +98,7 @@ def display_stream(conversations: AssistantConversations, sealer: Sealer, conver
     feed = Feed(view=current, render=render,
                 wait=partial(conversations.changed, conversation),
                 gone=ERASED, ends_after=ends_after, idle=idle,
-                idle_end="end; idle" if until_done is None else TURN_DONE)
+                idle_end=Feed.idle_end if until_done is None else TURN_DONE)
     return sse_stream(feed, cursor, bound_s)
 
 

@@ -4,6 +4,7 @@ dead letter of a too-large record is cut to fit."""
 
 from __future__ import annotations
 
+from contextlib import closing
 from typing import Any
 
 import pytest
@@ -48,23 +49,17 @@ def test_the_bound_is_below_the_broker_s_limit_and_required() -> None:
 
 
 def test_a_table_refuses_a_value_whose_changelog_record_is_over_the_bound() -> None:
-    ctx = WorkerContext(settings())
-    try:
-        table_refuses(ctx)
-    finally:
-        ctx.close()
-
-
-def table_refuses(ctx: WorkerContext) -> None:
-    table = ctx.table("sized")
-    assert isinstance(table, BoundedTable) and table.max_bytes == LIMIT
-    big = {"entries": ["x" * 1000] * 40}
-    size = changelog_size(table, "k", big)
-    assert size == len(codecs.dumps("json", "k")) + len(codecs.dumps("json", big)) > LIMIT
-    with pytest.raises(RecordTooLarge, match=r"sized-changelog' \(key 'k'\) is over the limit "
-                                             r"of 32768 bytes \(VOICE_MAX_RECORD_BYTES\)"):
-        table["k"] = big
-    assert "k" not in table, "nothing was stored"
+    with closing(WorkerContext(settings())) as ctx:
+        table = ctx.table("sized")
+        assert isinstance(table, BoundedTable) and table.max_bytes == LIMIT
+        big = {"entries": ["x" * 1000] * 40}
+        size = changelog_size(table, "k", big)
+        assert size == len(codecs.dumps("json", "k")) + len(codecs.dumps("json", big)) > LIMIT
+        with pytest.raises(RecordTooLarge, match=r"sized-changelog' \(key 'k'\) is over the "
+                                                 r"limit of 32768 bytes "
+                                                 r"\(VOICE_MAX_RECORD_BYTES\)"):
+            table["k"] = big
+        assert "k" not in table, "nothing was stored"
 
 
 def test_every_table_of_the_worker_is_bounded(make_worker: Any) -> None:
