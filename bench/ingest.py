@@ -213,14 +213,15 @@ def raw_insert(ctx: Context) -> Result:
            compare=("rows_per_s", "records_per_s"))
 def ingest(ctx: Context) -> Result:
     """Records on Kafka → the sink → rows queryable (embedded store), rows/s."""
-    from telemetry.sink import Sink, freeze_startup_heap
+    from streams.heap import settle_heap
+    from telemetry.sink import Sink
 
     settings = _settings(ctx, "ingest")
     ctx.created_topics.extend(create_topics(settings))
     records = corpus(INGEST_RECORDS)
     _produce(settings, records)
     sink = Sink(settings)
-    freeze_startup_heap()  # as run_sink does
+    settle_heap()  # as run_sink does
     cpu_first = loop_cpu = 0.0
     try:
         taken, t_first, deadline = 0, None, time.monotonic() + 300
@@ -268,7 +269,8 @@ def ingest(ctx: Context) -> Result:
 def lag(ctx: Context) -> Result:
     """A record's produce → its row queryable, through a running sink at the default flush."""
     from streams.producer import producer_config
-    from telemetry.sink import Sink, freeze_startup_heap
+    from streams.heap import settle_heap
+    from telemetry.sink import Sink
 
     settings = _settings(ctx, "lag")
     ctx.created_topics.extend(create_topics(settings))
@@ -276,7 +278,7 @@ def lag(ctx: Context) -> Result:
     topic = topic_name(settings, AGENT)
     records = [Raw("voice.agent", r.key, r.value, r.headers) for r in records]
     sink = Sink(settings)
-    freeze_startup_heap()  # as run_sink does
+    settle_heap()  # as run_sink does
     stop = threading.Event()
     errors: list[BaseException] = []
 

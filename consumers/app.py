@@ -82,6 +82,8 @@ def run_worker(settings: VoiceSettings, loglevel: str = "warning", client: Any =
     """Run the worker in the foreground until SIGINT/SIGTERM."""
     from faust.worker import Worker as FaustWorker
 
+    from streams.heap import settle_heap
+
     if settings.worker_uvloop:
         use_uvloop()
     w = create_worker(settings, client=client)
@@ -90,4 +92,5 @@ def run_worker(settings: VoiceSettings, loglevel: str = "warning", client: Any =
     # Faust's spinner sets the root logger to DEBUG, so every debug call of aiokafka and Faust
     # builds a record nobody prints: ~6 % of a worker's CPU (docs/benchmarks.md).
     fw.spinner = None
+    settle_heap()  # built: out of every later full collection
     fw.execute_from_commandline()

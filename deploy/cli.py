@@ -131,9 +131,12 @@ def edge(host: str = typer.Option(None), port: int = typer.Option(None)) -> None
 
     from api.app import create_app
     from deploy.edge_server import server_options
+    from streams.heap import settle_heap
 
     configure_tracing("voice-edge")
-    uvicorn.run(create_app(settings, bind_host=bind), host=bind, port=port or settings.edge_port,
+    edge_app = create_app(settings, bind_host=bind)
+    settle_heap()  # loaded: out of every later full collection
+    uvicorn.run(edge_app, host=bind, port=port or settings.edge_port,
                 log_level="warning", timeout_graceful_shutdown=5, **server_options(settings))
 
 

@@ -39,7 +39,6 @@ committed past a record that was neither stored nor dead-lettered.
 
 from __future__ import annotations
 
-import gc
 import logging
 import signal
 import time
@@ -51,6 +50,7 @@ import pyarrow as pa
 from confluent_kafka import Consumer, KafkaException, TopicPartition
 
 from streams.fetch import take
+from streams.heap import settle_heap
 from streams.retry import RetryPolicy
 from streams.settings import VoiceSettings
 from streams.topics import TOPICS, record_specs, topic_name
@@ -522,19 +522,6 @@ class Sink:
                 self.store.close()
 
 
-def freeze_startup_heap() -> None:
-    """Leave what the process has loaded so far out of every later garbage collection.
-
-    Python's full collection runs whenever a quarter as many objects as the heap holds have
-    survived two young ones, and walks the whole heap (~100,000 objects of modules, models and
-    clients here): at the sink's rate, ~5 µs of CPU a record before this, ~1 µs after (measured:
-    docs/benchmarks.md). Call it once the sink is built; what is frozen lives as long as the
-    process anyway.
-    """
-    gc.collect()
-    gc.freeze()
-
-
 def run_sink(settings: VoiceSettings) -> int:
     """Run the telemetry sink until SIGTERM or SIGINT; returns the exit status.
 
@@ -565,7 +552,7 @@ def run_sink(settings: VoiceSettings) -> int:
             delay = min(delay * 2, ts.telemetry_retry_max_s)
     if sink is None:
         return 0
-    freeze_startup_heap()
+    settle_heap()
     server = None
     if not ts.clickhouse_url and ts.telemetry_query_port:
         server = QueryServer(ts, open_store(ts, readonly=True))

@@ -1,0 +1,76 @@
+"""The garbage collector of a long-running process (``streams.heap.settle_heap``): what a worker,
+an edge or a telemetry sink holds once built is frozen out of later collections."""
+
+from __future__ import annotations
+
+import gc
+import sys
+import types
+from collections.abc import Iterator
+from typing import Any
+
+import pytest
+
+from streams.heap import settle_heap
+
+
+@pytest.fixture(autouse=True)
+def unfrozen() -> Iterator[None]:
+    gc.unfreeze()
+    yield
+    gc.unfreeze()
+
+
+def _tracked(obj: object) -> bool:
+    """Whether a collection walks ``obj`` (``gc.get_objects`` lists what it tracks)."""
+    return any(o is obj for o in gc.get_objects())
+
+
+def test_what_is_alive_is_frozen_and_what_comes_after_is_collected_as_before() -> None:
+    kept = [[i] for i in range(1000)]  # alive when the heap settles
+    assert _tracked(kept[0])
+    settle_heap()
+    assert gc.get_freeze_count() >= len(kept)
+    assert not _tracked(kept[0])
+    made_after = [0]
+    assert _tracked(made_after)
+
+
+def test_the_edge_settles_its_heap_once_built_before_it_serves(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    import uvicorn
+
+    from deploy import cli
+
+    seen: dict[str, Any] = {}
+    monkeypatch.setenv("VOICE_KAFKA_BOOTSTRAP", "127.0.0.1:1")
+    monkeypatch.setattr(uvicorn, "run", lambda app, **kw: seen.update(
+        frozen=gc.get_freeze_count(), app_frozen=not _tracked(app)))
+    monkeypatch.setattr(cli, "configure_tracing", lambda name: None)
+    cli.edge(host="127.0.0.1", port=1)
+    assert seen["frozen"] > 0
+    assert seen["app_frozen"]  # the app it serves was built before
+
+
+def test_the_worker_settles_its_heap_once_built_before_it_runs(
+        monkeypatch: pytest.MonkeyPatch, tmp_path: Any) -> None:
+    from consumers import app as worker_app
+    from streams.settings import VoiceSettings
+
+    seen: dict[str, Any] = {}
+    built = types.SimpleNamespace(app=None)
+
+    class FakeFaustWorker:
+        def __init__(self, app: Any, **kw: Any) -> None:
+            self.spinner = object()
+
+        def execute_from_commandline(self) -> None:
+            seen.update(frozen=gc.get_freeze_count(), built_frozen=not _tracked(built))
+
+    monkeypatch.setitem(sys.modules, "faust.worker",
+                        types.SimpleNamespace(Worker=FakeFaustWorker))
+    monkeypatch.setattr(worker_app, "create_worker", lambda settings, client=None: built)
+    monkeypatch.setattr(worker_app, "declare_changelogs", lambda w: None)
+    worker_app.run_worker(VoiceSettings(kafka_bootstrap="127.0.0.1:1", state_dir=tmp_path))
+    assert seen["frozen"] > 0
+    assert seen["built_frozen"]
