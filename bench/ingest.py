@@ -268,8 +268,8 @@ def ingest(ctx: Context) -> Result:
 @benchmark("telemetry.lag", baseline="kafka.round_trip", compare=("p50_ms", "p99_ms"))
 def lag(ctx: Context) -> Result:
     """A record's produce → its row queryable, through a running sink at the default flush."""
-    from streams.producer import producer_config
     from streams.heap import settle_heap
+    from streams.producer import producer_config
     from telemetry.sink import Sink
 
     settings = _settings(ctx, "lag")
