@@ -15,7 +15,12 @@ from consumers.frame.logrefs import KafkaLogReader, LogUnavailable, Position, Re
 from schemas.conversation import ConversationStarted
 from streams.envelope import Envelope
 from streams.topics import CONVERSATIONS
+from tests.unit import test_consumer_failures as failures
 from tests.unit.test_consumer_failures import CNV, SETTINGS, event, run_agent, worker
+
+close_workers = failures.close_workers
+"""Autouse, from where ``worker`` is: closes the workers it made (their key store's consumer
+would reconnect to the absent broker for the rest of the session)."""
 
 TOPIC = "t.voice.conversations"
 
