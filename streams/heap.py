@@ -9,7 +9,7 @@ for 170–265 ms, every request and stream of that process waiting.
 
 ``settle_heap`` is called once a process is built: what it holds then lives as long as the
 process anyway, so it is frozen out of every later collection (``gc.freeze``), and later full
-collections walk only what was made after (20–60 ms in the same runs). The young collections
+collections walk only what was made after (19–64 ms in the same runs). The young collections
 keep Python's thresholds: fewer of them (10,000 allocations apart instead of 700) cut the
 worker's time in the collector by ~40 % but cost more CPU per turn than it saved, in 5 of 6 pairs.
 """
