@@ -266,16 +266,29 @@ class ClusterKeyStore:
                     self._take(msg)
                     moved[msg.partition()] = msg.offset() + 1
                 if moved or not self.ready.is_set():
+                    was_ready = self.ready.is_set()
                     with self._cond:
                         for p, nxt in moved.items():
                             self._pos[p] = max(self._pos.get(p, 0), nxt)
                         if self._eof >= set(parts):
                             self.ready.set()
                         self._cond.notify_all()
+                    if self.ready.is_set() and not was_ready:
+                        self._warm_ends()
         except Exception:
             log.exception("the key reader of %s stopped", self._topic)
         finally:
             consumer.close()
+
+    def _warm_ends(self) -> None:
+        """Ask once where the key topic ends, so the first ``sync`` (a process's first new
+        conversation) finds the client connected and the topic's metadata known: cold, the
+        client's connection, metadata and the request did not fit a 1 s budget (an edge with a
+        3 s gateway bound) on a loaded CI machine, and the creation answered 503."""
+        try:
+            self._ends(self._timeout)
+        except Exception as exc:  # a later sync asks again (on a new client)
+            log.debug("warming where %s ends: %s", self._topic, exc)
 
     def _await_topic(self, consumer: Consumer) -> list[int] | None:
         warned = False

@@ -254,3 +254,29 @@ def test_garbage_on_the_key_topic_is_skipped_and_the_reader_goes_on(
     sealed = Sealer(store).seal(CNV, "msg-1", "still works")  # garbage never wins an id
     assert Sealer(new_store(keys_settings, stores)).open_text(CNV, "msg-1", sealed) == \
         "still works"
+
+
+def test_a_ready_store_has_asked_where_its_topic_ends_before_its_first_creation(
+        keys_settings: VoiceSettings, monkeypatch: pytest.MonkeyPatch,
+        stores: list[ClusterKeyStore]) -> None:
+    """Regression (CI): with a 3 s gateway bound a store's broker calls have 1 s, and a first
+    creation's ``sync`` on a cold client (its connection, metadata, then the request) did not
+    fit it on a loaded machine — the edge's first new conversation answered 503."""
+    import streams.keyservice as keyservice
+
+    asked: list[str] = []
+
+    class Counted(keyservice.LogEnds):
+        def __call__(self, topic: str, partitions: object, timeout: float) -> dict[int, int]:
+            asked.append(topic)
+            return super().__call__(topic, partitions, timeout)  # type: ignore[arg-type]
+
+    monkeypatch.setattr(keyservice, "LogEnds", Counted)
+    store = ClusterKeyStore(keys_settings, MasterKek(MASTER), timeout_s=1.0)
+    stores.append(store)
+    store.wait_ready(30)
+    wait_for(lambda: asked == [topic_name(keys_settings, KEYS)], timeout=10,
+             what="the store's one ask where its topic ends")
+    assert store._ends_now._admin is not None  # kept for the first sync
+    store.create(CNV)
+    assert store.ring.state(CNV) == "live"
