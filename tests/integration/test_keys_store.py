@@ -272,7 +272,7 @@ def test_a_ready_store_has_asked_where_its_topic_ends_before_its_first_creation(
             return super().__call__(topic, partitions, timeout)  # type: ignore[arg-type]
 
     monkeypatch.setattr(keyservice, "LogEnds", Counted)
-    store = ClusterKeyStore(keys_settings, MasterKek(MASTER), timeout_s=1.0)
+    store = ClusterKeyStore(keys_settings, MasterKek(MASTER))  # the default 30 s: not flaky here
     stores.append(store)
     store.wait_ready(30)
     wait_for(lambda: asked == [topic_name(keys_settings, KEYS)], timeout=10,
