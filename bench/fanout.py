@@ -47,7 +47,7 @@ import httpx
 from confluent_kafka import Producer
 
 from bench.harness import Context, Result, benchmark, latency_summary
-from bench.stack import Stack, cpu_seconds, start_stack
+from bench.stack import Stack, live_threads_cpu_seconds, start_stack
 from deploy.kafka_local import free_port
 from deploy.processes import wait_http_ready
 from schemas.conversation import TurnStateChanged
@@ -261,18 +261,18 @@ def bare_fanout(ctx: Context) -> Result:
             await asyncio.sleep(SETTLE_S)
             async with httpx.AsyncClient(base_url=f"http://127.0.0.1:{port}") as client:
                 (await client.get("/health")).raise_for_status()  # connected before the clock
-                cpu0 = cpu_seconds(proc.pid)
+                cpu0 = live_threads_cpu_seconds(proc.pid)
                 sent = time.time()
                 (await client.post("/fire")).raise_for_status()
                 await _until(lambda: len(arrived) == len(streams), 60, "every event")
-                cpu1 = cpu_seconds(proc.pid)
+                cpu1 = live_threads_cpu_seconds(proc.pid)
             for s in streams:
                 s.close()
             cpu = None if cpu0 is None or cpu1 is None else (cpu1 - cpu0) * 1000
             return [t - sent for t in arrived.values()], cpu
 
         latencies, cpu_ms = asyncio.run(run())
-    cpu = {} if cpu_ms is None else {"cpu_ms": round(cpu_ms),
+    cpu = {} if cpu_ms is None else {"cpu_ms": round(cpu_ms, 1),
                                      "cpu_us_per_event": round(cpu_ms * 1000 / FANOUT, 1)}
     return {**latency_summary(latencies), "streams": FANOUT, **cpu,
             "note": "the latency floor of the framework: one in-process event wakes every "
@@ -404,13 +404,13 @@ def _fanout(ctx: Context, label: str, spread_s: float) -> Result:
 
             edge = st.procs["edge"].pid
             with _profiled(edge, f"sse.{label}"):
-                cpu0 = cpu_seconds(edge)
+                cpu0 = live_threads_cpu_seconds(edge)
                 t0 = time.perf_counter()
                 await asyncio.to_thread(burst)
                 burst_s = time.perf_counter() - t0
                 await _until(lambda: len(arrived) == len(conversations), 60,
                              "every turn event")
-                cpu1 = cpu_seconds(edge)
+                cpu1 = live_threads_cpu_seconds(edge)
             edge_cpu_ms = None if cpu0 is None or cpu1 is None else (cpu1 - cpu0) * 1000
             for s in streams:
                 s.close()
@@ -422,7 +422,7 @@ def _fanout(ctx: Context, label: str, spread_s: float) -> Result:
     # The edge's CPU from the first produce to the last arrival (its tail, loop and writes):
     # the figure that carries over from this loaded machine; the clock ones do not.
     cpu = {} if edge_cpu_ms is None else {
-        "edge_cpu_ms": round(edge_cpu_ms), "edge_cpu_us_per_event":
+        "edge_cpu_ms": round(edge_cpu_ms, 1), "edge_cpu_us_per_event":
             round(edge_cpu_ms * 1000 / len(latencies), 1)}
     return {**latency_summary(list(latencies.values())), "streams": len(latencies),
             "burst_produce_s": round(burst_s, 3), "spread_s": spread_s, **cpu}

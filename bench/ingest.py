@@ -346,7 +346,12 @@ def lag(ctx: Context) -> Result:
     lags = [seen_at[k] - t for k, t in sent.items() if k in seen_at]
     missing = len(records) - len(lags)
     if missing:
-        raise RuntimeError(f"{missing} of {len(records)} records never became queryable")
+        unseen = sorted(k for k in sent if k not in seen_at)
+        raise RuntimeError(
+            f"{missing} of {len(records)} records never became queryable: "
+            f"{len(records) - len(sent)} not acknowledged by the broker, {len(unseen)} "
+            f"acknowledged and not in voice.events (partition, offset: {unseen[:10]}; the "
+            f"highest offset queryable per partition: {dict(sorted(high.items()))})")
     return {**latency_summary(lags), "rate_per_s": LAG_RATE_PER_S,
             "flush_ms": settings.telemetry_flush_ms,
             "batch_records": settings.telemetry_batch_rows, "poll_ms": LAG_POLL_S * 1000,

@@ -52,6 +52,18 @@ def cpu_seconds(pid: int) -> float | None:
         return None
 
 
+def live_threads_cpu_seconds(pid: int) -> float | None:
+    """CPU seconds the live threads of a process have run so far, to the nanosecond (each
+    thread's ``/proc/…/schedstat``): for windows of tens of ms, where ``cpu_seconds``' 10 ms
+    ticks are the figure's size. A thread that has ended no longer counts: compare two
+    readings of a process whose threads outlive the window. None if unreadable."""
+    try:
+        return sum(int((task / "schedstat").read_text().split()[0])
+                   for task in Path(f"/proc/{pid}/task").iterdir()) / 1e9
+    except (OSError, IndexError, ValueError):
+        return None
+
+
 def own_cpu_seconds() -> float:
     t = os.times()
     return t.user + t.system

@@ -336,11 +336,7 @@ def conversation_events(views: ConversationViews, sealer: Sealer, conversation: 
         return [(env.seq or 0, render_event(env)) for env in envs]
 
     feed = Feed(view=current, render=render_shared, gone=erased, render_live=render_delta,
-                wait=partial(views.changed, conversation), older=older)
-
-    async def held() -> AsyncIterator[ServerSentEvent | Frame]:
-        with views.streaming(conversation):  # never evicted while a stream of it is open
-            async for sse in sse_stream(feed, cursor, bound_s):
-                yield sse
-
-    return held()
+                wait=partial(views.changed, conversation), older=older,
+                # never evicted while a stream of it is open
+                hold=partial(views.streaming, conversation))
+    return sse_stream(feed, cursor, bound_s)

@@ -66,6 +66,12 @@ def _expire(fut: asyncio.Future[None]) -> None:
         fut.set_result(None)
 
 
+Push = Callable[[], bool]
+"""A waiter's own handling of a change, run by ``Changes.notify`` on the loop instead of
+waking it: True if it did all the change asked (the waiter sleeps on), False to be woken.
+Never raises (a failure is a False)."""
+
+
 class Changes:
     """Futures waiting per key, woken together when the key changes.
 
@@ -73,18 +79,37 @@ class Changes:
     and extra future per call were a tenth of the edge loop under a fan-out burst); the
     waiters of a key are an insertion-ordered dict, so a wait that ends unwoken leaves in
     O(1) and a key's waiters wake in the order they came.
+
+    A waiter may bring a ``Push``: a change is then first offered to it, and it is woken only
+    if the push declines. A caught-up event stream writes a new event this way, in the
+    tail's hand-over, rather than being woken to look (``api.frame.sse``).
     """
 
     def __init__(self) -> None:
-        self._waiters: dict[str, dict[asyncio.Future[None], None]] = {}
+        self._waiters: dict[str, dict[asyncio.Future[None], Push | None]] = {}
 
     def notify(self, key: str) -> None:
-        for fut in self._waiters.pop(key, ()):
-            if not fut.done():
+        waiters = self._waiters.pop(key, None)
+        if not waiters:
+            return
+        asleep: dict[asyncio.Future[None], Push | None] | None = None
+        for fut, push in waiters.items():
+            if fut.done():
+                continue
+            if push is not None and push():
+                if asleep is None:
+                    asleep = {}
+                asleep[fut] = push
+            else:
                 fut.set_result(None)
+        if asleep is not None:
+            self._waiters.setdefault(key, {}).update(asleep)
 
-    async def wait(self, key: str, until: Callable[[], bool], timeout: float) -> bool:
-        """Wait at most ``timeout`` s until ``until()`` holds; returns whether it does."""
+    async def wait(self, key: str, until: Callable[[], bool], timeout: float,
+                   push: Push | None = None) -> bool:
+        """Wait at most ``timeout`` s until ``until()`` holds; returns whether it does.
+        ``push``: offered every change first (see the class); the wait goes on while it
+        takes them."""
         loop = asyncio.get_running_loop()
         deadline = loop.time() + timeout
         while not until():
@@ -92,7 +117,7 @@ class Changes:
             if remaining <= 0:
                 return False
             fut: asyncio.Future[None] = loop.create_future()
-            self._waiters.setdefault(key, {})[fut] = None
+            self._waiters.setdefault(key, {})[fut] = push
             timer = loop.call_at(deadline, _expire, fut)
             try:
                 await fut
@@ -291,10 +316,12 @@ class Projection(Generic[V]):
         """
         return await self._changes.wait(key, lambda: until(self.by_key.get(key)), timeout)
 
-    def changed(self, key: str, until: Callable[[], bool], timeout: float) -> Awaitable[bool]:
+    def changed(self, key: str, until: Callable[[], bool], timeout: float,
+                push: Push | None = None) -> Awaitable[bool]:
         """``wait`` for a predicate that does not need the view (a stream's ``Feed.wait``):
-        no wrapper per wait, for every held stream's wait is alive as long as it is."""
-        return self._changes.wait(key, until, timeout)
+        no wrapper per wait, for every held stream's wait is alive as long as it is; with
+        ``push``, a change is offered to it before it wakes the wait (``Changes``)."""
+        return self._changes.wait(key, until, timeout, push)
 
     def waiting(self, key: str) -> int:
         """How many waiters a key has (for tests and diagnostics)."""

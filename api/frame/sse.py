@@ -19,6 +19,7 @@ formatting per stream.
 import asyncio
 import json
 from collections.abc import AsyncIterator, Awaitable, Callable
+from contextlib import AbstractContextManager, nullcontext
 from dataclasses import dataclass
 from typing import Annotated, Any, Generic, TypeVar
 
@@ -114,8 +115,10 @@ class Feed(Generic[E]):
     render: Callable[[E], ServerSentEvent | Frame | None]
     """The SSE event of one kept event (or its wire bytes, ``sse_frame``), or None for one
     clients do not see (its id is skipped); may raise ``StreamEnd``."""
-    wait: Callable[[Callable[[], bool], float], Awaitable[bool]]
-    """Waits (at most the timeout) until the predicate holds, re-checked on every change."""
+    wait: Callable[..., Awaitable[bool]]
+    """Waits (at most the timeout) until the predicate holds, re-checked on every change;
+    called with a third argument, a ``Push`` (``Projection.changed``), when the stream can
+    write a change itself (it has an ``Outlet``)."""
     gone: str = "end; the stream is gone"
     ends_after: Callable[[E, int], str | None] = lambda _event, _cursor: None
     """A final comment to end with right after sending ``event`` (e.g. its turn is done)."""
@@ -132,93 +135,158 @@ class Feed(Generic[E]):
     second, read from the log, as (cursor, SSE event or None), every cursor once and in
     order; raises ``StreamEnd`` when they cannot be read. None: such a cursor ends the stream
     (and answers 409 at its start)."""
+    hold: Callable[[], AbstractContextManager[object]] = nullcontext
+    """Held for as long as the stream runs (e.g. its view is not evicted meanwhile)."""
 
 
-async def sse_stream(feed: Feed[E], cursor: int, bound_s: float
-                     ) -> AsyncIterator[ServerSentEvent | Frame]:
+class EventSource:
+    """The events of one stream (``sse_stream``): an async iterator of them, and the
+    ``outlet`` its response gives it once the response has started (``EventStream``)."""
+
+    def __init__(self, feed: Feed[Any], cursor: int, bound_s: float) -> None:
+        self.outlet: Outlet | None = None
+        self._events = _events(self, feed, cursor, bound_s)
+
+    def __aiter__(self) -> AsyncIterator[ServerSentEvent | Frame]:
+        return self._events
+
+    def __anext__(self) -> Awaitable[ServerSentEvent | Frame]:
+        return self._events.__anext__()
+
+    async def aclose(self) -> None:
+        await self._events.aclose()
+
+
+def sse_stream(feed: Feed[E], cursor: int, bound_s: float) -> EventSource:
     """The events of ``feed`` after ``cursor`` (``id:`` = cursor), then live ones, ending
-    before ``bound_s`` with a comment saying where to resume."""
-    loop = asyncio.get_running_loop()
-    end_at = loop.time() + bound_s - min(END_MARGIN_S, bound_s / 3)
-    keepalive = min(KEEPALIVE_S, bound_s / 3)
-    last_sent = loop.time()
-    live_sent = 0
-    try:
-        while True:
-            view = feed.view()
-            if view is None:
-                yield ServerSentEvent(comment=feed.gone)
-                return
+    before ``bound_s`` with a comment saying where to resume.
+
+    While the stream is caught up and waits, a change is first offered to its push (when its
+    response gave it an ``Outlet``): the new events rendered and written there and then, in
+    the tail's hand-over, without waking the stream — unless anything but events is due (a
+    final comment, a transient event, the end, an old cursor, a write still draining, a
+    failure): then the push declines and the stream wakes and does it all as before."""
+    return EventSource(feed, cursor, bound_s)
+
+
+async def _events(source: EventSource, feed: Feed[E], cursor: int, bound_s: float
+                  ) -> AsyncIterator[ServerSentEvent | Frame]:
+    with feed.hold():  # the whole stream's life, in this one generator
+        loop = asyncio.get_running_loop()
+        end_at = loop.time() + bound_s - min(END_MARGIN_S, bound_s / 3)
+        keepalive = min(KEEPALIVE_S, bound_s / 3)
+        last_sent = loop.time()
+        live_sent = 0
+        live = feed.render_live is not None
+
+        def moved() -> bool:  # read while the loop below waits: its cursor and live_sent then
+            v = feed.view()
+            return (v is None or v.head() > cursor or feed.idle()
+                    or (live and v.live_head > live_sent))
+
+        def push() -> bool:  # see ``sse_stream``; runs on the loop while the stream waits
+            nonlocal cursor, last_sent
+            outlet = source.outlet
             try:
-                events = view.events_after(cursor)
-                # Taken with the events, before any yield: while the client reads, the tail
-                # may apply more, and those must be sent, not passed over.
-                head = view.head()
-            except CursorTooOld as exc:  # this client fell behind what the edge keeps
-                if feed.older is None:
-                    yield ServerSentEvent(comment=f"end; cursor {cursor} is too old, "
-                                                  f"the oldest this edge serves is {exc.oldest}")
+                v = feed.view()
+                now = loop.time()
+                if (outlet is None or outlet.draining or v is None or now >= end_at
+                        or feed.idle() or (live and v.live_head > live_sent)):
+                    return False
+                head = v.head()
+                frames: list[bytes] = []
+                at = cursor
+                for event in v.events_after(cursor):
+                    sse = feed.render(event)
+                    at = v.cursor_of(event)
+                    if feed.ends_after(event, at) is not None:
+                        return False
+                    if sse is not None:
+                        frames.append(wire(sse))
+                if frames and not outlet.write(b"".join(frames)):
+                    return False
+            except Exception:  # noqa: BLE001 - the woken stream meets it where it can end
+                return False
+            cursor = max(at, head)
+            if frames:
+                last_sent = now
+            return True
+
+        try:
+            while True:
+                view = feed.view()
+                if view is None:
+                    yield ServerSentEvent(comment=feed.gone)
                     return
-                remaining = end_at - loop.time()
-                if remaining <= 0:
-                    break
-                try:  # read from the log; the read goes on for a reconnect if this ends first
-                    older = await asyncio.wait_for(feed.older(cursor, exc.oldest), remaining)
-                except TimeoutError:
-                    break
-                for older_cursor, sse in older:
+                try:
+                    events = view.events_after(cursor)
+                    # Taken with the events, before any yield: while the client reads, the tail
+                    # may apply more, and those must be sent, not passed over.
+                    head = view.head()
+                except CursorTooOld as exc:  # this client fell behind what the edge keeps
+                    if feed.older is None:
+                        yield ServerSentEvent(comment=f"end; cursor {cursor} is too old, the "
+                                                      f"oldest this edge serves is {exc.oldest}")
+                        return
+                    remaining = end_at - loop.time()
+                    if remaining <= 0:
+                        break
+                    try:  # read from the log; the read goes on for a reconnect if this ends first
+                        older = await asyncio.wait_for(feed.older(cursor, exc.oldest), remaining)
+                    except TimeoutError:
+                        break
+                    for older_cursor, sse in older:
+                        if loop.time() >= end_at:
+                            break
+                        cursor = older_cursor
+                        if sse is not None:
+                            yield sse
+                            last_sent = loop.time()
+                    continue
+                for event in events:
                     if loop.time() >= end_at:
                         break
-                    cursor = older_cursor
+                    sse = feed.render(event)
+                    cursor = view.cursor_of(event)
                     if sse is not None:
                         yield sse
                         last_sent = loop.time()
-                continue
-            for event in events:
-                if loop.time() >= end_at:
+                    if (final := feed.ends_after(event, cursor)) is not None:
+                        yield ServerSentEvent(comment=final)
+                        return
+                if live and loop.time() < end_at:
+                    # After the kept events: a transient event the log has since completed was
+                    # dropped from the view when the completing event was applied.
+                    live_head = view.live_head  # before any yield, as ``head`` above
+                    for n, item in view.live_after(live_sent):
+                        live_sent = n
+                        if (sse := feed.render_live(item)) is not None:
+                            yield sse
+                            last_sent = loop.time()
+                    # Numbers the view dropped (their turn completed) are passed too: else the
+                    # wait below would see them as news for ever and spin, starving the loop.
+                    live_sent = max(live_sent, live_head)
+                now = loop.time()
+                if now >= end_at:
                     break
-                sse = feed.render(event)
-                cursor = view.cursor_of(event)
-                if sse is not None:
-                    yield sse
-                    last_sent = loop.time()
-                if (final := feed.ends_after(event, cursor)) is not None:
-                    yield ServerSentEvent(comment=final)
+                # Positions the view had passed without an event (a notification seen before) too.
+                cursor = max(cursor, head)
+                if feed.idle():
+                    yield ServerSentEvent(comment=f"{feed.idle_end}; resume with after={cursor}")
                     return
-            if feed.render_live is not None and loop.time() < end_at:
-                # After the kept events: a transient event the log has since completed was
-                # dropped from the view when the completing event was applied.
-                live_head = view.live_head  # before any yield, as ``head`` above
-                for n, item in view.live_after(live_sent):
-                    live_sent = n
-                    if (sse := feed.render_live(item)) is not None:
-                        yield sse
-                        last_sent = loop.time()
-                # Numbers the view dropped (their turn completed) are passed too: else the
-                # wait below would see them as news for ever and spin, starving the loop.
-                live_sent = max(live_sent, live_head)
-            now = loop.time()
-            if now >= end_at:
-                break
-            # Positions the view had passed without an event (a notification seen before) too.
-            cursor = max(cursor, head)
-            if feed.idle():
-                yield ServerSentEvent(comment=f"{feed.idle_end}; resume with after={cursor}")
-                return
-            if now - last_sent >= keepalive:
-                yield ServerSentEvent(comment="keep-alive")
-                last_sent = now
+                if now - last_sent >= keepalive:
+                    yield ServerSentEvent(comment="keep-alive")
+                    last_sent = now
 
-            def moved(seen: int = cursor, seen_live: int = live_sent) -> bool:
-                v = feed.view()
-                return (v is None or v.head() > seen or feed.idle()
-                        or (feed.render_live is not None and v.live_head > seen_live))
-
-            await feed.wait(moved, max(0.0, min(end_at, last_sent + keepalive) - now))
-    except StreamEnd as end:
-        yield ServerSentEvent(comment=end.comment)
-        return
-    yield ServerSentEvent(comment=f"end; reconnect with after={cursor}")
+                timeout = max(0.0, min(end_at, last_sent + keepalive) - now)
+                if source.outlet is None:
+                    await feed.wait(moved, timeout)
+                else:  # the push moves cursor and last_sent; the wait re-reads them
+                    await feed.wait(moved, timeout, push)
+        except StreamEnd as end:
+            yield ServerSentEvent(comment=end.comment)
+            return
+        yield ServerSentEvent(comment=f"end; reconnect with after={cursor}")
 
 
 def sse_data(sse: ServerSentEvent) -> str | None:
@@ -239,16 +307,75 @@ def sse_frame(sse: ServerSentEvent) -> Frame:
                             retry=sse.retry, comment=sse.comment)
 
 
-def sse_bytes(events: AsyncIterator[ServerSentEvent | Frame]) -> AsyncIterator[bytes]:
-    """The wire bytes of ``events``, for a route that returns its ``EventSourceResponse``
-    itself: a ``ServerSentEvent`` framed as FastAPI frames a generator's, a ``Frame`` as it
-    is (rendered once for every stream that sends it)."""
+def wire(sse: ServerSentEvent | Frame) -> bytes:
+    """The wire bytes of one event of a stream: a ``Frame`` as it is (rendered once for every
+    stream that sends it), a ``ServerSentEvent`` framed as FastAPI frames a generator's."""
+    return sse if isinstance(sse, bytes) else sse_frame(sse)
 
-    async def frames() -> AsyncIterator[bytes]:
-        async for sse in events:
-            yield sse if isinstance(sse, bytes) else sse_frame(sse)
 
-    return frames()
+class Outlet:
+    """Where a stream's push writes (``sse_stream``): its response's ``send``, called from
+    the loop's current step rather than the stream's task.
+
+    ASGI's ``send`` is a coroutine, but a server waits in it only while the client's window
+    is full (uvicorn waits for the window, then writes to the transport), so ``write`` runs
+    it to its first wait at once: usually to its end, the body written. If it waits, the
+    rest (the wait, then the write) runs as a task that the stream's own next write awaits
+    first (``settled``) and every push declines meanwhile (``draining``): the writes stay in
+    order, and a slow client still holds its stream back, not the edge.
+    """
+
+    def __init__(self, send: Send) -> None:
+        self._send = send
+        self._draining: asyncio.Task[None] | None = None
+
+    @property
+    def draining(self) -> bool:
+        """Whether an earlier write still waits for the client (then pushes decline)."""
+        return self._draining is not None and not self._draining.done()
+
+    def write(self, body: bytes) -> bool:
+        """Send ``body`` (more to come); False if it was not written (``send`` raised before
+        it wrote: the stream's own send meets that again)."""
+        step = self._send({"type": "http.response.body", "body": body, "more_body": True})
+        try:
+            waits_on = step.send(None)
+        except StopIteration:
+            return True
+        except Exception:  # noqa: BLE001 - see the docstring
+            return False
+        self._draining = asyncio.ensure_future(_resume(step, waits_on))
+        return True
+
+    async def settled(self) -> None:
+        """Once an earlier write has drained (its failure raised here, in the stream)."""
+        if self._draining is not None:
+            draining, self._draining = self._draining, None
+            await draining
+
+    def close(self) -> None:
+        if self._draining is not None:
+            self._draining.cancel()
+
+
+async def _resume(step: Any, waits_on: Any) -> None:
+    """Run the coroutine ``step`` on from the wait it stopped at (the future it yielded)."""
+    while True:
+        try:
+            if waits_on is None:  # a bare yield: one turn of the loop
+                await asyncio.sleep(0)
+            else:
+                await waits_on
+        except BaseException as exc:  # noqa: BLE001 - into the coroutine, as a task would
+            try:
+                waits_on = step.throw(exc)
+            except StopIteration:
+                return
+            continue
+        try:
+            waits_on = step.send(None)
+        except StopIteration:
+            return
 
 
 class EventStream(EventSourceResponse):
@@ -259,7 +386,34 @@ class EventStream(EventSourceResponse):
     does with one task. The stream runs in the request's task; when the client goes, the
     watcher cancels it, and that one cancellation is taken back — any other (the server
     stopping) still ends the request.
+
+    It writes its events itself (``wire``), not through Starlette's body iterator, and gives
+    an ``EventSource`` the ``Outlet`` its pushes write to.
     """
+
+    def __init__(self, events: AsyncIterator[ServerSentEvent | Frame],
+                 headers: dict[str, str] | None = None) -> None:
+        super().__init__(events, headers=headers)
+        self.events = events
+
+    async def stream_response(self, send: Send) -> None:
+        await send({"type": "http.response.start", "status": self.status_code,
+                    "headers": self.raw_headers})
+        events = self.events
+        outlet = None
+        if isinstance(events, EventSource):  # its pushes may write between its events
+            outlet = events.outlet = Outlet(send)
+        try:
+            async for sse in events:
+                if outlet is not None:
+                    await outlet.settled()
+                await send({"type": "http.response.body", "body": wire(sse), "more_body": True})
+            if outlet is not None:
+                await outlet.settled()
+            await send({"type": "http.response.body", "body": b"", "more_body": False})
+        finally:
+            if outlet is not None:
+                outlet.close()
 
     ended: Callable[[], None] | None = None
     """Called once the response is over, however it ends (the stream lane's slot release)."""
@@ -305,6 +459,6 @@ def event_stream(events: AsyncIterator[ServerSentEvent | Frame],
     request's dependencies (its stream slot) still end after the response does; ``ended``
     is called then too.
     """
-    response = EventStream(sse_bytes(events), headers={**SSE_HEADERS, **(headers or {})})
+    response = EventStream(events, headers={**SSE_HEADERS, **(headers or {})})
     response.ended = ended
     return response

@@ -16,7 +16,7 @@ from starlette.types import Message
 from api.conversations import render
 from api.conversations.views import ConversationViews
 from api.frame.projection import RENDERED_KEPT, Changes
-from api.frame.sse import EventStream, Frame, StreamEnd, sse_bytes, sse_frame
+from api.frame.sse import EventStream, Frame, StreamEnd, sse_frame, wire
 from schemas.conversation import (
     ConversationErased,
     ConversationStarted,
@@ -152,7 +152,7 @@ async def test_event_bytes_match_fastapis_framing_for_models_dicts_raw_data_and_
         yield ServerSentEvent(event="r", id="4", raw_data='{"seq":4}')
         yield ServerSentEvent(comment="keep-alive")
 
-    out = [b async for b in sse_bytes(events())]
+    out = [wire(b) async for b in events()]
     assert out == [
         'event: turn\ndata: {"seq":3,"text":"é"}\nid: 3\n\n'.encode(),
         'event: d\ndata: {"a":"é","b":[1,2]}\n\n'.encode(),
@@ -218,7 +218,7 @@ async def test_frames_go_on_the_wire_as_they_are_beside_events() -> None:
         yield frame
         yield ServerSentEvent(comment="keep-alive")
 
-    out = [b async for b in sse_bytes(events())]
+    out = [wire(b) async for b in events()]
     assert out == [b'event: turn\ndata: {"seq":5,"text":null}\nid: 5\n\n', b": keep-alive\n\n"]
     assert out[0] is frame, "written as rendered, not framed again"
 
