@@ -359,12 +359,15 @@ class Outlet:
 
 
 async def _resume(step: Any, waits_on: Any) -> None:
-    """Run the coroutine ``step`` on from the wait it stopped at (the future it yielded)."""
+    """Run the coroutine ``step`` on from the wait it stopped at (what it yielded), as an
+    asyncio task would: a future it yielded is marked taken (the task protocol's
+    ``_asyncio_future_blocking``) and awaited, then the coroutine is resumed."""
     while True:
         try:
             if waits_on is None:  # a bare yield: one turn of the loop
                 await asyncio.sleep(0)
             else:
+                waits_on._asyncio_future_blocking = False
                 await waits_on
         except BaseException as exc:  # noqa: BLE001 - into the coroutine, as a task would
             try:
