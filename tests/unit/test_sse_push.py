@@ -7,7 +7,6 @@ from __future__ import annotations
 
 import asyncio
 import re
-from dataclasses import dataclass
 from functools import partial
 from typing import Any
 
@@ -16,33 +15,12 @@ from starlette.types import Message
 
 from api.conversations.routes import conversation_events
 from api.conversations.views import ConversationViews
-from api.frame.projection import Changes, KeptEvents, StreamProjection
+from api.frame.projection import Changes
 from api.frame.sse import EventStream, Feed, StreamEnd, event_stream, sse_stream
 from schemas.conversation import ConversationStarted, TurnStateChanged
 from streams.envelope import Envelope
 from streams.sealing import MemoryKeyStore, Sealer
-
-
-@dataclass(kw_only=True)
-class Numbers(KeptEvents[int]):
-    """A stream whose events are their own cursor."""
-
-    @property
-    def stream_name(self) -> str:
-        return "numbers"
-
-    @staticmethod
-    def cursor_of(event: int) -> int:
-        return event
-
-
-class Streams(StreamProjection[Numbers]):
-    def add(self, key: str, *events: int) -> None:
-        view = self.by_key.setdefault(key, Numbers(kept=self.kept))
-        for e in events:
-            view.keep(e)
-            view.last_seq = e
-        self.notify(key)
+from tests.unit.test_frame import Streams  # its views: events that are their own cursor
 
 
 def render(e: int) -> ServerSentEvent | None:
