@@ -76,6 +76,17 @@ async def until(pred: Any, limit: float = 5.0) -> None:
             await asyncio.sleep(0.001)
 
 
+async def caught_up(**feed: Any) -> tuple[Streams, Client, asyncio.Task[None]]:
+    """Stream ``k`` (event 1 on it) served to a client that has that event, its stream
+    waiting for the next; ``feed``: more of the ``Feed``'s fields."""
+    streams = Streams()
+    streams.add("k", 1)
+    client = Client()
+    task = client.serve(event_stream(sse_stream(feed_of(streams, **feed), 0, bound_s=30)))
+    await until(lambda: client.ids() == [1] and streams.waiting("k") == 1)
+    return streams, client, task
+
+
 # --- a key's waiters --------------------------------------------------------------------------
 
 
@@ -113,11 +124,7 @@ async def test_a_change_is_offered_to_a_waiters_push_first_and_wakes_it_only_if_
 
 
 async def test_a_caught_up_stream_writes_a_new_event_in_the_hand_over_without_waking() -> None:
-    streams = Streams()
-    streams.add("k", 1)
-    client = Client()
-    task = client.serve(event_stream(sse_stream(feed_of(streams), 0, bound_s=30)))
-    await until(lambda: client.ids() == [1] and streams.waiting("k") == 1)
+    streams, client, task = await caught_up()
     streams.add("k", 3)
     # Written by the notify itself: no turn of the loop has run since.
     assert client.ids() == [1, 3] and streams.waiting("k") == 1
@@ -132,11 +139,7 @@ async def test_a_caught_up_stream_writes_a_new_event_in_the_hand_over_without_wa
 
 
 async def test_a_write_that_waits_for_the_client_keeps_the_order_and_loses_nothing() -> None:
-    streams = Streams()
-    streams.add("k", 1)
-    client = Client()
-    task = client.serve(event_stream(sse_stream(feed_of(streams), 0, bound_s=30)))
-    await until(lambda: client.ids() == [1] and streams.waiting("k") == 1)
+    streams, client, task = await caught_up()
     client.window.clear()  # the client stops reading
     streams.add("k", 3)  # taken: its write waits for the window
     streams.add("k", 5)  # declined while that write drains: the stream wakes, and waits too
@@ -153,22 +156,14 @@ async def test_a_write_that_waits_for_the_client_keeps_the_order_and_loses_nothi
 
 
 async def test_a_final_comment_or_a_failed_rendering_is_left_to_the_stream_itself() -> None:
-    streams = Streams()
-    streams.add("k", 1)
-    client = Client()
-    feed = feed_of(streams, ends_after=lambda e, _c: "end; seven" if e == 7 else None)
-    task = client.serve(event_stream(sse_stream(feed, 0, bound_s=30)))
-    await until(lambda: streams.waiting("k") == 1)
+    streams, client, task = await caught_up(
+        ends_after=lambda e, _c: "end; seven" if e == 7 else None)
     streams.add("k", 3, 7)  # 7 ends the stream: the push declines, the stream sends both
     await asyncio.wait_for(task, 5)
     assert client.ids() == [1, 3, 7] and client.body.endswith(b": end; seven\n\n")
     assert client.ended
 
-    streams = Streams()
-    streams.add("k", 1)
-    client = Client()
-    task = client.serve(event_stream(sse_stream(feed_of(streams), 0, bound_s=30)))
-    await until(lambda: streams.waiting("k") == 1)
+    streams, client, task = await caught_up()
     streams.add("k", 13)  # its rendering ends the stream: raised in the stream, not the tail
     await asyncio.wait_for(task, 5)
     assert client.ids() == [1] and client.body.endswith(b": end; unlucky\n\n")
