@@ -18,7 +18,7 @@ formatting per stream.
 
 import asyncio
 import json
-from collections.abc import AsyncIterator, Awaitable, Callable
+from collections.abc import AsyncIterable, AsyncIterator, Awaitable, Callable
 from contextlib import AbstractContextManager, nullcontext
 from dataclasses import dataclass
 from typing import Annotated, Any, Generic, TypeVar
@@ -394,15 +394,10 @@ class EventStream(EventSourceResponse):
     an ``EventSource`` the ``Outlet`` its pushes write to.
     """
 
-    def __init__(self, events: AsyncIterator[ServerSentEvent | Frame],
-                 headers: dict[str, str] | None = None) -> None:
-        super().__init__(events, headers=headers)
-        self.events = events
-
     async def stream_response(self, send: Send) -> None:
         await send({"type": "http.response.start", "status": self.status_code,
                     "headers": self.raw_headers})
-        events = self.events
+        events: AsyncIterable[ServerSentEvent | Frame] = self.body_iterator  # type: ignore[assignment]
         outlet = None
         if isinstance(events, EventSource):  # its pushes may write between its events
             outlet = events.outlet = Outlet(send)
