@@ -86,10 +86,17 @@ class TurnSummary(BaseModel):
 
 
 class ConversationOut(BaseModel):
+    """One page of a conversation's transcript (the newest, unless ``before`` was given)."""
+
     conversation: str
     messages: list[TranscriptMessage]
     proposals: list[ProposalOut]
     turns: list[TurnSummary]
+    """The turns whose message is on this page."""
+    last_seq: int
+    """The conversation's last seq this edge has: a stream resumed after it misses nothing."""
+    older: int | None = None
+    """Older messages exist: ask again with ``before`` set to this. None on the oldest page."""
 
 
 # --- SSE event data ---------------------------------------------------------------------------

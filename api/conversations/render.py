@@ -75,10 +75,16 @@ def turn_out(sealer: Sealer, tv: TurnView) -> TurnOut:
                    **turn_reason(sealer, tv.ended))
 
 
-def conversation_out(sealer: Sealer, view: ConversationView) -> ConversationOut:
+def conversation_out(sealer: Sealer, view: ConversationView, before: int | None = None,
+                     limit: int | None = None) -> ConversationOut:
+    """One page of the transcript: its newest ``limit`` messages, replies and proposals with a
+    seq below ``before`` (all of them when both are None), and the turns whose message is on
+    the page — each turn on the page of its message, whatever page its reply is on."""
+    page, older = view.page(before, len(view.content) + 1 if limit is None else limit)
+    low = page[0][0] if older is not None else 0
     messages: list[TranscriptMessage] = []
     proposals: list[ProposalOut] = []
-    for seq, env in sorted(view.content.items()):
+    for seq, env in page:
         rec = env.record
         if isinstance(rec, MessageRecorded):
             messages.append(TranscriptMessage(seq=seq, role="participant",
@@ -89,11 +95,13 @@ def conversation_out(sealer: Sealer, view: ConversationView) -> ConversationOut:
         elif isinstance(rec, ProposalRecorded):
             proposals.append(ProposalOut(seq=seq, turn=rec.turn,
                                          proposal=proposal_json(sealer, env)))
+    on_page = [tv for tv in view.turns.values() if tv.state is not None
+               and low <= tv.message_seq and (before is None or tv.message_seq < before)]
     turns = [TurnSummary(turn=tv.turn, state=tv.state, **turn_reason(sealer, tv.ended))
-             for tv in sorted(view.turns.values(), key=lambda t: t.message_seq)
-             if tv.state is not None]
+             for tv in sorted(on_page, key=lambda t: t.message_seq)]
     return ConversationOut(conversation=view.conversation, messages=messages,
-                           proposals=proposals, turns=turns)
+                           proposals=proposals, turns=turns, last_seq=view.last_seq,
+                           older=older)
 
 
 EventData = ParticipantMessageEvent | AgentMessageEvent | ProposalEvent | TurnEvent

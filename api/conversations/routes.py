@@ -16,7 +16,7 @@ from contextlib import contextmanager
 from functools import partial
 from typing import Annotated
 
-from fastapi import APIRouter, Depends, Header, Request, Response
+from fastapi import APIRouter, Depends, Header, Query, Request, Response
 from fastapi.sse import EventSourceResponse, ServerSentEvent
 
 from api.conversations import render
@@ -79,6 +79,12 @@ router = APIRouter(prefix="/me/conversations", tags=["conversations"])
 
 CONVERSATION_ID = re.compile(CONVERSATION_ID_PATTERN)
 NOT_FOUND = {404: {"description": "No such conversation of the caller's (or it was erased)."}}
+TRANSCRIPT_PAGE = 200
+"""Messages, replies and proposals on a transcript page by default."""
+TRANSCRIPT_PAGE_MAX = 500
+"""The most on one page: one request's rendering stays bounded however long the conversation
+(each message up to ``VOICE_MAX_MESSAGE_BYTES``; the whole of an hour at the message quota
+took ~0.5 s of the event loop, every stream of the edge waiting)."""
 
 
 async def get_views(request: Request) -> ConversationViews:
@@ -232,11 +238,21 @@ async def cancel_turn(
 
 
 @router.get("/{conversation}", responses=NOT_FOUND)
-async def get_conversation(view: OwnedDep, views: ViewsDep, sealer: SealerDep
-                           ) -> ConversationOut:
-    """The conversation as its owner sees it: messages and replies, proposals, turns."""
+async def get_conversation(
+    view: OwnedDep, views: ViewsDep, sealer: SealerDep,
+    before: Annotated[int | None, Query(
+        ge=1, description="Only records with a seq below this: the `older` of the page "
+                          "after it. Omitted: the newest page.")] = None,
+    limit: Annotated[int, Query(
+        ge=1, le=TRANSCRIPT_PAGE_MAX,
+        description="Messages, replies and proposals on the page, at most "
+                    f"{TRANSCRIPT_PAGE_MAX}.")] = TRANSCRIPT_PAGE,
+) -> ConversationOut:
+    """The conversation as its owner sees it, a page at a time: messages and replies,
+    proposals, and the turns of those messages; ``older`` says where the page before begins.
+    A page costs the edge its own records, however long the conversation."""
     with opening(views, view.conversation):
-        return render.conversation_out(sealer, view)
+        return render.conversation_out(sealer, view, before, limit)
 
 
 @router.delete("/{conversation}", status_code=204, responses=NOT_FOUND)

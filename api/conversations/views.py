@@ -83,6 +83,22 @@ class ConversationView(KeptEvents[Envelope]):
             self.turns[turn] = tv
         return tv
 
+    def page(self, before: int | None, limit: int) -> tuple[list[tuple[int, Envelope]], int | None]:
+        """The newest ``limit`` content records with a seq below ``before`` (any seq when
+        None), oldest first, and the seq to page back from (the ``before`` of the next older
+        page) — None when no content record is older. The work is the records skipped and
+        taken, never the whole transcript (``content`` is in seq order: records apply in it)."""
+        picked: list[tuple[int, Envelope]] = []
+        for seq in reversed(self.content):
+            if before is not None and seq >= before:
+                continue
+            if len(picked) == limit:
+                picked.reverse()
+                return picked, picked[0][0]
+            picked.append((seq, self.content[seq]))
+        picked.reverse()
+        return picked, None
+
     def forget(self) -> None:
         """Drop everything but identity: the conversation is erased."""
         self.erased = True

@@ -249,7 +249,18 @@ def test_every_route_and_turn_state(settings: VoiceSettings, worker, start_edge 
         {"turn": turn, "state": "Replied", "reason": None, "reason_code": None},
         {"turn": f"{cnv}:turn-8", "state": "CouldNotInterpret", "reason": "no concern found",
          "reason_code": "could_not_interpret"}]
+    assert (whole["last_seq"], whole["older"]) == (11, None)
     assert get(url, settings, "").json() == [{"conversation": cnv, "last_seq": 11}]
+    # A page at a time, newest first: each turn on the page of its message.
+    newest = get(url, settings, f"/{cnv}?limit=2").json()
+    assert ([m["seq"] for m in newest["messages"]], newest["proposals"], newest["older"]) == (
+        [8], whole["proposals"], 6)
+    assert newest["turns"] == whole["turns"][1:] and newest["last_seq"] == 11
+    oldest = get(url, settings, f"/{cnv}?limit=2&before=6").json()
+    assert (oldest["messages"], oldest["proposals"], oldest["turns"], oldest["older"]) == (
+        whole["messages"][:2], [], whole["turns"][:1], None)
+    bad = get(url, settings, f"/{cnv}?limit=501")
+    assert bad.status_code == 422 and bad.json()["detail"][0]["loc"] == ["query", "limit"]
 
 
 def test_message_text_is_validated_and_the_error_names_text(

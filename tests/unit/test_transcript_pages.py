@@ -1,0 +1,142 @@
+"""The transcript route (``GET /me/conversations/{c}``) a page at a time: a long conversation
+(a message a second at the quota is 3,600 an hour) is never rendered whole by one request —
+the whole of such an hour took ~0.5 s of the edge's event loop, every stream waiting."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import pytest
+from fastapi.testclient import TestClient
+
+from api.conversations import ConversationViews, render
+from api.conversations.routes import TRANSCRIPT_PAGE, TRANSCRIPT_PAGE_MAX
+from schemas.base import Record
+from schemas.conversation import (
+    ConversationStarted,
+    TurnOpened,
+    TurnReplied,
+    TurnRepliedWithProposal,
+)
+from streams.envelope import Envelope
+from streams.ids import turn_id
+from streams.sealing import Sealer
+from tests.unit.test_conversation_routes import client
+
+CNV = "cnv-00112233aabbccdd"
+AT = "2026-01-01T00:00:00+00:00"
+
+
+def long_conversation(views: ConversationViews, sealer: Sealer, turns: int,
+                      open_last: bool = False) -> None:
+    """``turns`` turns as the sequencer appends them (every third with a proposal); with
+    ``open_last`` the last one is still thinking (no reply yet)."""
+    records: list[Record] = [ConversationStarted(conversation=CNV, owner="alice")]
+    seq = 2
+    for n in range(turns):
+        turn = turn_id(CNV, seq)
+        records.append(TurnOpened(conversation=CNV, message_id=f"m{n}", at=AT, turn=turn,
+                                  text=sealer.seal(CNV, f"m{n}", f"message {n}")))
+        if not (open_last and n == turns - 1):
+            rid = f"{turn}:reply"
+            reply: dict[str, Any] = {"conversation": CNV, "turn": turn, "reply_id": rid,
+                                     "text": sealer.seal(CNV, rid, f"reply {n}")}
+            if n % 3 == 2:
+                pid = f"{turn}:proposal"
+                records.append(TurnRepliedWithProposal(
+                    **reply, proposal_id=pid, proposal=sealer.seal_json(CNV, pid, {"n": n})))
+            else:
+                records.append(TurnReplied(**reply))
+        seq = 2 + sum(r.seqs for r in records[1:])
+    seq = 1
+    for i, r in enumerate(records):
+        views.apply(Envelope(record=r, key=CNV, source="/voice/sequencer", seq=seq,
+                             tenant="default", id=f"r{i}"))
+        seq += r.seqs
+
+
+def app_with(tmp_path: Path, turns: int, open_last: bool = False) -> TestClient:
+    c = client(tmp_path, "accepted")
+    state: Any = c.app.state  # type: ignore[attr-defined]
+    long_conversation(state.views, state.sealer, turns, open_last)
+    return c
+
+
+def pages(c: TestClient, limit: int) -> list[dict[str, Any]]:
+    """Every page, newest first, following ``older``."""
+    out: list[dict[str, Any]] = []
+    before: int | None = None
+    while True:
+        params = {"limit": limit} | ({} if before is None else {"before": before})
+        resp = c.get(f"/me/conversations/{CNV}", params=params)
+        assert resp.status_code == 200, resp.text
+        out.append(resp.json())
+        before = out[-1]["older"]
+        if before is None:
+            return out
+
+
+@pytest.mark.parametrize("limit", [1, 7, 30, 61, TRANSCRIPT_PAGE_MAX])
+def test_the_pages_hold_the_whole_transcript_once_in_order(tmp_path: Path, limit: int) -> None:
+    c = app_with(tmp_path, 30, open_last=True)
+    state: Any = c.app.state  # type: ignore[attr-defined]
+    whole = render.conversation_out(state.sealer, state.views[CNV]).model_dump()
+    assert len(whole["messages"]) == 59 and len(whole["turns"]) == 30  # the last: no reply yet
+    got = pages(c, limit)
+    assert len(got) == -(-(59 + 9) // limit)  # messages, replies and proposals per page
+    for page in got:
+        assert len(page["messages"]) + len(page["proposals"]) <= limit
+        assert page["last_seq"] == state.views[CNV].last_seq
+    oldest_first = got[::-1]
+    assert [m for p in oldest_first for m in p["messages"]] == whole["messages"]
+    assert [x for p in oldest_first for x in p["proposals"]] == whole["proposals"]
+    assert [t for p in oldest_first for t in p["turns"]] == whole["turns"]
+    # Each turn is on the page of its message.
+    for page in got:
+        participants = {m["seq"] for m in page["messages"] if m["role"] == "participant"}
+        assert {int(t["turn"].rsplit("-", 1)[1]) for t in page["turns"]} == participants
+
+
+def test_the_first_page_is_the_newest_and_says_where_the_older_begin(tmp_path: Path) -> None:
+    c = app_with(tmp_path, 150)
+    state: Any = c.app.state  # type: ignore[attr-defined]
+    body = c.get(f"/me/conversations/{CNV}").json()
+    seqs = [m["seq"] for m in body["messages"]] + [p["seq"] for p in body["proposals"]]
+    assert len(seqs) == TRANSCRIPT_PAGE
+    newest = sorted(state.views[CNV].content)[-TRANSCRIPT_PAGE:]
+    assert sorted(seqs) == newest and body["older"] == newest[0]
+    assert body["last_seq"] == state.views[CNV].last_seq
+    # Past the end is the newest page; below the first record, an empty oldest one.
+    assert c.get(f"/me/conversations/{CNV}", params={"before": 10**9}).json() == body
+    first = c.get(f"/me/conversations/{CNV}", params={"before": 2}).json()
+    assert (first["messages"], first["proposals"], first["turns"], first["older"]) == (
+        [], [], [], None)
+
+
+def test_a_page_opens_only_its_own_records(tmp_path: Path) -> None:
+    c = app_with(tmp_path, 400)
+    sealer: Any = c.app.state.sealer  # type: ignore[attr-defined]
+    opened: list[str] = []
+    for name in ("open_text", "open_json"):
+        real = getattr(sealer, name)
+
+        def counted(conversation: str, content_id: str, *a: Any, real: Any = real) -> Any:
+            opened.append(content_id)
+            return real(conversation, content_id, *a)
+
+        setattr(sealer, name, counted)
+    body = c.get(f"/me/conversations/{CNV}", params={"limit": 10, "before": 400}).json()
+    assert len(body["messages"]) + len(body["proposals"]) == 10
+    assert len(opened) == 10  # the page's records, not the conversation's 933
+
+
+@pytest.mark.parametrize(("params", "field"), [
+    ({"limit": TRANSCRIPT_PAGE_MAX + 1}, "limit"), ({"limit": 0}, "limit"),
+    ({"limit": "many"}, "limit"), ({"before": 0}, "before"), ({"before": "x"}, "before"),
+])
+def test_a_bad_page_is_refused_naming_the_field(tmp_path: Path, params: dict[str, Any],
+                                                field: str) -> None:
+    resp = app_with(tmp_path, 2).get(f"/me/conversations/{CNV}", params=params)
+    assert resp.status_code == 422
+    assert [e["loc"] for e in resp.json()["detail"]] == [["query", field]]
