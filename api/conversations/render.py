@@ -75,13 +75,16 @@ def turn_out(sealer: Sealer, tv: TurnView) -> TurnOut:
                    **turn_reason(sealer, tv.ended))
 
 
-def conversation_out(sealer: Sealer, view: ConversationView, before: int | None = None,
-                     limit: int | None = None) -> ConversationOut:
-    """One page of the transcript: its newest ``limit`` messages, replies and proposals with a
-    seq below ``before`` (all of them when both are None), and the turns whose message is on
-    the page — each turn on the page of its message, whatever page its reply is on."""
-    page, older = view.page(before, len(view.content) + 1 if limit is None else limit)
-    low = page[0][0] if older is not None else 0
+def conversation_out(sealer: Sealer, view: ConversationView,
+                     page: list[tuple[int, Envelope]] | None = None, older: int | None = None,
+                     before: int | None = None) -> ConversationOut:
+    """One page of the transcript: its messages, replies and proposals (``page``: seq and
+    record, oldest first; every one the view holds when None), and the turns whose message
+    seq is in ``[older, before)`` — each turn on the page of its message, whatever page its
+    reply is on. ``older`` is where the page before this one begins (None: none is older)."""
+    if page is None:
+        page, older = view.page(before, len(view.content) + 1)
+    low = older or 0
     messages: list[TranscriptMessage] = []
     proposals: list[ProposalOut] = []
     for seq, env in page:

@@ -16,7 +16,7 @@ from contextlib import contextmanager
 from functools import partial
 from typing import Annotated
 
-from fastapi import APIRouter, Depends, Header, Query, Request, Response
+from fastapi import APIRouter, Depends, Header, HTTPException, Query, Request, Response
 from fastapi.sse import EventSourceResponse, ServerSentEvent
 
 from api.conversations import render
@@ -212,6 +212,11 @@ async def get_turn(
         if short and not decided(view):  # the bound ran out first: it may yet come
             raise behind("turn", turn)
         raise no_turn(turn, conversation)
+    try:
+        tv = await views.with_records(view, tv)  # an old turn's reply: from the log
+    except ColdReadFailed as exc:
+        raise HTTPException(503, f"could not read turn {turn!r}'s records from the log: "
+                                 f"{exc}; try again") from None
     with opening(views, conversation):
         return render.turn_out(sealer, tv)
 
@@ -251,8 +256,16 @@ async def get_conversation(
     """The conversation as its owner sees it, a page at a time: messages and replies,
     proposals, and the turns of those messages; ``older`` says where the page before begins.
     A page costs the edge its own records, however long the conversation."""
+    if before is not None and before <= view.held_from:
+        try:
+            page, older = await views.older_page(view, before, limit)
+        except ColdReadFailed as exc:
+            raise HTTPException(503, f"could not read the conversation's older records from "
+                                     f"the log: {exc}; try again") from None
+    else:
+        page, older = view.page(before, limit)
     with opening(views, view.conversation):
-        return render.conversation_out(sealer, view, before, limit)
+        return render.conversation_out(sealer, view, page, older, before)
 
 
 @router.delete("/{conversation}", status_code=204, responses=NOT_FOUND)

@@ -16,7 +16,7 @@ import time
 from collections import Counter, OrderedDict
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 from api.frame.cold import ColdReadFailed
 from api.frame.projection import DEFAULT_KEPT, Caller, KeptEvents, StreamProjection
@@ -35,8 +35,14 @@ from schemas.conversation import (
 from streams.envelope import Envelope, unfolded
 from streams.ids import parse_turn
 
+CONTENT = (MessageRecorded, ReplyRecorded, ProposalRecorded)
+"""The records of a transcript (``ConversationView.content``): messages, replies, proposals."""
+COLD_PAGE_SEQS = 6
+"""Seqs read from the log for each record an older transcript page asks for (a turn is 4–6
+seqs and holds 1–3 of them)."""
 
-@dataclass
+
+@dataclass(slots=True)
 class TurnView:
     turn: str
     message_seq: int
@@ -44,9 +50,13 @@ class TurnView:
     ended: TurnStateChanged | None = None
     """The turn's latest state record: its reason's code plain, its words sealed."""
     reply: Envelope | None = None
-    """The turn's ``ReplyRecorded`` (sealed), once recorded."""
+    """The turn's ``ReplyRecorded`` (sealed), while the view holds it (``reply_seq``)."""
     proposal: Envelope | None = None
-    """The turn's ``ProposalRecorded`` (sealed), once recorded."""
+    """The turn's ``ProposalRecorded`` (sealed), while the view holds it."""
+    reply_seq: int | None = None
+    """Where its reply is on the log, once recorded (held or not)."""
+    proposal_seq: int | None = None
+    """Where its proposal is on the log, once recorded (held or not)."""
 
 
 @dataclass(kw_only=True)
@@ -59,6 +69,8 @@ class ConversationView(KeptEvents[Envelope]):
     content: dict[int, Envelope] = field(default_factory=dict)
     """Messages, replies and proposals by seq (sealed)."""
     turns: dict[str, TurnView] = field(default_factory=dict)
+    held_from: int = 0
+    """Content below this seq is no longer held here (``trim``): read from the log."""
     used_at: float = 0.0
     """``time.monotonic()`` when a request last asked for it or the log last changed it: a
     view unused for the history window is evicted (``ConversationViews.evict_idle``)."""
@@ -84,10 +96,11 @@ class ConversationView(KeptEvents[Envelope]):
         return tv
 
     def page(self, before: int | None, limit: int) -> tuple[list[tuple[int, Envelope]], int | None]:
-        """The newest ``limit`` content records with a seq below ``before`` (any seq when
-        None), oldest first, and the seq to page back from (the ``before`` of the next older
-        page) — None when no content record is older. The work is the records skipped and
-        taken, never the whole transcript (``content`` is in seq order: records apply in it)."""
+        """The newest ``limit`` content records it holds with a seq below ``before`` (any seq
+        when None), oldest first, and the seq to page back from (the ``before`` of the next
+        older page) — ``held_from`` when the older ones are only on the log, None when there
+        are none. The work is the records skipped and taken, never the whole transcript
+        (``content`` is in seq order: records apply in it)."""
         picked: list[tuple[int, Envelope]] = []
         for seq in reversed(self.content):
             if before is not None and seq >= before:
@@ -97,7 +110,32 @@ class ConversationView(KeptEvents[Envelope]):
                 return picked, picked[0][0]
             picked.append((seq, self.content[seq]))
         picked.reverse()
-        return picked, None
+        return picked, self.held_from if self.held_from > 1 else None
+
+    def trim(self) -> None:
+        """Hold content only for the events kept (``kept``): a long conversation's older
+        messages, replies and proposals are read from the log when asked for, and its ended
+        turns keep their state and where their reply and proposal are, not the records.
+        Trimmed in steps of a tenth of ``kept`` (each step looks at every turn)."""
+        if not self.events:
+            return
+        oldest = self.cursor_of(self.events[0])
+        if oldest - self.held_from < max(1, self.kept // 10):
+            return
+        self.held_from = oldest
+        for seq in [s for s in self.content if s < oldest]:  # the oldest first: a prefix
+            del self.content[seq]
+        for tv in self.turns.values():
+            if tv.reply is not None and tv.reply_seq is not None and tv.reply_seq < oldest:
+                tv.reply = None
+            if (tv.proposal is not None and tv.proposal_seq is not None
+                    and tv.proposal_seq < oldest):
+                tv.proposal = None
+            ended = tv.ended
+            if (ended is not None and ended.state == "Replied" and tv.reply is None
+                    and ended.reason is None and ended.sealed_reason is None
+                    and ended.reason_code is None):
+                tv.ended = None  # says nothing its state does not: ~0.5 KiB a turn
 
     def forget(self) -> None:
         """Drop everything but identity: the conversation is erased."""
@@ -182,33 +220,38 @@ class ConversationViews(StreamProjection[ConversationView]):
             fut.result()  # ColdReadFailed, when the read failed
         return settled
 
-    async def older(self, key: str, after: int, upto: int) -> list[Envelope]:
+    async def older(self, key: str, after: int, upto: int, share: bool = True
+                    ) -> list[Envelope]:
         """The conversation's records with seq in ``(after, upto]`` — those before the oldest
         its view keeps — read from the log: each seq exactly once, in order, or
         ``ColdReadFailed`` (never a stream with a hole). One read per range, shared by every
-        asker and remembered for the next few (decision 0011, step 5)."""
+        asker and remembered for the next few (decision 0011, step 5) — unless not
+        ``share``: a transcript page's read is its own, never kept."""
         if self.gap is None:
             raise ColdReadFailed("this edge reads no events older than it keeps")
         view = self.by_key.get(key)
         tenant = None if view is None else view.tenant
-        # A read of the same range, or of a wider one (a lower ``after``), serves this one:
-        # clients resuming at different old cursors of one conversation share one scan.
-        fut = None
-        for (k, a, u), f in self._gaps.items():
-            if k == key and u == upto and a <= after and not (
-                    f.done() and (f.cancelled() or f.exception() is not None)):
-                fut = f
-                break
-        if fut is None:
-            fut = asyncio.ensure_future(self._read_gap(key, after, upto))
-            self._gaps[(key, after, upto)] = fut
-            while len(self._gaps) > GAPS_KEPT:
-                self._gaps.popitem(last=False)
+        fut = (self._shared(key, after, upto) if share
+               else asyncio.ensure_future(self._read_gap(key, after, upto)))
         found = [env for env in await asyncio.shield(fut) if env.seq is not None
                  and env.seq > after]
         if any(env.tenant != tenant for env in found):
             raise ColdReadFailed(f"conversation {key}: records of another tenant in the log")
         return found
+
+    def _shared(self, key: str, after: int, upto: int) -> asyncio.Future[list[Envelope]]:
+        """The read of ``(after, upto]`` under way or remembered — a read of the same range,
+        or of a wider one (a lower ``after``), serves this one: clients resuming at
+        different old cursors of one conversation share one scan — else a new one."""
+        for (k, a, u), f in self._gaps.items():
+            if k == key and u == upto and a <= after and not (
+                    f.done() and (f.cancelled() or f.exception() is not None)):
+                return f
+        fut = asyncio.ensure_future(self._read_gap(key, after, upto))
+        self._gaps[(key, after, upto)] = fut
+        while len(self._gaps) > GAPS_KEPT:
+            self._gaps.popitem(last=False)
+        return fut
 
     async def _read_gap(self, key: str, after: int, upto: int) -> list[Envelope]:
         assert self.gap is not None
@@ -225,6 +268,35 @@ class ConversationViews(StreamProjection[ConversationView]):
                                  f"{missing[0]}" + (f" and {len(missing) - 1} more"
                                                     if len(missing) > 1 else ""))
         return [by_seq[s] for s in range(after + 1, upto + 1)]
+
+    async def older_page(self, view: ConversationView, before: int, limit: int
+                         ) -> tuple[list[tuple[int, Envelope]], int | None]:
+        """``ConversationView.page`` for a page below what ``view`` holds (``before`` at or
+        under its ``held_from``): read from the log, ``COLD_PAGE_SEQS`` seqs a record — so a
+        page may hold fewer than ``limit``; ``older`` then says where to go on.
+        ``ColdReadFailed`` when the log cannot give them."""
+        upto = before - 1
+        after = max(view.first_seen - 1, upto - COLD_PAGE_SEQS * limit, 0)
+        if upto <= after:
+            return [], None
+        found = await self.older(view.conversation, after, upto, share=False)
+        page = [(env.seq, env) for env in found
+                if env.seq is not None and isinstance(env.record, CONTENT)]
+        if len(page) > limit:
+            page = page[-limit:]
+            return page, page[0][0]
+        return page, after + 1 if after > max(view.first_seen - 1, 0) else None
+
+    async def with_records(self, view: ConversationView, tv: TurnView) -> TurnView:
+        """``tv`` with its reply and proposal, read from the log when ``view`` no longer
+        holds them (``ColdReadFailed`` when it cannot)."""
+        reply, proposal = tv.reply, tv.proposal
+        if reply is None and tv.reply_seq is not None:
+            reply = (await self.older(view.conversation, tv.reply_seq - 1, tv.reply_seq))[0]
+        if proposal is None and tv.proposal_seq is not None:
+            proposal = (await self.older(view.conversation, tv.proposal_seq - 1,
+                                         tv.proposal_seq))[0]
+        return replace(tv, reply=reply, proposal=proposal)
 
     def _read_done(self, key: str, fut: asyncio.Future[None]) -> None:
         self._loading.pop(key, None)
@@ -304,11 +376,15 @@ class ConversationViews(StreamProjection[ConversationView]):
                 view.drop_live(lambda d, turn=rec.turn: d.record.turn == turn)
         elif isinstance(rec, ReplyRecorded):
             view.content[env.seq] = env
-            view.turn(rec.turn).reply = env
+            tv = view.turn(rec.turn)
+            tv.reply, tv.reply_seq = env, env.seq
             view.drop_live(lambda d, turn=rec.turn: d.record.turn == turn)
         elif isinstance(rec, ProposalRecorded):
             view.content[env.seq] = env
-            view.turn(rec.turn).proposal = env
+            tv = view.turn(rec.turn)
+            tv.proposal, tv.proposal_seq = env, env.seq
+        if self.gap is not None:  # older content can be read from the log
+            view.trim()
 
     def apply_delta(self, env: Envelope) -> None:
         """Hold a turn's streamed reply text (``voice.deltas``) for the conversation's live
@@ -320,7 +396,7 @@ class ConversationViews(StreamProjection[ConversationView]):
                 or env.tenant != view.tenant or rec.conversation != view.conversation):
             return
         tv = view.turns.get(rec.turn)
-        if tv is not None and (tv.reply is not None or tv.state not in (None, "Thinking")):
+        if tv is not None and (tv.reply_seq is not None or tv.state not in (None, "Thinking")):
             return
         view.add_live(env)
         self.notify(env.key)

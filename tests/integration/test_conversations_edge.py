@@ -437,8 +437,38 @@ def test_bounded_stream_keepalives_and_a_cursor_older_than_kept(
     assert [f.id for f in ok.events] == ["4", "5", "7", "8", "10", "11", "13"]
     bad = read_stream(url, settings, cnv, last_event_id="abc")
     assert bad.status == 422 and bad.body["detail"][0]["loc"] == ["header", "Last-Event-ID"]
-    # The transcript is not bounded by the event list.
-    assert len(get(url, settings, f"/{cnv}").json()["messages"]) == 4
+    # The transcript is not bounded by the event list: the edge holds the kept window, and
+    # the pages before it are read from the log — every message once, in order.
+    newest = get(url, settings, f"/{cnv}").json()
+    assert newest["older"] is not None and len(newest["messages"]) < 4
+    older = get(url, settings, f"/{cnv}?before={newest['older']}").json()
+    assert older["older"] is None
+    assert [m["seq"] for m in older["messages"] + newest["messages"]] == [2, 5, 8, 11]
+    assert [t["turn"] for t in older["turns"] + newest["turns"]] == [
+        f"{cnv}:turn-{n}" for n in (2, 5, 8, 11)]
+
+
+def test_a_turn_older_than_the_edge_keeps_is_answered_from_the_log(
+    settings: VoiceSettings, worker, start_edge  # noqa: ANN001
+) -> None:
+    url = start_edge(VOICE_EDGE_EVENTS_KEPT="10")
+    cnv = create(url, settings)
+    turn = f"{cnv}:turn-2"
+    assert send(url, settings, cnv, "the bins").status_code == 202  # seqs 2..4
+    proposal = {"concerns": [], "relates_to_issue": None, "new_issue": None}
+    record_turn(settings, cnv, turn, "noted: the bins", proposal)  # seqs 5..7
+    answer = wait_for(lambda: turn_state(url, settings, turn, "Replied"), what="turn Replied")
+    for n in range(4):  # 12 seqs more: the turn's records fall out of the 10 kept
+        assert send(url, settings, cnv, f"more {n}").status_code == 202
+    wait_for(lambda: get(url, settings, "").json()[0]["last_seq"] == 19)
+    later = get(url, settings, f"/{cnv}/turns/{turn}")
+    assert later.status_code == 200 and later.json() == answer
+    assert answer["reply"] == {"seq": 5, "text": "noted: the bins"}
+    assert answer["proposal"] == proposal
+    oldest = get(url, settings, f"/{cnv}?before=8").json()
+    assert [(m["seq"], m["text"]) for m in oldest["messages"]] == [
+        (2, "the bins"), (5, "noted: the bins")]
+    assert oldest["proposals"] == [{"seq": 6, "turn": turn, "proposal": proposal}]
 
 
 def test_two_edges_serve_the_same_conversation(

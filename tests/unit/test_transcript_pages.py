@@ -18,6 +18,7 @@ from schemas.conversation import (
     TurnOpened,
     TurnReplied,
     TurnRepliedWithProposal,
+    TurnStateChanged,
 )
 from streams.envelope import Envelope
 from streams.ids import turn_id
@@ -29,9 +30,10 @@ AT = "2026-01-01T00:00:00+00:00"
 
 
 def long_conversation(views: ConversationViews, sealer: Sealer, turns: int,
-                      open_last: bool = False) -> None:
-    """``turns`` turns as the sequencer appends them (every third with a proposal); with
-    ``open_last`` the last one is still thinking (no reply yet)."""
+                      open_last: bool = False) -> list[Envelope]:
+    """``turns`` turns as the sequencer appends them (every third with a proposal), applied
+    to ``views``; with ``open_last`` the last one is still thinking (no reply yet). Returns
+    the log."""
     records: list[Record] = [ConversationStarted(conversation=CNV, owner="alice")]
     seq = 2
     for n in range(turns):
@@ -49,16 +51,21 @@ def long_conversation(views: ConversationViews, sealer: Sealer, turns: int,
             else:
                 records.append(TurnReplied(**reply))
         seq = 2 + sum(r.seqs for r in records[1:])
-    seq = 1
+    seq, log = 1, []
     for i, r in enumerate(records):
-        views.apply(Envelope(record=r, key=CNV, source="/voice/sequencer", seq=seq,
-                             tenant="default", id=f"r{i}"))
+        log.append(Envelope(record=r, key=CNV, source="/voice/sequencer", seq=seq,
+                            tenant="default", id=f"r{i}"))
+        views.apply(log[-1])
         seq += r.seqs
+    return log
 
 
-def app_with(tmp_path: Path, turns: int, open_last: bool = False) -> TestClient:
+def app_with(tmp_path: Path, turns: int, open_last: bool = False,
+             views: ConversationViews | None = None) -> TestClient:
     c = client(tmp_path, "accepted")
     state: Any = c.app.state  # type: ignore[attr-defined]
+    if views is not None:
+        state.views = views
     long_conversation(state.views, state.sealer, turns, open_last)
     return c
 
@@ -140,3 +147,108 @@ def test_a_bad_page_is_refused_naming_the_field(tmp_path: Path, params: dict[str
     resp = app_with(tmp_path, 2).get(f"/me/conversations/{CNV}", params=params)
     assert resp.status_code == 422
     assert [e["loc"] for e in resp.json()["detail"]] == [["query", field]]
+
+
+# --- a long conversation: only the kept window in memory, the rest read from the log ----------
+
+
+class LogReads:
+    """The log, as ``api.frame.cold``'s gap reader reads it (records starting in
+    ``(after, upto]``), counting the reads; with ``lost`` below it, retention has trimmed it."""
+
+    def __init__(self) -> None:
+        self.log: list[Envelope] = []
+        self.reads: list[tuple[int, int]] = []
+        self.lost = 0
+
+    def __call__(self, key: str, after: int, upto: int) -> list[Envelope]:
+        self.reads.append((after, upto))
+        return [e for e in self.log if e.key == key and e.seq is not None
+                and max(after, self.lost) < e.seq <= upto]
+
+
+def trimmed(tmp_path: Path, turns: int) -> tuple[TestClient, TestClient, LogReads]:
+    """The same conversation on an edge that keeps 40 events and reads older ones from the
+    log, and on one that holds it all (no log reader)."""
+    reads = LogReads()
+    c = app_with(tmp_path / "kept", turns, views=ConversationViews(kept=40, gap=reads))
+    whole = app_with(tmp_path / "whole", 0)
+    state: Any = whole.app.state  # type: ignore[attr-defined]
+    sealer: Any = c.app.state.sealer  # type: ignore[attr-defined]
+    state.sealer = sealer  # one key store: the same sealed records open on both
+    reads.log = long_conversation(state.views, sealer, turns)
+    return c, whole, reads
+
+
+def test_a_long_conversation_holds_only_its_kept_window(tmp_path: Path) -> None:
+    c, whole, _ = trimmed(tmp_path, 300)
+    view = c.app.state.views[CNV]  # type: ignore[attr-defined]
+    assert view.held_from > 1300 and min(view.content) >= view.held_from
+    assert len(view.content) <= 40
+    # A turn's reply and proposal go with the window (the turn's state and where they are
+    # stay); one still in the window stays held.
+    for tv in view.turns.values():
+        assert tv.state == "Replied" and tv.reply_seq is not None
+        assert (tv.reply is None) == (tv.reply_seq < view.held_from)
+        assert (tv.proposal is None) == (tv.proposal_seq is None
+                                         or tv.proposal_seq < view.held_from)
+        assert (tv.ended is None) == (tv.reply is None)  # a plain "Replied" says no more
+    full = whole.app.state.views[CNV]  # type: ignore[attr-defined]
+    assert len(full.content) == 700 and full.held_from == 0  # no log reader: nothing trimmed
+
+
+@pytest.mark.parametrize("limit", [7, 30, TRANSCRIPT_PAGE_MAX])
+def test_older_pages_come_from_the_log_and_hold_the_same_transcript(
+        tmp_path: Path, limit: int) -> None:
+    c, whole, reads = trimmed(tmp_path, 300)
+    got, expected = pages(c, limit), pages(whole, TRANSCRIPT_PAGE_MAX)
+    for key in ("messages", "proposals", "turns"):
+        assert [x for p in got[::-1] for x in p[key]] == [
+            x for p in expected[::-1] for x in p[key]], key
+    assert all(len(p["messages"]) + len(p["proposals"]) <= limit for p in got)
+    assert reads.reads and all(upto - after <= 6 * limit + 3 for after, upto in reads.reads)
+
+
+def test_an_old_turn_is_answered_with_its_reply_and_proposal_from_the_log(
+        tmp_path: Path) -> None:
+    c, whole, reads = trimmed(tmp_path, 300)
+    turn = turn_id(CNV, 2 + 5 * 2)  # the third turn: a reply and a proposal, long trimmed
+    path = f"/me/conversations/{CNV}/turns/{turn}"
+    got = c.get(path)
+    assert got.status_code == 200, got.text
+    assert got.json() == whole.get(path).json()
+    assert got.json()["reply"]["text"] == "reply 2" and got.json()["proposal"] == {"n": 2}
+    assert len(reads.reads) == 2  # the reply, then the proposal
+
+
+def test_an_old_page_the_log_no_longer_holds_answers_503(tmp_path: Path) -> None:
+    c, _, reads = trimmed(tmp_path, 300)
+    reads.lost = 10**6
+    newest = c.get(f"/me/conversations/{CNV}").json()
+    assert newest["older"] is not None  # the kept window, from memory
+    resp = c.get(f"/me/conversations/{CNV}", params={"before": newest["older"]})
+    assert resp.status_code == 503
+    assert "the log no longer holds seq" in resp.json()["detail"]
+
+
+def test_an_old_turn_that_failed_keeps_its_reason(tmp_path: Path) -> None:
+    reads = LogReads()
+    c = app_with(tmp_path, 1, open_last=True, views=ConversationViews(kept=40, gap=reads))
+    state: Any = c.app.state  # type: ignore[attr-defined]
+    turn = turn_id(CNV, 2)
+    state.views.apply(Envelope(
+        record=TurnStateChanged(conversation=CNV, turn=turn, state="CouldNotInterpret",
+                                reason_code="could_not_interpret",
+                                sealed_reason=state.sealer.seal(CNV, f"{turn}:reason", "why")),
+        key=CNV, source="/voice/sequencer", seq=5, tenant="default", id="failed"))
+    view = state.views[CNV]
+    for n in range(60):  # 60 more seqs of other records push it out of the window
+        view_seq = view.last_seq + 1
+        state.views.apply(Envelope(
+            record=TurnStateChanged(conversation=CNV, turn=turn_id(CNV, 1000 + n),
+                                    state="Thinking"),
+            key=CNV, source="/voice/sequencer", seq=view_seq, tenant="default", id=f"t{n}"))
+    assert view.held_from > 5
+    got = c.get(f"/me/conversations/{CNV}/turns/{turn}").json()
+    assert (got["state"], got["reason"], got["reason_code"]) == (
+        "CouldNotInterpret", "why", "could_not_interpret")
