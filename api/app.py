@@ -109,8 +109,8 @@ def create_app(settings: VoiceSettings | None = None, bind_host: str | None = No
         views = ConversationViews(kept=settings.edge_events_kept, cold=(
             None if settings.edge_history_s is None
             else lambda key: conversation_reader(cold, app.state.tail)(key)),
-            gap=lambda key, after, upto: conversation_gap_reader(cold, app.state.tail)(
-                key, after, upto))
+            gap=lambda key, after, upto, since_ms=None: conversation_gap_reader(
+                cold, app.state.tail)(key, after, upto, since_ms))
         sealer = await asyncio.to_thread(sealer_for, settings)
         app.state.settings = settings
         app.state.views = views

@@ -12,11 +12,15 @@ Content stays sealed here; routes open it for the owner (``api.conversations.ren
 from __future__ import annotations
 
 import asyncio
+import math
 import time
+from bisect import bisect_right
 from collections import Counter, OrderedDict
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, field, replace
+from functools import partial
+from typing import Protocol
 
 from api.frame.cold import ColdReadFailed
 from api.frame.projection import DEFAULT_KEPT, Caller, KeptEvents, StreamProjection
@@ -33,7 +37,7 @@ from schemas.conversation import (
     TurnStateChanged,
 )
 from streams.envelope import Envelope, unfolded
-from streams.ids import parse_turn
+from streams.ids import CLOCK_SLACK_MS, parse_turn
 
 CONTENT = (MessageRecorded, ReplyRecorded, ProposalRecorded)
 """The records of a transcript (``ConversationView.content``): messages, replies, proposals."""
@@ -71,6 +75,9 @@ class ConversationView(KeptEvents[Envelope]):
     turns: dict[str, TurnView] = field(default_factory=dict)
     held_from: int = 0
     """Content below this seq is no longer held here (``trim``): read from the log."""
+    marks: list[tuple[int, int]] = field(default_factory=list)
+    """(seq, its record's time in ms) at each ``trim``: where a read of older seqs may start
+    in the log (``since_ms``), not at the conversation's first record."""
     used_at: float = 0.0
     """``time.monotonic()`` when a request last asked for it or the log last changed it: a
     view unused for the history window is evicted (``ConversationViews.evict_idle``)."""
@@ -119,10 +126,12 @@ class ConversationView(KeptEvents[Envelope]):
         Trimmed in steps of a tenth of ``kept`` (each step looks at every turn)."""
         if not self.events:
             return
-        oldest = self.cursor_of(self.events[0])
+        first = self.events[0]
+        oldest = self.cursor_of(first)
         if oldest - self.held_from < max(1, self.kept // 10):
             return
         self.held_from = oldest
+        self.marks.append((oldest, int(first.time.timestamp() * 1000)))
         for seq in [s for s in self.content if s < oldest]:  # the oldest first: a prefix
             del self.content[seq]
         for tv in self.turns.values():
@@ -136,6 +145,13 @@ class ConversationView(KeptEvents[Envelope]):
                     and ended.reason is None and ended.sealed_reason is None
                     and ended.reason_code is None):
                 tv.ended = None  # says nothing its state does not: ~0.5 KiB a turn
+
+    def since_ms(self, after: int) -> int | None:
+        """Where in time a read of the seqs after ``after`` may start: the time of the latest
+        mark at or before them (a folded record that holds them included) less the clocks'
+        slack; None when no mark is that old (from the conversation's first record)."""
+        at = bisect_right(self.marks, (after - FOLDED_SEQS + 1, math.inf)) - 1
+        return None if at < 0 else max(0, self.marks[at][1] - CLOCK_SLACK_MS)
 
     def forget(self) -> None:
         """Drop everything but identity: the conversation is erased."""
@@ -151,7 +167,15 @@ ColdRead = Callable[[str], list[Envelope]]
 """Blocking: every record of one conversation up to its partition's end when the read begins,
 in log order (``api.frame.cold.conversation_reader``)."""
 
-ColdGap = Callable[[str, int, int], list[Envelope]]
+class ColdGap(Protocol):
+    """Blocking: one conversation's records with seq in ``(after, upto]`` from anywhere in the
+    log (``api.frame.cold.conversation_gap_reader``) — from ``since_ms`` on when given (no
+    record of them is older) — what a cursor or page older than the kept events needs."""
+
+    def __call__(self, key: str, after: int, upto: int, since_ms: int | None = None
+                 ) -> list[Envelope]: ...
+
+
 """Blocking: one conversation's records with seq in ``(after, upto]`` from anywhere in the log
 (``api.frame.cold.conversation_gap_reader``): what a cursor older than the kept events needs."""
 
@@ -220,19 +244,20 @@ class ConversationViews(StreamProjection[ConversationView]):
             fut.result()  # ColdReadFailed, when the read failed
         return settled
 
-    async def older(self, key: str, after: int, upto: int, share: bool = True
-                    ) -> list[Envelope]:
+    async def older(self, key: str, after: int, upto: int, share: bool = True,
+                    since_ms: int | None = None) -> list[Envelope]:
         """The conversation's records with seq in ``(after, upto]`` — those before the oldest
         its view keeps — read from the log: each seq exactly once, in order, or
         ``ColdReadFailed`` (never a stream with a hole). One read per range, shared by every
         asker and remembered for the next few (decision 0011, step 5) — unless not
-        ``share``: a transcript page's read is its own, never kept."""
+        ``share``: a transcript page's read is its own, never kept. ``since_ms``: no record
+        of the range is older (``ConversationView.since_ms``), the scan starts there."""
         if self.gap is None:
             raise ColdReadFailed("this edge reads no events older than it keeps")
         view = self.by_key.get(key)
         tenant = None if view is None else view.tenant
         fut = (self._shared(key, after, upto) if share
-               else asyncio.ensure_future(self._read_gap(key, after, upto)))
+               else asyncio.ensure_future(self._read_gap(key, after, upto, since_ms)))
         found = [env for env in await asyncio.shield(fut) if env.seq is not None
                  and env.seq > after]
         if any(env.tenant != tenant for env in found):
@@ -253,11 +278,15 @@ class ConversationViews(StreamProjection[ConversationView]):
             self._gaps.popitem(last=False)
         return fut
 
-    async def _read_gap(self, key: str, after: int, upto: int) -> list[Envelope]:
+    async def _read_gap(self, key: str, after: int, upto: int, since_ms: int | None = None
+                        ) -> list[Envelope]:
         assert self.gap is not None
+        # From a few seqs earlier: a folded record before ``after`` may hold seqs after it.
+        read = partial(self.gap, key, max(0, after - FOLDED_SEQS), upto)
+        if since_ms is not None:
+            read = partial(read, since_ms=since_ms)
         async with self._scans:
-            # From a few seqs earlier: a folded record before ``after`` may hold seqs after it.
-            found = await asyncio.to_thread(self.gap, key, max(0, after - FOLDED_SEQS), upto)
+            found = await asyncio.to_thread(read)
         by_seq: dict[int, Envelope] = {}
         for env in (part for record in found for part in unfolded(record)):
             if env.seq is not None:
@@ -279,7 +308,8 @@ class ConversationViews(StreamProjection[ConversationView]):
         after = max(view.first_seen - 1, upto - COLD_PAGE_SEQS * limit, 0)
         if upto <= after:
             return [], None
-        found = await self.older(view.conversation, after, upto, share=False)
+        found = await self.older(view.conversation, after, upto, share=False,
+                                 since_ms=view.since_ms(after))
         page = [(env.seq, env) for env in found
                 if env.seq is not None and isinstance(env.record, CONTENT)]
         if len(page) > limit:
@@ -290,12 +320,15 @@ class ConversationViews(StreamProjection[ConversationView]):
     async def with_records(self, view: ConversationView, tv: TurnView) -> TurnView:
         """``tv`` with its reply and proposal, read from the log when ``view`` no longer
         holds them (``ColdReadFailed`` when it cannot)."""
+        async def read(seq: int) -> Envelope:
+            return (await self.older(view.conversation, seq - 1, seq, share=False,
+                                     since_ms=view.since_ms(seq - 1)))[0]
+
         reply, proposal = tv.reply, tv.proposal
         if reply is None and tv.reply_seq is not None:
-            reply = (await self.older(view.conversation, tv.reply_seq - 1, tv.reply_seq))[0]
+            reply = await read(tv.reply_seq)
         if proposal is None and tv.proposal_seq is not None:
-            proposal = (await self.older(view.conversation, tv.proposal_seq - 1,
-                                         tv.proposal_seq))[0]
+            proposal = await read(tv.proposal_seq)
         return replace(tv, reply=reply, proposal=proposal)
 
     def _read_done(self, key: str, fut: asyncio.Future[None]) -> None:

@@ -171,16 +171,18 @@ def conversation_reader(log_: ColdLog, tail: EdgeTail) -> Callable[[str], list[E
 
 
 def conversation_gap_reader(log_: ColdLog, tail: EdgeTail
-                            ) -> Callable[[str, int, int], list[Envelope]]:
+                            ) -> Callable[..., list[Envelope]]:
     """A blocking reader of one conversation's records with seq in ``(after, upto]``, from
     anywhere in its partition: what a cursor older than the edge keeps needs (decision 0011,
     step 5)."""
 
-    def read(key: str, after: int, upto: int) -> list[Envelope]:
+    def read(key: str, after: int, upto: int, since_ms: int | None = None) -> list[Envelope]:
         if not tail.assigned.wait(SCAN_TIMEOUT_S):
             raise ColdReadFailed("the edge's tail is not assigned yet")
         partition = partition_of(key, tail.conv_partitions)
-        return log_.read_seqs(tail.conv_topic, partition, key, after, upto,
-                              conversation_since_ms(key))
+        start = conversation_since_ms(key)
+        if since_ms is not None:  # a later start the caller knows (no record is older)
+            start = since_ms if start is None else max(start, since_ms)
+        return log_.read_seqs(tail.conv_topic, partition, key, after, upto, start)
 
     return read

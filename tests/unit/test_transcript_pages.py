@@ -4,6 +4,8 @@ the whole of such an hour took ~0.5 s of the edge's event loop, every stream wai
 
 from __future__ import annotations
 
+from dataclasses import replace
+from datetime import timedelta
 from pathlib import Path
 from typing import Any
 
@@ -12,6 +14,7 @@ from fastapi.testclient import TestClient
 
 from api.conversations import ConversationViews, render
 from api.conversations.routes import TRANSCRIPT_PAGE, TRANSCRIPT_PAGE_MAX
+from api.conversations.views import CONTENT
 from schemas.base import Record
 from schemas.conversation import (
     ConversationStarted,
@@ -20,7 +23,7 @@ from schemas.conversation import (
     TurnRepliedWithProposal,
     TurnStateChanged,
 )
-from streams.envelope import Envelope
+from streams.envelope import Envelope, unfolded
 from streams.ids import turn_id
 from streams.sealing import Sealer
 from tests.unit.test_conversation_routes import client
@@ -159,12 +162,16 @@ class LogReads:
     def __init__(self) -> None:
         self.log: list[Envelope] = []
         self.reads: list[tuple[int, int]] = []
+        self.since: list[int | None] = []
         self.lost = 0
 
-    def __call__(self, key: str, after: int, upto: int) -> list[Envelope]:
+    def __call__(self, key: str, after: int, upto: int, since_ms: int | None = None
+                 ) -> list[Envelope]:
         self.reads.append((after, upto))
+        self.since.append(since_ms)
         return [e for e in self.log if e.key == key and e.seq is not None
-                and max(after, self.lost) < e.seq <= upto]
+                and max(after, self.lost) < e.seq <= upto
+                and (since_ms is None or e.time.timestamp() * 1000 >= since_ms)]
 
 
 def trimmed(tmp_path: Path, turns: int) -> tuple[TestClient, TestClient, LogReads]:
@@ -252,3 +259,31 @@ def test_an_old_turn_that_failed_keeps_its_reason(tmp_path: Path) -> None:
     got = c.get(f"/me/conversations/{CNV}/turns/{turn}").json()
     assert (got["state"], got["reason"], got["reason_code"]) == (
         "CouldNotInterpret", "why", "could_not_interpret")
+
+
+def test_an_old_page_is_read_from_the_time_of_the_window_it_left(tmp_path: Path) -> None:
+    # The log's times: a minute between turns, so where a read starts shows in what it finds.
+    reads = LogReads()
+    c = client(tmp_path, "accepted")
+    state: Any = c.app.state  # type: ignore[attr-defined]
+    state.views = views = ConversationViews(kept=40, gap=reads)
+    made = long_conversation(ConversationViews(), state.sealer, 300)
+    log = [replace(env, time=made[0].time + timedelta(minutes=i)) for i, env in enumerate(made)]
+    for env in log:
+        views.apply(env)
+    reads.log = log
+    view = views[CNV]
+    assert len(view.marks) > 100 and view.since_ms(0) is None
+    got = pages(c, 30)
+    assert sorted(x["seq"] for p in got for x in p["messages"] + p["proposals"]) == [
+        seq for seq, _ in enumerate_content(log)]
+    # Each page's read starts at the mark before it (less the clocks' slack), not at the
+    # conversation's first record — except the oldest pages, which no mark precedes.
+    assert reads.since[0] is not None and reads.since[-1] is None
+    assert sorted((s for s in reads.since if s is not None), reverse=True) == [
+        s for s in reads.since if s is not None]
+
+
+def enumerate_content(log: list[Envelope]) -> list[tuple[int, Envelope]]:
+    return [(part.seq, part) for env in log for part in unfolded(env)
+            if part.seq is not None and isinstance(part.record, CONTENT)]
