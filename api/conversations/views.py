@@ -167,6 +167,7 @@ ColdRead = Callable[[str], list[Envelope]]
 """Blocking: every record of one conversation up to its partition's end when the read begins,
 in log order (``api.frame.cold.conversation_reader``)."""
 
+
 class ColdGap(Protocol):
     """Blocking: one conversation's records with seq in ``(after, upto]`` from anywhere in the
     log (``api.frame.cold.conversation_gap_reader``) — from ``since_ms`` on when given (no
@@ -175,9 +176,6 @@ class ColdGap(Protocol):
     def __call__(self, key: str, after: int, upto: int, since_ms: int | None = None
                  ) -> list[Envelope]: ...
 
-
-"""Blocking: one conversation's records with seq in ``(after, upto]`` from anywhere in the log
-(``api.frame.cold.conversation_gap_reader``): what a cursor older than the kept events needs."""
 
 GAPS_KEPT = 16
 """Gap reads remembered (by conversation and range): a client whose stream ends while one is
