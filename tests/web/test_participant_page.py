@@ -142,6 +142,34 @@ PAGE_NOW = """return {
 """What the page shows of the reply now: the drafts' texts, agent messages, the turn state."""
 
 
+def test_a_message_answered_after_its_turn_ended_leaves_the_turn_replied(
+        stack: WebStack, browser: Any) -> None:
+    # Regression: the page set the turn to Thinking when its message's 202 came, even when the
+    # stream had already brought the whole turn (a fast turn, a slow answer): stuck "Thinking".
+    sign_in(browser, stack.url, "/", "alice-late", "participant")
+    by_testid(browser, "new-conversation").click()
+    wait_for(lambda: by_testid(browser, "message-input").is_displayed(), "a conversation open")
+    browser.execute_script("""
+        const real = window.fetch;
+        window.fetch = async (...args) => {
+          const answer = await real(...args);
+          if (String(args[0]).endsWith("/messages")) {  // the 202, held until the turn is done
+            await new Promise((done) => {
+              const check = () => document.querySelector('[data-testid="turn-state"]')
+                .dataset.state === "Replied" ? done() : setTimeout(check, 20);
+              check();
+            });
+          }
+          return answer;
+        };""")
+    by_testid(browser, "message-input").send_keys(FIRST)
+    by_testid(browser, "send-button").click()
+    wait_for(lambda: browser.execute_script(  # emptied once the 202 is taken
+        'return document.querySelector(\'[data-testid="message-input"]\').value') == "",
+             "the message's 202 taken, after its turn", timeout=60)
+    assert turn_state(browser) == "Replied" and agent_replies(browser) == 1
+
+
 def test_the_reply_is_drawn_as_it_is_written(slow_stack: WebStack, browser: Any) -> None:
     """With a slow model, a draft of the reply grows in the transcript before the reply is
     recorded; then it is replaced by exactly one agent message, which the draft was the start

@@ -53,7 +53,12 @@ function dropDraft(turn) {
   drafts.delete(turn);
 }
 
+// The turns the stream has told of: a message's 202 may come after its whole turn has
+// streamed by (the turn is fast, the answer slow), and must not set it back to Thinking.
+const turnsSeen = new Set();
+
 function showTurn({ turn, state, reason }) {
+  if (turn) turnsSeen.add(turn);
   if (state !== "Thinking") dropDraft(turn);
   $("turn-state").textContent = state;
   $("turn-state").dataset.state = state;
@@ -100,6 +105,7 @@ async function openConversation(conversation) {
   $("conversation-id").textContent = conversation;
   $("transcript").replaceChildren();
   drafts.clear();
+  turnsSeen.clear();
   $("proposal").hidden = true;
   $("turn-state").textContent = "—";
   $("turn-reason").textContent = "";
@@ -140,7 +146,7 @@ async function send(event) {
   if (!accepted || conversation !== current) return;
   input.value = "";
   addMessage({ seq: accepted.message.seq, role: "participant", text: accepted.message.text, at: accepted.message.at });
-  showTurn({ state: "Thinking", reason: null });
+  if (!turnsSeen.has(accepted.turn)) showTurn({ turn: accepted.turn, state: "Thinking", reason: null });
 }
 
 async function erase() {
