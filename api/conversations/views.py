@@ -19,7 +19,6 @@ from collections import Counter, OrderedDict
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, field, replace
-from functools import partial
 from typing import Protocol
 
 from api.frame.cold import ColdReadFailed
@@ -279,12 +278,10 @@ class ConversationViews(StreamProjection[ConversationView]):
     async def _read_gap(self, key: str, after: int, upto: int, since_ms: int | None = None
                         ) -> list[Envelope]:
         assert self.gap is not None
-        # From a few seqs earlier: a folded record before ``after`` may hold seqs after it.
-        read = partial(self.gap, key, max(0, after - FOLDED_SEQS), upto)
-        if since_ms is not None:
-            read = partial(read, since_ms=since_ms)
         async with self._scans:
-            found = await asyncio.to_thread(read)
+            # From a few seqs earlier: a folded record before ``after`` may hold seqs after it.
+            found = await asyncio.to_thread(self.gap, key, max(0, after - FOLDED_SEQS), upto,
+                                            since_ms)
         by_seq: dict[int, Envelope] = {}
         for env in (part for record in found for part in unfolded(record)):
             if env.seq is not None:
@@ -317,17 +314,18 @@ class ConversationViews(StreamProjection[ConversationView]):
 
     async def with_records(self, view: ConversationView, tv: TurnView) -> TurnView:
         """``tv`` with its reply and proposal, read from the log when ``view`` no longer
-        holds them (``ColdReadFailed`` when it cannot)."""
-        async def read(seq: int) -> Envelope:
-            return (await self.older(view.conversation, seq - 1, seq, share=False,
-                                     since_ms=view.since_ms(seq - 1)))[0]
-
-        reply, proposal = tv.reply, tv.proposal
-        if reply is None and tv.reply_seq is not None:
-            reply = await read(tv.reply_seq)
-        if proposal is None and tv.proposal_seq is not None:
-            proposal = await read(tv.proposal_seq)
-        return replace(tv, reply=reply, proposal=proposal)
+        holds them — in one read, from the first to the last (``ColdReadFailed`` when it
+        cannot)."""
+        wanted = [seq for env, seq in ((tv.reply, tv.reply_seq),
+                                       (tv.proposal, tv.proposal_seq))
+                  if env is None and seq is not None]
+        if not wanted:
+            return tv
+        after = min(wanted) - 1
+        found = {env.seq: env for env in await self.older(
+            view.conversation, after, max(wanted), share=False, since_ms=view.since_ms(after))}
+        return replace(tv, reply=tv.reply or found.get(tv.reply_seq),
+                       proposal=tv.proposal or found.get(tv.proposal_seq))
 
     def _read_done(self, key: str, fut: asyncio.Future[None]) -> None:
         self._loading.pop(key, None)

@@ -214,7 +214,8 @@ class GapReader:
         self.gate = threading.Event()
         self.gate.set()
 
-    def __call__(self, key: str, after: int, upto: int) -> list[Envelope]:
+    def __call__(self, key: str, after: int, upto: int, since_ms: int | None = None
+                 ) -> list[Envelope]:
         self.calls += 1
         self.gate.wait(10)
         return [e for e in self.records

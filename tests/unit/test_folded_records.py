@@ -126,7 +126,8 @@ class GapReader:
     def __init__(self, records: list[Envelope]) -> None:
         self.records = records
 
-    def __call__(self, key: str, after: int, upto: int) -> list[Envelope]:
+    def __call__(self, key: str, after: int, upto: int, since_ms: int | None = None
+                 ) -> list[Envelope]:
         return [e for e in self.records if e.key == key and e.seq is not None
                 and after < e.seq <= upto]
 
