@@ -35,7 +35,7 @@ from streams.reading import read_topic
 from streams.tokens import mint_token
 from streams.topics import ACKS, AGENT, COMMANDS, CONVERSATIONS, WORKFLOWS, topic_name
 
-POST_RATE_PER_S = 10
+POST_RATE_PER_S = 25
 """Steady POST rate of ``edge.post_message``: well under what one worker sustains on 2 cores,
 so the figure is the edge's latency, not a queue's."""
 POSTS = 300

@@ -7,10 +7,13 @@ writes it), and is continued by the consumer that reads the record (``consumers.
 to the engine's model and tool calls. The telemetry sink fills its ``trace_id``/``span_id``
 columns from the same header.
 
-``configure`` is called once per process by ``deploy`` (never at import). It installs the SDK's
-tracer provider, so span ids exist and reach the records even with no exporter; spans are
-exported (OTLP over HTTP, batched, off the event loop) only when
-``OTEL_EXPORTER_OTLP_ENDPOINT`` (or ``OTEL_EXPORTER_OTLP_TRACES_ENDPOINT``) is set.
+``configure`` is called once per process by ``deploy`` (never at import). With an exporter —
+``OTEL_EXPORTER_OTLP_ENDPOINT`` (or ``OTEL_EXPORTER_OTLP_TRACES_ENDPOINT``) set — it installs
+the SDK's tracer provider, and spans are exported (OTLP over HTTP, batched, off the event
+loop). Without one it installs ``IdsOnly``: every span still gets its ids, continues its
+parent's trace and reaches the records' ``traceparent`` exactly as the SDK's would, but records
+nothing (no attributes, status or timing kept for an exporter nobody set) — the SDK's spans
+cost a worker ~1 ms of CPU per turn to build and throw away (docs/benchmarks.md, tenth pass).
 ``OTEL_SDK_DISABLED=true`` leaves the API's no-op provider: an incoming ``traceparent`` is still
 passed along unchanged, but no new spans are made. Tests ``install`` a provider of their own
 (e.g. with the SDK's ``InMemorySpanExporter``).
@@ -22,13 +25,24 @@ propagator cannot parse is ignored (a fresh trace starts), as the specification 
 from __future__ import annotations
 
 import os
+import random
 from collections.abc import Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from typing import TYPE_CHECKING
 
 from opentelemetry import context as otel_context
 from opentelemetry import trace
-from opentelemetry.trace import Span, SpanKind, Status, StatusCode, Tracer
+from opentelemetry.trace import (
+    NonRecordingSpan,
+    NoOpTracer,
+    Span,
+    SpanContext,
+    SpanKind,
+    Status,
+    StatusCode,
+    TraceFlags,
+    Tracer,
+)
 from opentelemetry.trace.propagation.tracecontext import TraceContextTextMapPropagator
 
 if TYPE_CHECKING:  # the SDK is loaded by ``configure`` only: a library use needs the API
@@ -48,22 +62,28 @@ _tracer: Tracer | None = None
 HeaderPairs = Sequence[tuple[str, bytes | str | None]]
 
 
-def configure(service_name: str, exporter: SpanExporter | None = None) -> TracerProvider | None:
+def configure(service_name: str, exporter: SpanExporter | None = None
+              ) -> TracerProvider | IdsOnly | None:
     """Install this process's tracer provider (call once, at process start).
 
     ``service_name`` is the default of ``OTEL_SERVICE_NAME``. ``exporter`` overrides the OTLP
-    exporter the environment asks for. None when ``OTEL_SDK_DISABLED`` is true."""
+    exporter the environment asks for; with neither, spans get ids and are not recorded
+    (``IdsOnly``). None when ``OTEL_SDK_DISABLED`` is true."""
     if os.environ.get("OTEL_SDK_DISABLED", "").strip().lower() == "true":
         return None
     from opentelemetry.sdk.resources import Resource
-    from opentelemetry.sdk.trace import TracerProvider
-    from opentelemetry.sdk.trace.export import BatchSpanProcessor
 
     resource = Resource.create({"service.name": os.environ.get("OTEL_SERVICE_NAME")
                                 or service_name})
-    provider = TracerProvider(resource=resource)
     exporter = exporter or otlp_exporter()
-    if exporter is not None:
+    provider: TracerProvider | IdsOnly
+    if exporter is None:
+        provider = IdsOnly(resource)
+    else:
+        from opentelemetry.sdk.trace import TracerProvider
+        from opentelemetry.sdk.trace.export import BatchSpanProcessor
+
+        provider = TracerProvider(resource=resource)
         provider.add_span_processor(BatchSpanProcessor(exporter))
     install(provider)
     trace.set_tracer_provider(provider)  # for libraries that trace through the global API
@@ -79,6 +99,43 @@ def otlp_exporter() -> SpanExporter | None:
     from opentelemetry.exporter.otlp.proto.http.trace_exporter import OTLPSpanExporter
 
     return OTLPSpanExporter()  # reads the endpoint, headers and timeout from OTEL_*
+
+
+class IdsOnlyTracer(NoOpTracer):
+    """Spans with ids and nothing recorded: a child of a valid parent continues its trace, its
+    sampled and random-id flags and its state (as the SDK's tracer with its default
+    parent-based sampler has them), a span without one starts a sampled trace with a random
+    id; each gets a span id of its own. What a record's ``traceparent`` says is what it says
+    under the SDK's provider."""
+
+    def start_span(self, name: str, context: otel_context.Context | None = None,  # noqa: ARG002
+                   *args: object, **kwargs: object) -> Span:
+        parent = trace.get_current_span(context).get_span_context()
+        span_id = _random.getrandbits(64) or 1
+        if not parent.is_valid:  # a new trace: sampled, its id random (W3C level 2)
+            return NonRecordingSpan(SpanContext(_random.getrandbits(128) or 1, span_id,
+                                                is_remote=False, trace_flags=_NEW_TRACE))
+        flags = TraceFlags.SAMPLED if parent.trace_flags.sampled else TraceFlags.DEFAULT
+        if parent.trace_flags.random_trace_id:
+            flags |= TraceFlags.RANDOM_TRACE_ID
+        return NonRecordingSpan(SpanContext(parent.trace_id, span_id, is_remote=False,
+                                            trace_flags=TraceFlags(flags),
+                                            trace_state=parent.trace_state))
+
+
+class IdsOnly(trace.TracerProvider):
+    """The tracer provider of a process that exports no spans (``IdsOnlyTracer``)."""
+
+    def __init__(self, resource: object) -> None:
+        self.resource = resource
+        self._tracer = IdsOnlyTracer()
+
+    def get_tracer(self, *args: object, **kwargs: object) -> Tracer:  # noqa: ARG002
+        return self._tracer
+
+
+_random = random.Random()
+_NEW_TRACE = TraceFlags(TraceFlags.SAMPLED | TraceFlags.RANDOM_TRACE_ID)
 
 
 def install(provider: trace.TracerProvider | None) -> None:

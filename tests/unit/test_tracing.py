@@ -413,3 +413,84 @@ async def test_without_a_provider_the_engine_passes_the_incoming_trace_along():
     with tracing.continued("process", {"traceparent": TRACEPARENT}):
         await run_turn(spec(), TurnInput("wf-1", "hi"), ScriptedModel([[text("hello")]]), sink)
     assert {h.get("traceparent") for _, h in sender.sent} == {TRACEPARENT.encode()}
+
+
+# --- a process that exports no spans ---------------------------------------------------------
+
+
+def traceparents_under(provider: Any, incoming: str | None) -> list[str | None]:
+    """What records produced in a consumer's span and in a child span of it would carry."""
+    tracing.install(provider)
+    try:
+        seen = []
+        with tracing.continued("process voice.commands", {"traceparent": incoming}
+                               if incoming else None, attributes={"messaging.system": "kafka"}):
+            seen.append(tracing.current_traceparent())
+            with tracing.span("child", attributes={"n": 1}):
+                seen.append(tracing.current_traceparent())
+            seen.append(tracing.current_traceparent())
+        seen.append(tracing.current_traceparent())  # outside: nothing
+        return seen
+    finally:
+        tracing.install(None)
+
+
+def shape(traceparents: list[str | None], incoming: str | None) -> list[tuple[Any, ...]]:
+    """Each traceparent as (version, same trace as the incoming one, flags), and which of them
+    share a span id — what the ids are, not their random values."""
+    spans = [tp.split("-")[2] if tp else None for tp in traceparents]
+    out = []
+    for tp, sid in zip(traceparents, spans, strict=True):
+        if tp is None:
+            out.append((None,))
+            continue
+        version, trace_id, span_id, flags = tp.split("-")
+        out.append((version, incoming is not None and trace_id == incoming.split("-")[1],
+                    len(trace_id), len(span_id), flags, spans.index(sid),
+                    incoming is not None and span_id == incoming.split("-")[2]))
+    return out
+
+
+@pytest.mark.parametrize("incoming", [None, TRACEPARENT, f"00-{TRACE}-{PARENT}-00",
+                                      f"00-{TRACE}-{PARENT}-03", f"00-{TRACE}-{PARENT}-ff",
+                                      "00-not-a-trace-01"])
+def test_without_an_exporter_records_carry_the_traceparents_the_sdk_would_give(incoming):
+    # IdsOnly (no exporter: nothing recorded) and the SDK's provider: the same trace continued,
+    # the same flags, a new span id for each span — only the random ids differ.
+    ids_only = traceparents_under(tracing.IdsOnly(None), incoming)
+    sdk = traceparents_under(TracerProvider(), incoming)
+    assert shape(ids_only, incoming) == shape(sdk, incoming)
+    assert ids_only[0] is not None and ids_only[1] != ids_only[0] and ids_only[2] == ids_only[0]
+    if incoming == TRACEPARENT:
+        assert ids_only[0].startswith(f"00-{TRACE}-") and ids_only[0].endswith("-01")
+    if incoming is None:
+        assert ids_only[0].endswith("-03")  # sampled, and its trace id random
+    if incoming is None:  # a new trace each time
+        again = traceparents_under(tracing.IdsOnly(None), incoming)
+        assert again[0].split("-")[1] != ids_only[0].split("-")[1]
+
+
+def test_without_an_exporter_nothing_is_recorded_and_a_failure_is_still_raised():
+    tracing.install(tracing.IdsOnly(None))
+    try:
+        with pytest.raises(ValueError), tracing.span("step") as current:
+            assert not current.is_recording()
+            raise ValueError("words of someone")
+    finally:
+        tracing.install(None)
+
+
+CONFIGURED_KIND = """
+from streams import tracing
+print(type(tracing.configure("voice-test")).__name__)
+"""
+
+
+@pytest.mark.parametrize(("env", "kind"), [
+    ({}, "IdsOnly"), ({"OTEL_EXPORTER_OTLP_ENDPOINT": "http://127.0.0.1:9"}, "TracerProvider"),
+])
+def test_configure_records_spans_only_for_an_exporter(env, kind):
+    clean = {k: v for k, v in os.environ.items() if not k.startswith("OTEL_")}
+    done = subprocess.run([sys.executable, "-c", CONFIGURED_KIND], env={**clean, **env},
+                          capture_output=True, text=True, timeout=60, check=True)
+    assert done.stdout.strip() == kind
