@@ -36,8 +36,9 @@ from streams.tokens import mint_token
 from streams.topics import ACKS, AGENT, COMMANDS, CONVERSATIONS, WORKFLOWS, topic_name
 
 POST_RATE_PER_S = 25
-"""Steady POST rate of ``edge.post_message``: well under what one worker sustains on 2 cores,
-so the figure is the edge's latency, not a queue's."""
+"""Steady POST rate of ``edge.post_message``: half of what one worker sustains on 2 cores
+(``turn.sustained``, 45–57 turns/s), the load issue 14's row names; under it, so the figure is
+the edge's latency, not a queue's."""
 POSTS = 300
 POST_CONVERSATIONS = 20
 OVERHEAD_TURNS = 200
