@@ -463,9 +463,8 @@ def test_without_an_exporter_records_carry_the_traceparents_the_sdk_would_give(i
     assert ids_only[0] is not None and ids_only[1] != ids_only[0] and ids_only[2] == ids_only[0]
     if incoming == TRACEPARENT:
         assert ids_only[0].startswith(f"00-{TRACE}-") and ids_only[0].endswith("-01")
-    if incoming is None:
-        assert ids_only[0].endswith("-03")  # sampled, and its trace id random
-    if incoming is None:  # a new trace each time
+    if incoming is None:  # a new trace each time: sampled, its trace id random
+        assert ids_only[0].endswith("-03")
         again = traceparents_under(tracing.IdsOnly(None), incoming)
         assert again[0].split("-")[1] != ids_only[0].split("-")[1]
 
