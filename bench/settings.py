@@ -18,3 +18,7 @@ class BenchSettings(BaseSettings):
 
     keep_state: bool = False
     """Keep the stack's state folder (logs, keys, Faust's data) after the run."""
+
+    sustained_turns: int = Field(default=600, ge=1)
+    """Turns ``turn.sustained`` measures (after its warm-up), over its 32 conversations: 600
+    is ~20 turns a conversation; 4000 (~125) shows what a conversation's length costs."""

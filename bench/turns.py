@@ -27,6 +27,7 @@ from typing import Any
 import httpx
 
 from bench.harness import Context, Result, benchmark, latency_summary, percentile
+from bench.settings import BenchSettings
 from bench.stack import Stack, stack
 from deploy.processes import worker_group
 from schemas.conversation import MessageRecorded, ReplyRecorded
@@ -43,7 +44,6 @@ POSTS = 300
 POST_CONVERSATIONS = 20
 OVERHEAD_TURNS = 200
 OVERHEAD_WARMUP = 10
-SUSTAINED_TURNS = 600
 SUSTAINED_CONCURRENCY = 32
 SUSTAINED_WARMUP = 32
 TURN_TIMEOUT_S = 30.0
@@ -459,7 +459,7 @@ def turns_sustained(ctx: Context) -> Result:
     idle = _idle_cpu(s)
     marks0, cpu0 = s.watermarks(), s.cpu()
     elapsed, parts, latencies = asyncio.run(
-        _sustained_run(s, h, SUSTAINED_TURNS, SUSTAINED_CONCURRENCY))
+        _sustained_run(s, h, BenchSettings().sustained_turns, SUSTAINED_CONCURRENCY))
     cpu1, marks1 = s.cpu(), s.watermarks()
     n = sum(len(p.turns) for p in parts)
     app = worker_group(s.settings) + "-"

@@ -20,7 +20,7 @@ are refused, never appended.
 from __future__ import annotations
 
 from collections.abc import Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, fields
 from datetime import datetime, timedelta
 from typing import Any
 
@@ -67,6 +67,25 @@ class ConversationState(AggregateState):
     """Where its transcript is on the log (a ``TranscriptIndex``), from the delivery reports
     of its records (``placed``); None for a state written before the writer kept it (the
     worker's ``transcript_index`` table keeps that conversation's)."""
+
+    # A long conversation's state holds up to ``MAX_REMEMBERED`` memos and
+    # ``logrefs.MAX_ENTRIES`` index entries; the base class's deep copies of all of them, both
+    # ways, cost a command ~10 ms at 600 turns (``docs/benchmarks.md``, eleventh pass). So only
+    # the containers a command changes in place are copied: the memory of commands and the open
+    # turns (their items are added and removed, a memo never changed), and the transcript's dict
+    # (``placed`` replaces it; its entries and summary are replaced, never changed in place).
+    _OWN = ("commands", "open_turns", "transcript")
+
+    @classmethod
+    def from_dict(cls, d: dict[str, Any] | None) -> Any:
+        if d is None:
+            return None
+        return cls(**{k: dict(v) if k in cls._OWN and isinstance(v, dict) else v
+                      for k, v in d.items()})
+
+    def to_dict(self) -> dict[str, Any]:
+        return {f.name: dict(v) if f.name in self._OWN and isinstance(v, dict) else v
+                for f in fields(self) for v in (getattr(self, f.name),)}
 
 
 class ConversationSequencer(Aggregate[ConversationState]):

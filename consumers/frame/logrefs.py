@@ -18,9 +18,12 @@ import asyncio
 import threading
 import time
 import uuid
+from bisect import bisect_right
 from collections import OrderedDict
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
+from itertools import accumulate
+from operator import methodcaller
 from typing import Any, Protocol
 
 from confluent_kafka import Consumer, KafkaError, TopicPartition
@@ -94,18 +97,20 @@ def scan_span(found: dict[int, Envelope], env: Envelope, key: str, through: int)
     return env.seq >= through
 
 
+_SIZE = methodcaller("get", "bytes", 0)
+
+
 def recent(entries: list[dict[str, Any]], budget: int, keep: int = 1,
            max_entries: int = MAX_ENTRIES) -> list[dict[str, Any]]:
-    """The most recent ``entries`` (each with ``bytes``) whose sizes add up to at most
-    ``budget`` — but at least the last ``keep`` — and at most ``max_entries`` of them."""
-    out: list[dict[str, Any]] = []
-    total = 0
-    for entry in reversed(entries):
-        total += int(entry.get("bytes", 0))
-        if len(out) >= max_entries or (total > budget and len(out) >= keep):
-            break
-        out.append(entry)
-    return out[::-1]
+    """The most recent ``entries`` (each with ``bytes``, never negative) whose sizes add up to
+    at most ``budget`` — but at least the last ``keep`` — and at most ``max_entries`` of them.
+
+    The running totals (newest first) rise, so where the budget is passed is a bisection; the
+    loop this replaces was a writer's largest cost in a conversation of a thousand entries."""
+    tail = entries[-max_entries:] if max_entries > 0 else []
+    totals = list(accumulate(map(_SIZE, reversed(tail))))
+    taken = min(len(tail), max(bisect_right(totals, budget), keep))
+    return tail[len(tail) - taken:]
 
 
 def _consumer(settings: VoiceSettings) -> Consumer:

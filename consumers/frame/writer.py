@@ -142,11 +142,13 @@ def placed(records: Sequence[Output], delivered: Sequence[object]
     return out
 
 
-def apply(agg: Aggregate[Any], state: Any, cmd: Envelope
+def apply(agg: Aggregate[Any], state: Any, cmd: Envelope, *, owned: bool = False
           ) -> tuple[Any, list[Output], Envelope | None]:
     """Steps 3–4, pure: (new state, records to append, acknowledgement or None).
 
-    Raises what ``decide`` raises. The given state is not modified.
+    Raises what ``decide`` raises. The given state is not modified — unless ``owned``: the
+    caller gives it up (the writer, which loaded it from the table for this command alone),
+    so ``decide`` gets it without the copy, which was most of a long conversation's cost.
     """
     if state is not None and state.tenant is not None and cmd.tenant != state.tenant:
         # A command naming another tenant's aggregate (a forged or misrouted one): answered
@@ -160,10 +162,10 @@ def apply(agg: Aggregate[Any], state: Any, cmd: Envelope
         ack = Ack.again(memo) if agg.acknowledges(cmd) else None
         return state, [], None if ack is None else acknowledgement(cmd, ack, agg.source)
     # Reload so ``decide`` may change what it gets without touching the caller's state.
-    copy = None if state is None else agg.load(agg.dump(state))
+    before = 0 if state is None else state.seq
+    copy = state if owned or state is None else agg.load(agg.dump(state))
     decision = agg.decide(copy, cmd)
     if decision.records:
-        before = 0 if state is None else state.seq
         after = -1 if decision.state is None else decision.state.seq
         if after != before + seqs_of(decision.records):  # a decide that did not ``append``
             raise SeqMismatch(f"{agg.name}: {len(decision.records)} records took seq "
@@ -250,9 +252,11 @@ class Writer:
     async def handle(self, agg: Aggregate[Any], table: MutableMapping[Any, Any], cmd: Envelope,
                      raw: Raw | None = None) -> None:
         """Steps 3–7 for one command of ``agg``."""
+        # A copy of the table's value, this command's own: decided on in place, stored once
+        # its records are on the log (the table keeps the value before it until then).
         state = agg.load(table.get(cmd.key))
         try:
-            new, records, ack = apply(agg, state, cmd)
+            new, records, ack = apply(agg, state, cmd, owned=True)
         except Exception as exc:  # a command that cannot be decided never stops the writer
             # Described, not quoted: an exception may echo the command's values.
             reason = f"{agg.name} could not decide {cmd.type!r}: {describe(exc)}"
@@ -262,7 +266,7 @@ class Writer:
         try:
             delivered = await deliver_all(self.publisher.produce, records)
         except (ProduceError, KafkaException) as exc:  # the broker's (or client's) refusal
-            await self._not_recorded(agg, table, state, new, cmd, raw, exc)
+            await self._not_recorded(agg, table, new, cmd, raw, exc)
             return
         if new is not None:
             if records:
@@ -272,7 +276,7 @@ class Writer:
             self._send_ack(ack)
 
     async def _not_recorded(self, agg: Aggregate[Any], table: MutableMapping[Any, Any],
-                            state: Any, new: Any, cmd: Envelope, raw: Raw | None,
+                            new: Any, cmd: Envelope, raw: Raw | None,
                             exc: BaseException) -> None:
         """The broker refused the command's records (after the producer's own retries).
 
@@ -287,8 +291,9 @@ class Writer:
         if too_large(exc):
             reason += " (a record too large for its topic's max.message.bytes)"
         log.error("command %s not recorded: %s", cmd.id, reason)
+        state = agg.load(table.get(cmd.key))  # as before the command: not written since
         if state is not None and new is not None:
-            state.seq = new.seq  # ``apply`` decided on a copy: this is still the stored state
+            state.seq = new.seq
             table[cmd.key] = agg.dump(state)
         # Raised when it fails: the command is then neither recorded nor dead-lettered, so the
         # agent retries it (decided afresh under the new seqs) and never commits past it.

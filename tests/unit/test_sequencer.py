@@ -187,3 +187,25 @@ def test_results_of_another_turn_or_that_leave_it_thinking_are_refused_by_the_sc
     with pytest.raises(ValidationError, match="Thinking"):
         RecordTurnResults(conversation=CNV, turn=turn,
                           ended=TurnStateChanged(conversation=CNV, turn=turn, state="Thinking"))
+
+
+def test_a_loaded_or_dumped_state_shares_nothing_a_command_changes() -> None:
+    """``ConversationState`` copies only the containers a command changes in place (issue 14,
+    eleventh pass): changing them on a loaded state, or on a state after its dump, leaves the
+    table's value as it was."""
+    state, _ = sequence(None, cmd(StartConversation(conversation=CNV, owner="alice"), "c0"))
+    state, _ = sequence(state, cmd(SendMessage(conversation=CNV, message_id="m1", text=SEALED,
+                                               idempotency_key="k1"), "c1"))
+    assert state is not None
+    state.transcript = {**(state.transcript or {}), "entries": [{"seq": 2, "offset": 7,
+                                                                  "bytes": 8}]}
+    raw = state.to_dict()
+    snapshot = {k: (dict(v) if isinstance(v, dict) else v) for k, v in raw.items()}
+    for changed in (ConversationState.from_dict(raw), state):
+        changed.commands["c9"] = {"seq": 9}
+        changed.commands.pop("c1")
+        changed.open_turns.clear()
+        assert changed.transcript is not None
+        changed.transcript["entries"] = []
+        changed.transcript["omitted_through"] = 5
+        assert raw == snapshot

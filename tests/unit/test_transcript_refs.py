@@ -9,6 +9,7 @@ recorded, and later turns read it instead of the records it covers.
 from __future__ import annotations
 
 import json
+import random
 from typing import Any
 
 import pytest
@@ -376,3 +377,30 @@ async def test_a_memory_log_scans_one_keys_span_and_says_when_it_ends_before() -
     assert [(e.key, e.seq) for e in got] == [("a", 2), ("a", 3)]
     with pytest.raises(LogUnavailable, match="ends before seq 4"):
         await log.scan(ISSUES, 0, "a", 0, 4)
+
+
+def _recent_by_loop(entries: list[dict[str, Any]], budget: int, keep: int = 1,
+                    max_entries: int = MAX_ENTRIES) -> list[dict[str, Any]]:
+    """``recent`` as it was first written: newest first, one entry at a time."""
+    out: list[dict[str, Any]] = []
+    total = 0
+    for entry in reversed(entries):
+        total += int(entry.get("bytes", 0))
+        if len(out) >= max_entries or (total > budget and len(out) >= keep):
+            break
+        out.append(entry)
+    return out[::-1]
+
+
+def test_recent_takes_what_the_plain_loop_takes() -> None:
+    """``recent`` bisects its running totals (issue 14, eleventh pass); on random entries,
+    budgets, ``keep`` and bounds it keeps exactly what the loop it replaced kept."""
+    rng = random.Random(14)
+    for _ in range(5000):
+        entries = [{"seq": i, "bytes": rng.choice((0, 1, 5, 50, 200))} if rng.random() > 0.05
+                   else {"seq": i} for i in range(rng.randint(0, 40))]
+        budget, keep, bound = rng.choice((0, 1, 10, 100, 500, 10**9)), rng.randint(0, 4), \
+            rng.randint(0, 50)
+        assert recent(entries, budget, keep, bound) == _recent_by_loop(entries, budget, keep,
+                                                                        bound)
+
