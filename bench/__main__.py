@@ -36,6 +36,7 @@ import bench.scale  # noqa: F401  (registers the scale-out and edge start figure
 import bench.streaming  # noqa: F401  (registers the reply streaming figure)
 import bench.turns  # noqa: F401  (registers the turn figures; they run first, see FIRST)
 import bench.workflows  # noqa: F401  (registers the workflow engine figure)
+import bench.writer  # noqa: F401  (registers the single writer's figures)
 from bench import stack as bench_stack
 from bench.harness import REGISTRY, Context, run, select
 from streams.settings import load_settings

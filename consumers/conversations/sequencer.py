@@ -133,9 +133,14 @@ class ConversationSequencer(Aggregate[ConversationState]):
 
     def remember(self, state: ConversationState, cmd: Envelope, memo: dict[str, Any]) -> None:
         """A tracked turn's results are not remembered: the turn they end is closed, which
-        refuses a redelivery as surely, and the state stays as small as before the turn."""
+        refuses a redelivery as surely, and the state stays as small as before the turn. Nor
+        is a message sent with an idempotency key remembered by its command id: ``decide``
+        remembers its key, which answers a redelivery of the same command (it carries the
+        same key) as it answers a client's retry — one memo a message, not two."""
         rec = cmd.record
         if isinstance(rec, RecordTurnResults) and _tracked(state, rec.turn):
+            return
+        if isinstance(rec, SendMessage) and rec.idempotency_key:
             return
         super().remember(state, cmd, memo)
 

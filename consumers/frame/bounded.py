@@ -24,11 +24,18 @@ DEFAULT_MAX_BYTES = 900_000
 """``VOICE_MAX_RECORD_BYTES``'s default; ``WorkerContext.table`` sets the configured one."""
 
 
-def changelog_size(table: Any, key: Any, value: Any) -> int:
-    """Bytes of the changelog record of ``key → value``, encoded as the table encodes them."""
+def changelog_record(table: Any, key: Any, value: Any) -> tuple[bytes, bytes]:
+    """The changelog record of ``key → value`` (key and value bytes), encoded as the table
+    encodes them."""
     key_bytes = codecs.dumps(table.key_serializer or "json", key)
     value_bytes = codecs.dumps(table.value_serializer or "json", value)
-    return len(key_bytes or b"") + len(value_bytes or b"")
+    return key_bytes or b"", value_bytes or b""
+
+
+def changelog_size(table: Any, key: Any, value: Any) -> int:
+    """Bytes of the changelog record of ``key → value``, encoded as the table encodes them."""
+    key_bytes, value_bytes = changelog_record(table, key, value)
+    return len(key_bytes) + len(value_bytes)
 
 
 class BoundedTable(faust.Table):  # type: ignore[misc]  # Faust's classes are untyped
@@ -37,9 +44,17 @@ class BoundedTable(faust.Table):  # type: ignore[misc]  # Faust's classes are un
     max_bytes: int = DEFAULT_MAX_BYTES
 
     def on_key_set(self, key: Any, value: Any) -> None:
-        """Check the size, then store and send the changelog record as Faust does."""
-        size = changelog_size(self, key, value)
+        """Encode the changelog record once, check its size, then store and send those bytes
+        as ``faust.Table.on_key_set`` sends the value (which would encode it again: a long
+        conversation's state is tens of kilobytes, written twice a turn)."""
+        key_bytes, value_bytes = changelog_record(self, key, value)
+        size = len(key_bytes) + len(value_bytes)
         if size > self.max_bytes:
             raise RecordTooLarge(self.changelog_topic.get_topic_name(), size, self.max_bytes,
                                  key=key)
-        super().on_key_set(key, value)
+        fut = self.send_changelog(self.partition_for_key(key), key_bytes, value_bytes,
+                                  key_serializer="raw", value_serializer="raw")
+        partition = fut.message.partition
+        assert partition is not None
+        self._maybe_set_key_ttl(key, partition)
+        self._sensor_on_set(self, key, value)

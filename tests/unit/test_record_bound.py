@@ -62,6 +62,32 @@ def test_a_table_refuses_a_value_whose_changelog_record_is_over_the_bound() -> N
         assert "k" not in table, "nothing was stored"
 
 
+def test_a_table_sends_the_changelog_record_it_measured(monkeypatch: Any) -> None:
+    """The value is encoded once (issue 14, eleventh pass): the bytes measured are the bytes
+    sent, raw, and they are what Faust's own encoding of the key and value gives."""
+    with closing(WorkerContext(settings())) as ctx:
+        table = ctx.table("sized")
+        sent: list[tuple[Any, ...]] = []
+
+        class Sent:
+            class message:  # noqa: N801  (Faust's FutureMessage.message)
+                partition = 0
+
+        def send_changelog(partition: Any, key: Any, value: Any, **kw: Any) -> Any:
+            sent.append((partition, key, value, kw))
+            return Sent()
+
+        monkeypatch.setattr(table, "send_changelog", send_changelog)
+        monkeypatch.setattr(table, "partition_for_key", lambda _key: 0)  # no stream event here
+        value = {"seq": 3, "commands": {"c1": {"seq": 2, "turn": "t", "at": "2026-01-01"}},
+                 "text": "é ✓", "none": None, "n": [1, 2.5, True]}
+        table["k"] = value
+        ((_, key, raw, kw),) = sent
+        assert kw == {"key_serializer": "raw", "value_serializer": "raw"}
+        assert key == codecs.dumps("json", "k") and raw == codecs.dumps("json", value)
+        assert codecs.loads("json", raw) == value and table["k"] == value
+
+
 def test_every_table_of_the_worker_is_bounded(make_worker: Any) -> None:
     worker = make_worker(settings())
     assert worker.app.tables

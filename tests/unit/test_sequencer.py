@@ -88,6 +88,19 @@ def test_redelivered_command_is_not_applied_twice() -> None:
     assert state.seq == seq and [s for s, _ in out] == [ACKS]
 
 
+def test_a_redelivered_message_with_a_key_is_answered_by_its_key_and_remembered_once(
+) -> None:
+    state, _ = sequence(None, cmd(StartConversation(conversation=CNV, owner="alice"), "c0"))
+    state, first = sequence(state, send("k1", id_="c1"))
+    assert state is not None and set(state.commands) == {"c0", "idem:k1"}, "one memo a message"
+    seq = state.seq
+    state, again = sequence(state, send("k1", id_="c1"))  # the same command, redelivered
+    assert state is not None and state.seq == seq and [s for s, _ in again] == [ACKS]
+    ack, original = again[0][1].record, first[-1][1].record
+    assert (ack.command_id, ack.outcome, ack.seq, ack.detail) == (
+        "c1", "duplicate", original.seq, original.detail)
+
+
 def test_replay_from_older_state_gives_identical_seqs() -> None:
     """A crash before the table write replays the command: same records, same seqs."""
     state, _ = sequence(None, cmd(StartConversation(conversation=CNV, owner="alice")))
@@ -203,7 +216,7 @@ def test_a_loaded_or_dumped_state_shares_nothing_a_command_changes() -> None:
     snapshot = {k: (dict(v) if isinstance(v, dict) else v) for k, v in raw.items()}
     for changed in (ConversationState.from_dict(raw), state):
         changed.commands["c9"] = {"seq": 9}
-        changed.commands.pop("c1")
+        changed.commands.pop("idem:k1")
         changed.open_turns.clear()
         assert changed.transcript is not None
         changed.transcript["entries"] = []
