@@ -70,10 +70,11 @@ class ConversationState(AggregateState):
 
     # A long conversation's state holds up to ``MAX_REMEMBERED`` memos and
     # ``logrefs.MAX_ENTRIES`` index entries; the base class's deep copies of all of them, both
-    # ways, cost a command ~10 ms at 600 turns (``docs/benchmarks.md``, eleventh pass). So only
-    # the containers a command changes in place are copied: the memory of commands and the open
-    # turns (their items are added and removed, a memo never changed), and the transcript's dict
-    # (``placed`` replaces it; its entries and summary are replaced, never changed in place).
+    # ways, were most of the ~23 ms a turn's two commands cost the writer at 600 turns
+    # (``bench/writer.py``; ``docs/benchmarks.md``, eleventh pass). So only the containers a
+    # command changes in place are copied: the memory of commands and the open turns (their
+    # items are added and removed, a memo never changed), and the transcript's dict (``placed``
+    # replaces it; its entries and summary are replaced, never changed in place).
     _OWN = ("commands", "open_turns", "transcript")
 
     @classmethod
