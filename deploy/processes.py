@@ -13,10 +13,22 @@ from confluent_kafka.admin import AdminClient
 
 from streams.settings import VoiceSettings
 
+SOURCE_TREE = Path(__file__).resolve().parents[1]
+"""The checkout this code runs from (when it runs from one: it holds ``pyproject.toml``)."""
+
 
 def voice_env(settings: VoiceSettings, **extra: str) -> dict[str, str]:
-    """The environment a child process needs to act as part of the same stack."""
+    """The environment a child process needs to act as part of the same stack.
+
+    A child started from a source checkout imports that checkout first (``PYTHONPATH``): it
+    starts in the stack's state folder, where ``python -m`` would find the project where it is
+    installed — with an editable install, another checkout's code than its parent's (an A/B
+    benchmark's "before" side once ran the "after" side's worker, ``docs/benchmarks.md``,
+    eleventh pass)."""
     env = dict(os.environ)
+    if (SOURCE_TREE / "pyproject.toml").is_file():
+        env["PYTHONPATH"] = os.pathsep.join(
+            [str(SOURCE_TREE), *([env["PYTHONPATH"]] if env.get("PYTHONPATH") else [])])
     env.update({
         "VOICE_KAFKA_BOOTSTRAP": settings.bootstrap,
         "VOICE_TOPIC_PREFIX": settings.topic_prefix,

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 from pathlib import Path
 
 import pytest
@@ -119,3 +120,23 @@ def test_the_state_folder_is_absolute_and_one_per_user_by_default(
     monkeypatch.chdir(tmp_path)
     monkeypatch.setenv("VOICE_STATE_DIR", "rel/state")  # a relative one: from where it starts
     assert VoiceSettings().state_dir == tmp_path / "rel" / "state"
+
+
+def test_a_child_runs_the_code_of_its_parents_checkout(monkeypatch: pytest.MonkeyPatch,
+                                                        tmp_path: Path) -> None:
+    """Regression (issue 14, eleventh pass): children started in the state folder imported the
+    project from its (editable) install, another checkout's code than the parent's."""
+    import subprocess
+    import sys
+
+    from deploy.processes import SOURCE_TREE, voice_env
+    from streams.settings import VoiceSettings
+
+    assert (SOURCE_TREE / "deploy" / "processes.py").is_file()
+    monkeypatch.setenv("PYTHONPATH", "/elsewhere")
+    env = voice_env(VoiceSettings(state_dir=tmp_path, kafka_bootstrap="127.0.0.1:1"))
+    assert env["PYTHONPATH"].split(os.pathsep) == [str(SOURCE_TREE), "/elsewhere"]
+    out = subprocess.run([sys.executable, "-c", "import deploy.processes as p; print(p.__file__)"],
+                         env=env, cwd=tmp_path, capture_output=True, text=True, check=True)
+    assert out.stdout.strip() == str(SOURCE_TREE / "deploy" / "processes.py")
+
