@@ -22,8 +22,6 @@ import time
 from datetime import UTC, datetime
 from typing import Any
 
-from faust.serializers import codecs
-
 from bench.harness import Context, Result, benchmark
 from consumers.conversations.sequencer import ConversationSequencer
 from consumers.frame.bounded import changelog_record
@@ -126,7 +124,7 @@ async def _conversation(first: int, last: int) -> tuple[float, int]:
         for cmd in _commands(n, table[CONVERSATION]["seq"] + 1):
             await writer.dispatch(cmd)
     ms = 1000 * (time.process_time() - t0) / (last - first + 1)
-    return ms, len(codecs.dumps("json", table[CONVERSATION]))
+    return ms, len(changelog_record(table, CONVERSATION, table[CONVERSATION])[1])
 
 
 def _windows(first: int, last: int) -> Result:

@@ -19,7 +19,7 @@ are refused, never appended.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field, fields
 from datetime import datetime, timedelta
 from typing import Any
@@ -78,15 +78,16 @@ class ConversationState(AggregateState):
     _OWN = ("commands", "open_turns", "transcript")
 
     @classmethod
+    def _owned(cls, items: Iterable[tuple[str, Any]]) -> dict[str, Any]:
+        """``items`` as a dict, the ``_OWN`` containers copied (one level), the rest shared."""
+        return {k: dict(v) if k in cls._OWN and isinstance(v, dict) else v for k, v in items}
+
+    @classmethod
     def from_dict(cls, d: dict[str, Any] | None) -> Any:
-        if d is None:
-            return None
-        return cls(**{k: dict(v) if k in cls._OWN and isinstance(v, dict) else v
-                      for k, v in d.items()})
+        return None if d is None else cls(**cls._owned(d.items()))
 
     def to_dict(self) -> dict[str, Any]:
-        return {f.name: dict(v) if f.name in self._OWN and isinstance(v, dict) else v
-                for f in fields(self) for v in (getattr(self, f.name),)}
+        return self._owned((f.name, getattr(self, f.name)) for f in fields(self))
 
 
 class ConversationSequencer(Aggregate[ConversationState]):

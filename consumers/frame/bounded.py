@@ -32,12 +32,6 @@ def changelog_record(table: Any, key: Any, value: Any) -> tuple[bytes, bytes]:
     return key_bytes or b"", value_bytes or b""
 
 
-def changelog_size(table: Any, key: Any, value: Any) -> int:
-    """Bytes of the changelog record of ``key → value``, encoded as the table encodes them."""
-    key_bytes, value_bytes = changelog_record(table, key, value)
-    return len(key_bytes) + len(value_bytes)
-
-
 class BoundedTable(faust.Table):  # type: ignore[misc]  # Faust's classes are untyped
     """A Faust table that refuses a value whose changelog record would be over ``max_bytes``."""
 

@@ -161,7 +161,7 @@ def apply(agg: Aggregate[Any], state: Any, cmd: Envelope, *, owned: bool = False
     if memo is not None:  # a redelivered command: answer it again, apply nothing
         ack = Ack.again(memo) if agg.acknowledges(cmd) else None
         return state, [], None if ack is None else acknowledgement(cmd, ack, agg.source)
-    # Reload so ``decide`` may change what it gets without touching the caller's state.
+    # Unless the caller gave it up (``owned``), a copy: ``decide`` changes what it gets.
     before = 0 if state is None else state.seq
     copy = state if owned or state is None else agg.load(agg.dump(state))
     decision = agg.decide(copy, cmd)
