@@ -12,6 +12,7 @@ import httpx
 from confluent_kafka.admin import AdminClient
 
 from streams.settings import VoiceSettings
+from streams.topics import COMMANDS, topic_name
 
 SOURCE_TREE = Path(__file__).resolve().parents[1]
 """The checkout this code runs from (when it runs from one: it holds ``pyproject.toml``)."""
@@ -67,21 +68,44 @@ def worker_group(settings: VoiceSettings) -> str:
     return f"{settings.group_prefix}-{settings.topic_prefix}worker".replace(".", "-")
 
 
+def group_holds(admin: AdminClient, group: str, topic: str | None = None,
+                partitions: int = 0) -> bool:
+    """Whether consumer group ``group`` is stable with partitions assigned — with ``topic``,
+    all ``partitions`` of it (every record of it has a consumer now). False while the broker
+    cannot say (its group coordinator still loading, a broker unreachable)."""
+    try:
+        desc = admin.describe_consumer_groups([group])[group].result(timeout=5)
+    except Exception:
+        return False
+    if not str(desc.state).endswith("STABLE"):
+        return False
+    held = [tp for m in desc.members for tp in m.assignment.topic_partitions]
+    if topic is None:
+        return bool(held)
+    return {tp.partition for tp in held if tp.topic == topic} >= set(range(partitions))
+
+
 def wait_group_stable(settings: VoiceSettings, group: str, timeout: float = 60) -> None:
     """Wait until a consumer group has members with partitions assigned."""
     admin = AdminClient({"bootstrap.servers": settings.bootstrap})
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
-        try:
-            desc = admin.describe_consumer_groups([group])[group].result(timeout=5)
-            if str(desc.state).endswith("STABLE") and any(
-                m.assignment.topic_partitions for m in desc.members
-            ):
-                return
-        except Exception:
-            pass
+        if group_holds(admin, group):
+            return
         time.sleep(0.3)
     raise TimeoutError(f"consumer group {group!r} not stable in {timeout}s")
+
+
+def stack_ready(settings: VoiceSettings, edge_url: str, admin: AdminClient) -> bool:
+    """Whether the stack answers a request now: the edge's ``/readyz`` says ready, and the
+    workers' group holds every partition of the commands topic (else a command waits, and its
+    request answers 503, until a worker has joined)."""
+    try:
+        ready = httpx.get(f"{edge_url}/readyz", timeout=2).json().get("ready") is True
+    except (httpx.HTTPError, ValueError):
+        return False
+    return ready and group_holds(admin, worker_group(settings),
+                                 topic_name(settings, COMMANDS), settings.topic_partitions)
 
 
 def wait_http_ready(url: str, timeout: float = 60, proc: subprocess.Popen[bytes] | None = None

@@ -6,7 +6,8 @@ Order: local broker (unless ``VOICE_KAFKA_BOOTSTRAP``) → topics → model simu
 after a short backoff (one crashed worker is not the end of the stack: its partitions' records
 were not committed, so the new one resumes them); a child that dies more than
 ``VOICE_UP_RESTARTS`` times within ``VOICE_UP_RESTART_WINDOW_S`` is broken, and then every
-process is stopped, so a broken stack never looks half alive.
+process is stopped, so a broken stack never looks half alive. ``voice up: ready`` is printed once
+a request would be answered: the edge ready and a worker holding every commands partition.
 """
 
 from __future__ import annotations
@@ -15,13 +16,17 @@ import os
 import signal
 import subprocess
 import sys
+import threading
 import time
 from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from confluent_kafka.admin import AdminClient
+
 from deploy.kafka_local import LocalKafka, LocalKafkaSettings
+from deploy.processes import stack_ready
 from deploy.simulator import SimulatorSettings
 from streams.model_settings import SIMULATOR_KEY, ModelSettings
 from streams.settings import VoiceSettings
@@ -57,6 +62,34 @@ class Restarts:
         delay = min(10.0, 0.5 * 2 ** len(self.times))
         self.times.append(now)
         return now + delay
+
+
+READY_POLL_S = 0.5
+
+
+def announce_ready(settings: VoiceSettings, stopping: Callable[[], bool],
+                   clock: Callable[[], float] = time.monotonic,
+                   ready: Callable[[], bool] | None = None) -> bool:
+    """Print ``voice up: ready`` once the stack answers requests (``stack_ready``: the edge
+    ready, a worker holding every commands partition); returns whether it did (False: stopped
+    first). Until then a request may wait for a worker still joining its group and answer
+    503 — the broker's group coordinator alone can take seconds after a start."""
+    if ready is None:
+        host = "127.0.0.1" if settings.edge_host in ("0.0.0.0", "::", "") else settings.edge_host
+        admin = AdminClient({"bootstrap.servers": settings.bootstrap})
+        url = f"http://{host}:{settings.edge_port}"
+
+        def ready() -> bool:
+            return stack_ready(settings, url, admin)
+
+    began = clock()
+    while not stopping():
+        if ready():
+            print(f"voice up: ready in {clock() - began:.1f} s (the edge answers, and a worker "
+                  "holds every partition of the commands topic)", flush=True)
+            return True
+        time.sleep(READY_POLL_S)
+    return False
 
 
 def watch(children: dict[str, subprocess.Popen[bytes]],
@@ -136,6 +169,8 @@ def up(settings: VoiceSettings, with_simulator: bool | None = None) -> int:
             children[name] = start[name]()
         print(f"voice up: edge on http://{settings.edge_host}:{settings.edge_port} "
               f"(OpenAPI at /docs); Ctrl-C stops everything", flush=True)
+        threading.Thread(target=announce_ready, args=(settings, lambda: stopping),
+                         name="voice-up-ready", daemon=True).start()
         restarts = {name: Restarts(settings.up_restarts, settings.up_restart_window_s)
                     for name in children}
         return watch(children, start, restarts, lambda: stopping)

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from deploy.supervisor import Restarts, watch
+from deploy.supervisor import Restarts, announce_ready, watch
 
 
 class FakeProc:
@@ -63,3 +63,20 @@ def test_a_child_that_keeps_dying_stops_everything_with_its_code() -> None:
                  {"worker": Restarts(limit=2, window_s=60)},
                  stopping=lambda: next(ticks) >= 499, clock=Clock(), tick=0)
     assert code == -9
+
+
+def test_ready_is_announced_once_the_stack_answers(capsys: Any, monkeypatch: Any) -> None:
+    monkeypatch.setattr("deploy.supervisor.READY_POLL_S", 0)
+    answers = iter([False, False, True])
+    assert announce_ready(None, stopping=lambda: False, clock=Clock(),  # type: ignore[arg-type]
+                          ready=lambda: next(answers))
+    out = capsys.readouterr().out
+    assert out.count("voice up: ready in") == 1 and "commands topic" in out
+
+
+def test_nothing_is_announced_when_stopped_first(capsys: Any, monkeypatch: Any) -> None:
+    monkeypatch.setattr("deploy.supervisor.READY_POLL_S", 0)
+    stops = iter([False, True])
+    assert not announce_ready(None, stopping=lambda: next(stops),  # type: ignore[arg-type]
+                              clock=Clock(), ready=lambda: False)
+    assert "ready" not in capsys.readouterr().out
