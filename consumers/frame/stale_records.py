@@ -122,7 +122,12 @@ def guard_stale_records(consumer: Any, generation: Callable[[], int],
             del held_early[tp]
             if of == now and tp in following:
                 expected = following[tp][0]
-                await seek_and_follow(tp, lowest if expected is None else expected)
+                target = lowest if expected is None else expected
+                try:
+                    await seek_and_follow(tp, target)
+                except Exception:  # a rebalance took it meanwhile: its next owner reads it
+                    log.exception("reading %s[%s] again from %s failed", tp.topic,
+                                  tp.partition, target)
 
     async def no_gap_here(tp: Any, offset_from: int, offset_to: int) -> None:
         if not gapless(tp.topic):
