@@ -100,12 +100,16 @@ def stack_ready(settings: VoiceSettings, edge_url: str, admin: AdminClient) -> b
     """Whether the stack answers a request now: the edge's ``/readyz`` says ready, and the
     workers' group holds every partition of the commands topic (else a command waits, and its
     request answers 503, until a worker has joined)."""
+    return answers_ok(f"{edge_url}/readyz") and group_holds(
+        admin, worker_group(settings), topic_name(settings, COMMANDS), settings.topic_partitions)
+
+
+def answers_ok(url: str) -> bool:
+    """Whether ``url`` answers 200 now (``/readyz`` does only when ready)."""
     try:
-        ready = httpx.get(f"{edge_url}/readyz", timeout=2).json().get("ready") is True
-    except (httpx.HTTPError, ValueError):
+        return httpx.get(url, timeout=2).status_code == 200
+    except httpx.HTTPError:
         return False
-    return ready and group_holds(admin, worker_group(settings),
-                                 topic_name(settings, COMMANDS), settings.topic_partitions)
 
 
 def wait_http_ready(url: str, timeout: float = 60, proc: subprocess.Popen[bytes] | None = None
@@ -115,10 +119,7 @@ def wait_http_ready(url: str, timeout: float = 60, proc: subprocess.Popen[bytes]
     while time.monotonic() < deadline:
         if proc is not None and proc.poll() is not None:
             raise RuntimeError(f"process exited with {proc.returncode} before {url} was ready")
-        try:
-            if httpx.get(url, timeout=2).status_code == 200:
-                return
-        except httpx.HTTPError:
-            pass
+        if answers_ok(url):
+            return
         time.sleep(0.2)
     raise TimeoutError(f"{url} not ready in {timeout}s")
