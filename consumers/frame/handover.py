@@ -22,7 +22,12 @@ was being handled, and without a partition left unread afterwards.
 4. **Its consumer** does not let a record fetched before a rebalance move the read offset
    after it (``consumers.frame.stale_records``: that dropped the records the new generation
    read again, and stopped the partition's commit for good), and does not skip offsets of a
-   topic that has no gaps of its own (``gapless_topics``: Faust counted them as acknowledged).
+   topic that has no gaps of its own (``gapless_topics``: Faust counted them as acknowledged),
+   and hands a record over only once its generation's seek is done. ``CommitFloor``
+   (``consumers.frame.commit_floor``) reads a partition never committed from its start, and
+   commits nothing past a record at the committed offset that no handler acknowledged.
+   Every seek runs on the consumer's own thread (``consumers.frame.thread_seek``: from the
+   event loop it raced aiokafka's fetch and killed Faust's fetcher).
 5. **Its consumer** fetches no changelog partition Faust holds paused — those of the tables
    this worker owns, once recovered (``consumers.frame.changelog_fetch``): Faust's pause is its
    own bookkeeping, and every fetch of a turn named them all.
@@ -42,8 +47,10 @@ from typing import Any
 import faust
 
 from consumers.frame.changelog_fetch import fetch_only_read_changelogs
+from consumers.frame.commit_floor import CommitFloor
 from consumers.frame.failures import InFlight
 from consumers.frame.stale_records import guard_stale_records
+from consumers.frame.thread_seek import seek_on_consumer_thread
 
 log = logging.getLogger(__name__)
 
@@ -65,6 +72,8 @@ class VoiceApp(faust.App):
         """``gapless_topics``: the topics that have no gaps of their own (not compacted,
         never written in transactions) — a gap Faust sees in one is a record it skipped."""
         self.gapless_topics = frozenset(gapless_topics)
+        self.commit_floor: CommitFloor | None = None
+        """Made with the consumer (``_new_consumer``)."""
         super().__init__(*args, **kwargs)
         self.before_handover: list[Callable[[], None]] = []
         self.in_flight = InFlight()
@@ -74,9 +83,12 @@ class VoiceApp(faust.App):
 
     def _new_consumer(self) -> Any:
         consumer = super()._new_consumer()
+        seek_on_consumer_thread(consumer)
         guard_stale_records(consumer, lambda: self.consumer_generation_id,
                             lambda: self.tables.changelog_topics,
                             lambda topic: topic in self.gapless_topics)
+        self.commit_floor = CommitFloor(consumer, lambda: self.tables.changelog_topics,
+                                        lambda topic: topic in self.gapless_topics)
         fetch_only_read_changelogs(consumer, lambda: self.tables.changelog_topics)
         return consumer
 
@@ -104,7 +116,10 @@ class VoiceApp(faust.App):
         unacked: dict[Any, set[int]] = {}
         for m in list(c._unacked_messages):
             unacked.setdefault(m.tp, set()).add(m.offset)
-        found = holes(c.assignment(), self.tables.changelog_topics, dict(c._committed_offset),
+        floor = self.commit_floor.floor if self.commit_floor is not None \
+            else c._committed_offset.get
+        floors = {tp: floor(tp) for tp in c.assignment()}
+        found = holes(c.assignment(), self.tables.changelog_topics, floors,
                       {tp: list(a) for tp, a in c._acked.items()}, dict(c._gap), unacked)
         self._holes_since = {tp: (found[tp], self._holes_since[tp][1])
                              if tp in self._holes_since and self._holes_since[tp][0] == found[tp]
@@ -157,16 +172,17 @@ def unfetched(assigned: Iterable[Any], changelogs: Iterable[str], active: Iterab
 def holes(assigned: Iterable[Any], changelogs: Iterable[str], committed: dict[Any, int | None],
           acked: dict[Any, list[int]], gaps: dict[Any, Any],
           unacked: dict[Any, set[int]]) -> dict[Any, tuple[int, int]]:
-    """Assigned stream partitions whose commit can never move again: Faust commits only a run
-    of acknowledged offsets starting next to the committed one, and here the offsets from the
-    committed one up to the first acknowledged are neither acknowledged, nor being handled
-    (``unacked``), nor a gap Faust skips — records read over and never handled. Returns each
-    with ``(committed, first acknowledged)``."""
+    """Assigned stream partitions whose commit can never move again: a commit passes only a
+    run of acknowledged offsets starting at the committed one (``committed``: each one's
+    floor, ``consumers.frame.commit_floor``), and here the offsets from the committed one up to
+    the first acknowledged are neither acknowledged, nor being handled (``unacked``), nor a gap
+    Faust skips — records read over and never handled. Returns each with ``(committed, first
+    acknowledged)``."""
     logs = set(changelogs)
     found = {}
     for tp in assigned:
         done, offsets = committed.get(tp), acked.get(tp)
-        if tp.topic in logs or done is None or not offsets or min(offsets) - done <= 1:
+        if tp.topic in logs or done is None or not offsets or min(offsets) <= done:
             continue
         first = min(offsets)
         if any(done <= o < first for o in unacked.get(tp, ())):

@@ -27,6 +27,17 @@ the same way). The guard therefore also keeps, per partition of such a topic, th
 to hand over (set by every seek, moved by every hand-over); a record past it is held back and
 the partition is sought back to it, once, so the records between are fetched and handed over
 in order. Faust's gap is never registered for these topics.
+
+**Before the generation's seek** (seen as a conversation's ``SendMessage`` decided before its
+``StartConversation``, when a second worker joined: refused, and the start then skipped): Faust
+resumes a partition's fetch before its seek to the committed offset has finished (the seek
+waits on the group coordinator, a second or more on a busy broker), so records fetched from
+wherever aiokafka stood were handed over first, out of order. A record of a gapless topic is
+therefore handed over only once this generation's seek has set where its partition goes on
+from; one fetched before is held back, and once the seek is done its partition is sought again
+to where the seek set it (a record fetched after the seek moved the partition, and held back
+before it was done, would come back no other way). A partition the seek names no offset for
+goes on from the lowest record it held back, or else wherever its next record is.
 """
 
 from __future__ import annotations
@@ -84,6 +95,12 @@ def guard_stale_records(consumer: Any, generation: Callable[[], int],
     """The next offset to hand over of each gapless partition, with its generation."""
     rewinding: dict[Any, tuple[int, float]] = {}
     """Each partition sought back to a hole: the hole's first offset, since when."""
+    held_early: dict[Any, tuple[int, int]] = {}
+    """Each partition that held records back for its generation's seek: that generation, the
+    lowest offset held."""
+    awaiting_seek: dict[Any, tuple[int, float]] = {}
+    """Each partition holding records back for its generation's seek: that generation, since
+    when."""
 
     async def seek_and_follow(tp: Any, offset: int) -> None:
         await seek(tp, offset)
@@ -91,11 +108,26 @@ def guard_stale_records(consumer: Any, generation: Callable[[], int],
             following[tp] = (offset, generation())
 
     async def perform_seek_and_follow() -> None:
+        now = generation()  # the generation this seek is for (a rebalance may start meanwhile)
         await perform_seek()
-        now = generation()
         for tp, offset in list(consumer._committed_offset.items()):
             if offset is not None and gapless(tp.topic):
                 following[tp] = (offset, now)
+        for tp in consumer.assignment():
+            if gapless(tp.topic) and following.get(tp, (None, None))[1] != now:
+                following[tp] = (None, now)  # no offset named: from its next record
+        for tp, (of, lowest) in list(held_early.items()):
+            # Held back while this seek ran — possibly fetched after its seek moved the
+            # partition, so no fetch brings them again by itself: seek once more.
+            del held_early[tp]
+            if of == now and tp in following:
+                expected = following[tp][0]
+                target = lowest if expected is None else expected
+                try:
+                    await seek_and_follow(tp, target)
+                except Exception:  # a rebalance took it meanwhile: its next owner reads it
+                    log.exception("reading %s[%s] again from %s failed", tp.topic,
+                                  tp.partition, target)
 
     async def no_gap_here(tp: Any, offset_from: int, offset_to: int) -> None:
         if not gapless(tp.topic):
@@ -113,14 +145,35 @@ def guard_stale_records(consumer: Any, generation: Callable[[], int],
                         message.generation_id, now)
             return
         if gapless(message.topic):
-            expected, of = following.get(tp, (None, now))
-            if expected is not None and of == now and message.offset > expected:
+            expected, of = following.get(tp, (None, None))
+            if of != now and not seek_overdue(tp, now):
+                offsets.stale(tp, message.offset)  # read again after this generation's seek
+                was, lowest = held_early.get(tp, (now, message.offset))
+                held_early[tp] = (now, min(lowest, message.offset) if was == now
+                                  else message.offset)
+                return
+            if expected is not None and message.offset > expected:
                 if not await rewound(tp, expected, message):
                     offsets.stale(tp, message.offset)
                     return
             following[tp] = (message.offset + 1, now)
             rewinding.pop(tp, None)
         await deliver(message)
+
+    def seek_overdue(tp: Any, now: int) -> bool:
+        """Whether ``tp`` has waited ``REWIND_GIVE_UP_S`` in generation ``now`` for a seek
+        that never came (Faust seeks after every rebalance's recovery; this is a backstop
+        that keeps a partition from stalling for good): it then goes on as it stands."""
+        of, since = awaiting_seek.get(tp, (None, 0.0))
+        if of != now:
+            awaiting_seek[tp] = (now, time.monotonic())
+            return False
+        if time.monotonic() - since < REWIND_GIVE_UP_S:
+            return False
+        log.error("%s[%s]: no seek in generation %s after %.0f s; going on from offset %s",
+                  tp.topic, tp.partition, now, REWIND_GIVE_UP_S, offsets.get(tp))
+        following[tp] = (None, now)
+        return True
 
     async def rewound(tp: Any, expected: int, message: Any) -> bool:
         """Whether to hand ``message`` over past the hole ``expected``..its offset: no while
@@ -151,3 +204,4 @@ def guard_stale_records(consumer: Any, generation: Callable[[], int],
     consumer._add_gap = no_gap_here
     consumer.seek = seek_and_follow
     consumer.perform_seek = perform_seek_and_follow
+

@@ -16,6 +16,7 @@ from typing import Any
 from faust.types import TP
 from faust.types.tuples import ConsumerMessage
 
+from consumers.frame.commit_floor import CommitFloor
 from consumers.frame.handover import VoiceApp
 from consumers.frame.stale_records import ReadOffsets, guard_stale_records
 
@@ -119,7 +120,11 @@ def test_a_commit_stuck_behind_records_never_handled_is_found() -> None:
     a, b, cl = TP(TOPIC, 1), TP(TOPIC, 2), TP(CHANGELOG, 1)
     committed = {a: 279, b: 279, cl: 5}
     acked = {a: [282, 283], b: [280, 281], cl: [9]}
-    assert holes({a, b, cl}, {CHANGELOG}, committed, acked, {}, {}) == {a: (279, 282)}
+    # b: 279 is the next offset to read, and it is not acknowledged (Faust's own commit let
+    # one such record go by: ``consumers.frame.commit_floor``)
+    assert holes({a, b, cl}, {CHANGELOG}, committed, acked, {}, {}) == {a: (279, 282),
+                                                                       b: (279, 280)}
+    assert holes({b}, set(), committed, {b: [279, 280]}, {}, {}) == {}
     assert holes({a}, set(), committed, acked, {}, {a: {280}}) == {}, "being handled"
     assert holes({a}, set(), committed, acked, {}, {a: {300}}) == {a: (279, 282)}
     gap = IntervalTree()
@@ -129,12 +134,15 @@ def test_a_commit_stuck_behind_records_never_handled_is_found() -> None:
     assert holes({a}, set(), committed, {a: []}, {}, {}) == {}
 
 
-def run_gapless_loop(committed: int, batches: list[list[int]], refetch: list[int]
+def run_gapless_loop(committed: int | None, batches: list[list[int]], refetch: list[int],
+                     start: int | None = None, early: list[int] | None = None
                      ) -> tuple[list[int], list[int], Any]:
     """Faust's fetch loop on a gapless topic whose committed offset is ``committed`` (set by
     ``perform_seek``, as after an assignment): ``batches`` of offsets are fetched in order;
-    a seek (the guard's) makes the next fetch ``refetch``. Returns the offsets handed over,
-    the offsets sought to, and the consumer."""
+    a seek (the guard's) makes the next fetch ``refetch``. ``start``: the partition's first
+    offset, with ``CommitFloor`` installed too. ``early``: offsets fetched in the generation
+    before its seek has finished (the partition resumed first). Returns the offsets handed
+    over, the offsets sought to, and the consumer."""
     import faust
 
     app = faust.App("gapless-test", broker="kafka://127.0.0.1:1", store="memory://",
@@ -146,7 +154,7 @@ def run_gapless_loop(committed: int, batches: list[list[int]], refetch: list[int
     async def deliver(msg: ConsumerMessage) -> None:
         handed.append(msg.offset)
 
-    async def seek_to_committed() -> dict[TP, int]:
+    async def seek_to_committed() -> dict[TP, int | None]:
         return {TP0: committed}
 
     async def raw_seek(tp: TP, offset: int) -> None:  # noqa: ARG001
@@ -156,9 +164,16 @@ def run_gapless_loop(committed: int, batches: list[list[int]], refetch: list[int
     consumer.callback = deliver
     consumer.seek_to_committed = seek_to_committed
     consumer._seek = raw_seek
+    consumer.assignment = lambda: {TP0}
     app.consumer_generation_id = 1
     guard_stale_records(consumer, lambda: app.consumer_generation_id, lambda: frozenset(),
                         lambda topic: topic == TOPIC)
+    if start is not None:
+        async def earliest_offsets(*tps: TP) -> dict[TP, int]:
+            return {tp: start for tp in tps}
+
+        consumer.earliest_offsets = earliest_offsets
+        CommitFloor(consumer, lambda: frozenset(), lambda topic: topic == TOPIC)
     pending = [list(b) for b in batches]
     fetcher = type("Fetcher", (), {})()
     fetcher._stopped = asyncio.Event()
@@ -174,11 +189,29 @@ def run_gapless_loop(committed: int, batches: list[list[int]], refetch: list[int
     consumer._commit_every = None
 
     async def main() -> None:
+        if early:
+            await fetch_before_the_seek(consumer, early, handed)
         await consumer.perform_seek()
         await asyncio.wait_for(consumer._drain_messages(fetcher), timeout=30)
 
     consumer.loop.run_until_complete(main())
     return handed, sought, consumer
+
+
+async def fetch_before_the_seek(consumer: Any, offsets: list[int], handed: list[int]) -> None:
+    """Faust's fetch loop over ``offsets`` of generation 1 before its seek has run."""
+    fetcher = type("Fetcher", (), {})()
+    fetcher._stopped = asyncio.Event()
+    getmany = consumer.getmany
+
+    async def once(timeout: float) -> AsyncIterator[tuple[TP, ConsumerMessage]]:  # noqa: ARG001
+        fetcher._stopped.set()
+        for offset in offsets:
+            yield TP0, message(offset, 1)
+
+    consumer.getmany = once
+    await asyncio.wait_for(consumer._drain_messages(fetcher), timeout=30)
+    consumer.getmany = getmany
 
 
 def test_records_faust_would_skip_as_a_gap_are_read_again_and_handed_over() -> None:
@@ -216,3 +249,79 @@ def test_a_topic_with_gaps_of_its_own_is_left_to_faust() -> None:
     guard_stale_records(consumer, lambda: 1, lambda: frozenset(), lambda topic: False)
     consumer.loop.run_until_complete(consumer._add_gap(TP0, 153, 155))
     assert added == [(153, 155)]
+
+
+
+def test_a_record_fetched_before_its_generations_seek_waits_for_it() -> None:
+    """The regression (a second worker joined; a conversation's ``SendMessage`` at 4 was
+    decided before its ``StartConversation`` at 3, refused, and 3 then skipped): Faust resumed
+    the partition before its seek to the committed 3 had finished, and 4 came first. Guarded,
+    4 is held back (and its read offset not moved) until the seek, then 3 and 4 come in
+    order."""
+    handed, sought, _ = run_gapless_loop(3, [[3, 4]], [], early=[4])
+    assert handed == [3, 4]
+    assert sought == [3], "sought again once the seek was done"
+
+
+def test_records_held_back_after_the_seek_moved_the_partition_are_read_again() -> None:
+    """The race in the fix above (seen as a killed worker's turn never resumed): the seek had
+    already moved aiokafka to the committed 15 when 15 and 16 were fetched and handed over,
+    before the seek was done (it still waited on the broker) — held back, and no fetch would
+    bring them again. Once the seek is done the partition is sought to 15 once more."""
+    handed, sought, _ = run_gapless_loop(15, [], [15, 16], early=[15, 16])
+    assert handed == [15, 16]
+    assert sought == [15]
+
+
+def test_a_partition_never_committed_is_read_again_from_its_start() -> None:
+    """The regression (a second worker joined; a turn's ``WorkflowStarted``, the only record
+    of its partition, was never handled): Faust dropped the fetch that held offset 0 while it
+    held the partition paused, and with nothing committed its seek left aiokafka at 1.
+    With ``CommitFloor`` the seek goes to the partition's first offset (before any fetch:
+    aiokafka's position 1 is replaced) and 0 is handed over first."""
+    handed, sought, _ = run_gapless_loop(None, [], [0, 1, 2], start=0)
+    assert handed == [0, 1, 2]
+    assert sought == [0]
+
+
+def test_without_it_a_partition_never_committed_loses_what_faust_dropped() -> None:
+    """What the seek to the start mends: Faust's own seek leaves a partition with no commit
+    where it was, so offset 0 is never handed over."""
+    handed, sought, _ = run_gapless_loop(None, [[1, 2]], [0, 1, 2])
+    assert handed == [1, 2]
+    assert sought == []
+
+
+def test_with_no_offset_named_the_lowest_record_held_back_is_read_again() -> None:
+    handed, sought, _ = run_gapless_loop(None, [], [5, 6], early=[6, 5])
+    assert handed == [5, 6]
+    assert sought == [5]
+
+
+def test_a_partition_taken_away_before_the_seek_again_does_not_fail_the_seek() -> None:
+    """A rebalance can take the partition between the seek and the seek again (aiokafka
+    refuses to seek a partition not assigned): logged, and the seek itself succeeds."""
+    import faust
+
+    app = faust.App("gapless-test-3", broker="kafka://127.0.0.1:1", store="memory://",
+                    web_enabled=False)
+    consumer = app.consumer
+
+    async def seek_to_committed() -> dict[TP, int | None]:
+        return {TP0: 15}
+
+    async def raw_seek(tp: TP, offset: int) -> None:  # noqa: ARG001
+        raise RuntimeError("not assigned")
+
+    async def deliver(msg: ConsumerMessage) -> None:
+        raise AssertionError("held back: never handed over")
+
+    consumer.callback = deliver
+    consumer.seek_to_committed = seek_to_committed
+    consumer._seek = raw_seek
+    consumer.assignment = lambda: {TP0}
+    app.consumer_generation_id = 1
+    guard_stale_records(consumer, lambda: app.consumer_generation_id, lambda: frozenset(),
+                        lambda topic: topic == TOPIC)
+    consumer.loop.run_until_complete(consumer.callback(message(15, 1)))
+    consumer.loop.run_until_complete(consumer.perform_seek())
