@@ -4,9 +4,10 @@ Faust's aiokafka driver runs the aiokafka consumer on a thread of its own (its f
 commits, its group coordination), but its ``seek`` calls aiokafka's ``seek`` straight from the
 worker's event loop. aiokafka is not thread-safe: its ``Fetcher.fetched_records`` walks a
 snapshot of its fetched batches and deletes each one it drains, while ``seek`` deletes the
-sought partition's batch; when the two interleave the fetch raises ``KeyError`` and Faust's
-fetcher task dies — the worker then fetches nothing more, holding its partitions (seen in a
-full CI run, ``test_staff_review``'s killed worker: its publish step was never resumed).
+sought partition's batch; when the two interleave the fetch raises ``KeyError`` into Faust's
+fetch loop, and Faust stops the whole worker (seen in a full CI run: in ``test_staff_review``
+the worker left to take over a killed one's partitions stopped so, and the publish step was
+never resumed).
 
 ``seek_on_consumer_thread`` makes Faust's consumer hand every seek to that thread, the way
 Faust already runs ``seek_to_committed`` and its commits there.
