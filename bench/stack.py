@@ -183,11 +183,14 @@ def start_stack(ctx: Context, label: str, workers: int | None = None,
             wait_http_ready(f"{model_url}/health", proc=sim)
         st.simulator_url = model_url
         model_env = {"ANTHROPIC_API_KEY": "simulator", "ANTHROPIC_BASE_URL": model_url}
-        for i in range(workers or bench.workers):
+        count = workers or bench.workers
+        for i in range(count):
             st.procs[f"worker{i}"] = spawn_voice(settings, "worker",
                                                  log=state / f"worker{i}.log", **model_env,
                                                  **BENCH_QUOTAS)
-        wait_group_stable(settings, worker_group(settings))
+        # All of them: a group stable with the first to join rebalances again, mid-run, when
+        # the next one joins (docs/benchmarks.md, issue 14, thirteenth pass).
+        wait_group_stable(settings, worker_group(settings), members=count)
         edge = spawn_voice(settings, "edge", "--port", str(edge_port), log=state / "edge.log",
                            **{**BENCH_QUOTAS, **(edge_env or {})})
         st.procs["edge"] = edge

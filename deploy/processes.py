@@ -69,15 +69,18 @@ def worker_group(settings: VoiceSettings) -> str:
 
 
 def group_holds(admin: AdminClient, group: str, topic: str | None = None,
-                partitions: int = 0) -> bool:
+                partitions: int = 0, members: int = 0) -> bool:
     """Whether consumer group ``group`` is stable with partitions assigned — with ``topic``,
-    all ``partitions`` of it (every record of it has a consumer now). False while the broker
-    cannot say (its group coordinator still loading, a broker unreachable)."""
+    all ``partitions`` of it (every record of it has a consumer now); with ``members``, at
+    least that many members. False while the broker cannot say (its group coordinator still
+    loading, a broker unreachable)."""
     try:
         desc = admin.describe_consumer_groups([group])[group].result(timeout=5)
     except Exception:
         return False
     if not str(desc.state).endswith("STABLE"):
+        return False
+    if len(desc.members) < members:
         return False
     held = [tp for m in desc.members for tp in m.assignment.topic_partitions]
     if topic is None:
@@ -85,15 +88,19 @@ def group_holds(admin: AdminClient, group: str, topic: str | None = None,
     return {tp.partition for tp in held if tp.topic == topic} >= set(range(partitions))
 
 
-def wait_group_stable(settings: VoiceSettings, group: str, timeout: float = 60) -> None:
-    """Wait until a consumer group has members with partitions assigned."""
+def wait_group_stable(settings: VoiceSettings, group: str, timeout: float = 60,
+                      members: int = 0) -> None:
+    """Wait until a consumer group has members with partitions assigned — with ``members``,
+    at least that many (processes started together join one by one: a group stable with the
+    first of them rebalances again when the next joins)."""
     admin = AdminClient({"bootstrap.servers": settings.bootstrap})
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
-        if group_holds(admin, group):
+        if group_holds(admin, group, members=members):
             return
         time.sleep(0.3)
-    raise TimeoutError(f"consumer group {group!r} not stable in {timeout}s")
+    raise TimeoutError(f"consumer group {group!r} not stable with {members or 'any'} members "
+                       f"in {timeout}s")
 
 
 def stack_ready(settings: VoiceSettings, edge_url: str, admin: AdminClient) -> bool:

@@ -247,6 +247,12 @@ class VoiceSettings(BaseSettings):
     their own (``consumers.workflows.steploop``), so a step never delays the writer's
     acknowledgements on the worker's loop. Off: steps share the worker's loop."""
 
+    worker_standby_replicas: int = Field(default=1, ge=0)
+    """``VOICE_WORKER_STANDBY_REPLICAS``: how many other workers keep a warm copy of each
+    table partition (Faust's ``table_standby_replicas``). A standby applies every changelog
+    record of its partitions as they come, so a takeover need not read the changelog first;
+    0 saves that work on every worker and makes a takeover recover from the changelog."""
+
     worker_uvloop: bool = False
     """``VOICE_WORKER_UVLOOP``: a worker's event loops (Faust's, its consumer thread's, the
     steps') are uvloop's rather than asyncio's own. Off: in two same-load pairs it did not

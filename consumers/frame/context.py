@@ -86,6 +86,7 @@ def faust_app(settings: VoiceSettings) -> VoiceApp:
         # changelog before the next owner recovers it — ``VoiceApp``'s own bounded wait (the
         # held leases of running steps released first), not Faust's, which has no bound.
         stream_wait_empty=False,
+        table_standby_replicas=settings.worker_standby_replicas,
     )
 
 

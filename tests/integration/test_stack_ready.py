@@ -40,3 +40,16 @@ def test_not_ready_while_the_edge_is_not(settings: VoiceSettings, start_worker) 
     assert group_holds(admin, worker_group(settings), topic_name(settings, COMMANDS),
                        settings.topic_partitions)
     assert not stack_ready(settings, "http://127.0.0.1:9", admin), "no edge there"
+
+
+def test_a_group_holds_with_members_only_once_all_of_them_joined(settings: VoiceSettings,
+                                                                  start_worker) -> None:  # noqa: ANN001
+    """The bench waits for all its workers (``wait_group_stable(members=…)``): a group stable
+    with the first to join rebalances again when the next one does, mid-run."""
+    admin = AdminClient({"bootstrap.servers": settings.bootstrap})
+    group = worker_group(settings)
+    start_worker()
+    assert group_holds(admin, group, members=1)
+    assert not group_holds(admin, group, members=2), "one worker is one member"
+    start_worker(wait=False)
+    wait_for(lambda: group_holds(admin, group, members=2), timeout=60, what="both workers")

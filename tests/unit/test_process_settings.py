@@ -140,3 +140,20 @@ def test_a_child_runs_the_code_of_its_parents_checkout(monkeypatch: pytest.Monke
                          env=env, cwd=tmp_path, capture_output=True, text=True, check=True)
     assert out.stdout.strip() == str(SOURCE_TREE / "deploy" / "processes.py")
 
+
+
+def test_a_workers_standby_copies_come_from_the_settings(monkeypatch: pytest.MonkeyPatch,
+                                                         tmp_path: Path) -> None:
+    """``VOICE_WORKER_STANDBY_REPLICAS`` reaches Faust (1 by default: a takeover finds each
+    table warm; 0 saves every worker applying the others' changelogs)."""
+    from consumers.frame.context import faust_app
+    from streams.settings import VoiceSettings
+
+    monkeypatch.setenv("VOICE_STATE_DIR", str(tmp_path))
+    monkeypatch.setenv("VOICE_KAFKA_BOOTSTRAP", "127.0.0.1:1")  # never reached: not started
+    assert faust_app(VoiceSettings()).conf.table_standby_replicas == 1
+    monkeypatch.setenv("VOICE_WORKER_STANDBY_REPLICAS", "0")
+    assert faust_app(VoiceSettings()).conf.table_standby_replicas == 0
+    monkeypatch.setenv("VOICE_WORKER_STANDBY_REPLICAS", "-1")
+    with pytest.raises(ValueError, match="worker_standby_replicas"):
+        VoiceSettings()
