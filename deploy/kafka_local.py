@@ -158,6 +158,12 @@ class LocalKafka:
                     "group.initial.rebalance.delay.ms=0",
                     "auto.create.topics.enable=false",
                     "num.partitions=1",
+                    # Each partition's offset and time index is a sparse file of this size,
+                    # mapped in memory. The first writes to a new partition's index faulted in
+                    # (and zeroed) large readahead windows of the 10 MB default: the broker
+                    # spent seconds of kernel time a stack of new topics (docs/benchmarks.md,
+                    # issue 14, thirteenth pass). 1 MB still indexes ~340 MB a segment.
+                    "log.index.size.max.bytes=1048576",
                     "",
                 ]
             )

@@ -73,6 +73,7 @@ def kraft_env(cluster_id: str = "MsPiKPwnQ2WSufk82HhZpQ") -> dict[str, str]:
         "KAFKA_GROUP_INITIAL_REBALANCE_DELAY_MS": "0",
         "KAFKA_AUTO_CREATE_TOPICS_ENABLE": "false",
         "KAFKA_NUM_PARTITIONS": "1",
+        "KAFKA_LOG_INDEX_SIZE_MAX_BYTES": "1048576",
     }
 
 
