@@ -134,6 +134,24 @@ def test_a_commit_stuck_behind_records_never_handled_is_found() -> None:
     assert holes({a}, set(), committed, {a: []}, {}, {}) == {}
 
 
+def guarded_gapless(consumer: Any, app: Any, deliver: Any, committed: int | None,
+                    raw_seek: Any) -> None:
+    """``consumer`` (of ``app``, generation 1) holding ``TP0`` of a gapless topic whose
+    committed offset is ``committed``, seeking with ``raw_seek``, handing over to ``deliver``,
+    with the guard installed."""
+
+    async def seek_to_committed() -> dict[TP, int | None]:
+        return {TP0: committed}
+
+    consumer.callback = deliver
+    consumer.seek_to_committed = seek_to_committed
+    consumer._seek = raw_seek
+    consumer.assignment = lambda: {TP0}
+    app.consumer_generation_id = 1
+    guard_stale_records(consumer, lambda: app.consumer_generation_id, lambda: frozenset(),
+                        lambda topic: topic == TOPIC)
+
+
 def run_gapless_loop(committed: int | None, batches: list[list[int]], refetch: list[int],
                      start: int | None = None, early: list[int] | None = None
                      ) -> tuple[list[int], list[int], Any]:
@@ -154,20 +172,11 @@ def run_gapless_loop(committed: int | None, batches: list[list[int]], refetch: l
     async def deliver(msg: ConsumerMessage) -> None:
         handed.append(msg.offset)
 
-    async def seek_to_committed() -> dict[TP, int | None]:
-        return {TP0: committed}
-
     async def raw_seek(tp: TP, offset: int) -> None:  # noqa: ARG001
         sought.append(offset)
         pending.insert(0, list(refetch))
 
-    consumer.callback = deliver
-    consumer.seek_to_committed = seek_to_committed
-    consumer._seek = raw_seek
-    consumer.assignment = lambda: {TP0}
-    app.consumer_generation_id = 1
-    guard_stale_records(consumer, lambda: app.consumer_generation_id, lambda: frozenset(),
-                        lambda topic: topic == TOPIC)
+    guarded_gapless(consumer, app, deliver, committed, raw_seek)
     if start is not None:
         async def earliest_offsets(*tps: TP) -> dict[TP, int]:
             return {tp: start for tp in tps}
@@ -307,21 +316,12 @@ def test_a_partition_taken_away_before_the_seek_again_does_not_fail_the_seek() -
                     web_enabled=False)
     consumer = app.consumer
 
-    async def seek_to_committed() -> dict[TP, int | None]:
-        return {TP0: 15}
-
     async def raw_seek(tp: TP, offset: int) -> None:  # noqa: ARG001
         raise RuntimeError("not assigned")
 
     async def deliver(msg: ConsumerMessage) -> None:
         raise AssertionError("held back: never handed over")
 
-    consumer.callback = deliver
-    consumer.seek_to_committed = seek_to_committed
-    consumer._seek = raw_seek
-    consumer.assignment = lambda: {TP0}
-    app.consumer_generation_id = 1
-    guard_stale_records(consumer, lambda: app.consumer_generation_id, lambda: frozenset(),
-                        lambda topic: topic == TOPIC)
+    guarded_gapless(consumer, app, deliver, 15, raw_seek)
     consumer.loop.run_until_complete(consumer.callback(message(15, 1)))
     consumer.loop.run_until_complete(consumer.perform_seek())
