@@ -116,9 +116,8 @@ class VoiceApp(faust.App):
         unacked: dict[Any, set[int]] = {}
         for m in list(c._unacked_messages):
             unacked.setdefault(m.tp, set()).add(m.offset)
-        floor = self.commit_floor.floor if self.commit_floor is not None \
-            else c._committed_offset.get
-        floors = {tp: floor(tp) for tp in c.assignment()}
+        assert self.commit_floor is not None  # made with the consumer, just above
+        floors = {tp: self.commit_floor.floor(tp) for tp in c.assignment()}
         found = holes(c.assignment(), self.tables.changelog_topics, floors,
                       {tp: list(a) for tp, a in c._acked.items()}, dict(c._gap), unacked)
         self._holes_since = {tp: (found[tp], self._holes_since[tp][1])

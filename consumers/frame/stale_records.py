@@ -204,4 +204,3 @@ def guard_stale_records(consumer: Any, generation: Callable[[], int],
     consumer._add_gap = no_gap_here
     consumer.seek = seek_and_follow
     consumer.perform_seek = perform_seek_and_follow
-
