@@ -19,6 +19,7 @@ from consumers.conversations.turns import ConcernAgent
 from consumers.frame.context import Product, WorkerContext
 from consumers.staff import Staff
 from streams.settings import VoiceSettings
+from streams.topics import CHANGELOG_CONFIG
 
 log = logging.getLogger(__name__)
 
@@ -29,27 +30,50 @@ def products(agent: ConcernAgent | None = None) -> list[Product]:
 
 
 def declare_changelogs(worker: WorkerContext) -> None:
-    """Create every table's changelog topic before the app starts.
+    """Create every table's changelog topic before the app starts, and give one that exists
+    the configs it lacks (``CHANGELOG_CONFIG``: a topic made before them kept Kafka's 1 GiB,
+    7-day segment, which compaction never reaches).
 
     Faust creates them at start, racing its consumer's first metadata snapshot; a table whose
     changelog missed it fails every write (``PartitionsMismatch``) until the next metadata
     refresh, minutes later. Best effort: Faust still creates whatever is missing.
     """
-    from confluent_kafka.admin import AdminClient, NewTopic
+    from confluent_kafka.admin import (
+        AdminClient,
+        AlterConfigOpType,
+        ConfigEntry,
+        ConfigResource,
+        NewTopic,
+    )
 
     s = worker.settings
+    config = {"cleanup.policy": "compact", **CHANGELOG_CONFIG}
     try:
         admin = AdminClient({"bootstrap.servers": s.bootstrap})
-        new = [NewTopic(t.changelog_topic.get_topic_name(), num_partitions=s.topic_partitions,
-                        replication_factor=s.replication_factor,
-                        config={"cleanup.policy": "compact"})
-               for t in worker.app.tables.values()]
+        names = [t.changelog_topic.get_topic_name() for t in worker.app.tables.values()]
+        new = [NewTopic(name, num_partitions=s.topic_partitions,
+                        replication_factor=s.replication_factor, config=config)
+               for name in names]
+        existed = []
         for name, fut in admin.create_topics(new, operation_timeout=10).items():
             try:
                 fut.result(timeout=15)
             except Exception as exc:
-                if "already exists" not in str(exc) and "TOPIC_ALREADY_EXISTS" not in str(exc):
+                if "already exists" in str(exc) or "TOPIC_ALREADY_EXISTS" in str(exc):
+                    existed.append(name)
+                else:
                     log.warning("could not create %s now (Faust will): %s", name, exc)
+        if not existed:
+            return
+        entries = [ConfigEntry(k, v, incremental_operation=AlterConfigOpType.SET)
+                   for k, v in CHANGELOG_CONFIG.items()]
+        resources = [ConfigResource(ConfigResource.Type.TOPIC, name, incremental_configs=entries)
+                     for name in existed]
+        for res, fut in admin.incremental_alter_configs(resources).items():
+            try:
+                fut.result(timeout=15)
+            except Exception as exc:
+                log.warning("could not set the segment configs of %s: %s", res.name, exc)
     except Exception as exc:
         log.warning("could not create the changelog topics now (Faust will): %s", exc)
 

@@ -6,6 +6,7 @@ import os
 import subprocess
 import sys
 import time
+from collections.abc import Iterable
 from pathlib import Path
 
 import httpx
@@ -103,12 +104,44 @@ def wait_group_stable(settings: VoiceSettings, group: str, timeout: float = 60,
                        f"in {timeout}s")
 
 
-def stack_ready(settings: VoiceSettings, edge_url: str, admin: AdminClient) -> bool:
-    """Whether the stack answers a request now: the edge's ``/readyz`` says ready, and the
-    workers' group holds every partition of the commands topic (else a command waits, and its
-    request answers 503, until a worker has joined)."""
-    return answers_ok(f"{edge_url}/readyz") and group_holds(
-        admin, worker_group(settings), topic_name(settings, COMMANDS), settings.topic_partitions)
+def stack_waits_for(settings: VoiceSettings, edge_url: str, admin: AdminClient,
+                    worker_ready: Iterable[Path] = ()) -> str:
+    """What the stack waits for before it answers a request ("" when nothing): the edge's
+    ``/readyz``; each of ``worker_ready`` (the ``VOICE_WORKER_READY_FILE`` of a worker started
+    here: it has read its tables back and handles records — a grown changelog once took a
+    worker minutes after joining); the workers' group holding every partition of the commands
+    topic (else a command waits, and its request answers 503, until a worker has joined)."""
+    if not answers_ok(f"{edge_url}/readyz"):
+        return "the edge to read its views (/readyz)"
+    if missing := [path for path in worker_ready if not path.exists()]:
+        return (f"the worker to read its tables back from their changelogs ({missing[0]} "
+                "appears then; a large state folder takes minutes)")
+    if not group_holds(admin, worker_group(settings), topic_name(settings, COMMANDS),
+                       settings.topic_partitions):
+        return "a worker to hold every partition of the commands topic"
+    return ""
+
+
+def stack_ready(settings: VoiceSettings, edge_url: str, admin: AdminClient,
+                worker_ready: Iterable[Path] = ()) -> bool:
+    """Whether the stack answers a request now (``stack_waits_for`` nothing)."""
+    return not stack_waits_for(settings, edge_url, admin, worker_ready)
+
+
+def wait_workers_ready(paths: Iterable[Path], timeout: float = 120,
+                       procs: Iterable[subprocess.Popen[bytes]] = ()) -> None:
+    """Wait until every worker's ready file exists (``VOICE_WORKER_READY_FILE``: its tables
+    recovered), failing fast if one of ``procs`` exits first."""
+    paths, procs = list(paths), list(procs)
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if exited := [p for p in procs if p.poll() is not None]:
+            raise RuntimeError(f"a worker exited with {exited[0].returncode} before it was ready")
+        if all(path.exists() for path in paths):
+            return
+        time.sleep(0.2)
+    missing = [str(path) for path in paths if not path.exists()]
+    raise TimeoutError(f"workers not ready in {timeout}s: {missing}")
 
 
 def answers_ok(url: str) -> bool:

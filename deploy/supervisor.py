@@ -7,7 +7,8 @@ after a short backoff (one crashed worker is not the end of the stack: its parti
 were not committed, so the new one resumes them); a child that dies more than
 ``VOICE_UP_RESTARTS`` times within ``VOICE_UP_RESTART_WINDOW_S`` is broken, and then every
 process is stopped, so a broken stack never looks half alive. ``voice up: ready`` is printed once
-a request would be answered: the edge ready and a worker holding every commands partition.
+a request would be answered: the edge ready, a worker holding every commands partition, and
+that worker's tables read back (its ``VOICE_WORKER_READY_FILE``).
 """
 
 from __future__ import annotations
@@ -26,7 +27,7 @@ from pathlib import Path
 from confluent_kafka.admin import AdminClient
 
 from deploy.kafka_local import LocalKafka, LocalKafkaSettings
-from deploy.processes import stack_ready
+from deploy.processes import stack_waits_for
 from deploy.simulator import SimulatorSettings
 from streams.model_settings import SIMULATOR_KEY, ModelSettings
 from streams.settings import VoiceSettings
@@ -41,6 +42,12 @@ def bootstrap_file(settings: VoiceSettings) -> Path:
 def _spawn(name: str, args: list[str], env: dict[str, str]) -> subprocess.Popen[bytes]:
     print(f"voice up: starting {name}: voice {' '.join(args)}", flush=True)
     return subprocess.Popen([sys.executable, "-m", "deploy.cli", *args], env=env)
+
+
+def worker_ready_file(settings: VoiceSettings) -> Path:
+    """The worker's ready file: ``VOICE_WORKER_READY_FILE`` when set, else one in the state
+    folder (the worker removes a stale one as it starts)."""
+    return settings.worker_ready_file or settings.state_dir / "worker.ready"
 
 
 @dataclass
@@ -65,29 +72,42 @@ class Restarts:
 
 
 READY_POLL_S = 0.5
+WAIT_NOTE_AFTER_S = 5.0
+"""Past this long without the ready line, each new thing the stack waits for is printed."""
 
 
 def announce_ready(settings: VoiceSettings, stopping: Callable[[], bool],
                    clock: Callable[[], float] = time.monotonic,
-                   ready: Callable[[], bool] | None = None) -> bool:
-    """Print ``voice up: ready`` once the stack answers requests (``stack_ready``: the edge
-    ready, a worker holding every commands partition); returns whether it did (False: stopped
-    first). Until then a request may wait for a worker still joining its group and answer
-    503 — the broker's group coordinator alone can take seconds after a start."""
-    if ready is None:
+                   waits_for: Callable[[], str] | None = None,
+                   worker_ready: Path | None = None) -> bool:
+    """Print ``voice up: ready`` once the stack answers requests (``stack_waits_for``
+    nothing: the edge ready, ``worker_ready`` there — the worker's tables read back — and a
+    worker holding every commands partition), and before it, what it still waits for; returns
+    whether it did (False: stopped first). Until then a request may wait for a worker still
+    joining its group or reading its changelogs, and answer 503 — the broker's group
+    coordinator alone can take seconds after a start."""
+    if waits_for is None:
         host = "127.0.0.1" if settings.edge_host in ("0.0.0.0", "::", "") else settings.edge_host
         admin = AdminClient({"bootstrap.servers": settings.bootstrap})
         url = f"http://{host}:{settings.edge_port}"
 
-        def ready() -> bool:
-            return stack_ready(settings, url, admin)
+        def waits_for() -> str:
+            return stack_waits_for(settings, url, admin,
+                                   [worker_ready] if worker_ready is not None else [])
 
     began = clock()
+    noted = ""
     while not stopping():
-        if ready():
+        waiting = waits_for()
+        if not waiting:
             print(f"voice up: ready in {clock() - began:.1f} s (the edge answers, and a worker "
-                  "holds every partition of the commands topic)", flush=True)
+                  "holds every partition of the commands topic, its tables read back)",
+                  flush=True)
             return True
+        if waiting != noted and clock() - began >= WAIT_NOTE_AFTER_S:
+            print(f"voice up: not ready yet ({clock() - began:.0f} s): waiting for {waiting}",
+                  flush=True)
+            noted = waiting
         time.sleep(READY_POLL_S)
     return False
 
@@ -156,8 +176,10 @@ def up(settings: VoiceSettings, with_simulator: bool | None = None) -> int:
                 env["ANTHROPIC_API_KEY"] = SIMULATOR_KEY
             children["simulator"] = _spawn("the model simulator (replies come from it, "
                                            "not from a real model)", ["simulator"], env)
+        worker_ready = worker_ready_file(settings)
+        worker_env = {**env, "VOICE_WORKER_READY_FILE": str(worker_ready)}
         start: dict[str, Callable[[], subprocess.Popen[bytes]]] = {
-            "worker": lambda: _spawn("the worker", ["worker"], env),
+            "worker": lambda: _spawn("the worker", ["worker"], worker_env),
             "telemetry": lambda: _spawn("the telemetry sink (ClickHouse: embedded unless "
                                         "VOICE_CLICKHOUSE_URL; query it with `voice sql`)",
                                         ["telemetry"], env),
@@ -170,6 +192,7 @@ def up(settings: VoiceSettings, with_simulator: bool | None = None) -> int:
         print(f"voice up: edge on http://{settings.edge_host}:{settings.edge_port} "
               f"(OpenAPI at /docs); Ctrl-C stops everything", flush=True)
         threading.Thread(target=announce_ready, args=(settings, lambda: stopping),
+                         kwargs={"worker_ready": worker_ready},
                          name="voice-up-ready", daemon=True).start()
         restarts = {name: Restarts(settings.up_restarts, settings.up_restart_window_s)
                     for name in children}

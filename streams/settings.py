@@ -253,6 +253,11 @@ class VoiceSettings(BaseSettings):
     record of its partitions as they come, so a takeover need not read the changelog first;
     0 saves that work on every worker and makes a takeover recover from the changelog."""
 
+    worker_ready_file: Path | None = None
+    """``VOICE_WORKER_READY_FILE``: a file the worker keeps while it handles records (its tables
+    recovered, no rebalance under way) and removes otherwise — a container's readiness probe
+    (``test -f``); ``voice up`` waits for it before its ready line. Unset: no file."""
+
     worker_uvloop: bool = False
     """``VOICE_WORKER_UVLOOP``: a worker's event loops (Faust's, its consumer thread's, the
     steps') are uvloop's rather than asyncio's own. Off: in two same-load pairs it did not

@@ -130,7 +130,6 @@ TOPICS: tuple[TopicSpec, ...] = (COMMANDS, CONVERSATIONS, ACKS, WORKFLOWS, AGENT
                                  DELTAS)
 """The record topics: every one is read by the telemetry sink and has a dead-letter topic."""
 
-HOUR_MS = 3600 * 1000
 KEYS = TopicSpec(
     "voice.keys",
     "Wrapped data keys (one per conversation, assistant chat, contribution, dataset) and the "
@@ -148,6 +147,15 @@ KEYS = TopicSpec(
 )
 """Not in ``TOPICS``: it carries no CloudEvents payload a sink or a worker decodes, and its
 undecodable records are skipped by the key readers (logged), not dead-lettered."""
+
+CHANGELOG_CONFIG: dict[str, str] = {
+    "segment.ms": str(HOUR_MS),
+    "segment.bytes": str(64 * 1024 * 1024),
+}
+"""Every worker table's changelog topic (compacted by Faust) rolls its segment at least hourly
+and every 64 MiB: compaction never touches the active segment, and under Kafka's defaults
+(7 days, 1 GiB) one grew to 860 MB of superseded values, every one of them read back by each
+worker that recovered the table (``docs/benchmarks.md``, issue 14, fourteenth pass)."""
 
 
 def all_specs() -> list[TopicSpec]:

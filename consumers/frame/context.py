@@ -30,6 +30,7 @@ from consumers.frame.follow import Apply, Follower
 from consumers.frame.handover import VoiceApp
 from consumers.frame.janitor import Janitor
 from consumers.frame.logrefs import KafkaLogReader
+from consumers.frame.readiness import READY_CHECK_S, ReadyFile, faust_ready
 from consumers.frame.writer import Raw, Writer, acknowledgement
 from consumers.intake import decode_or_dead_letter, decode_or_none
 from consumers.workflows.engine import WorkflowDef
@@ -42,7 +43,15 @@ from streams.producer import Publisher, RecordProducer
 from streams.retry import RetryPolicy, Unprocessable
 from streams.sealing import sealer_for
 from streams.settings import VoiceSettings
-from streams.topics import ACKS, COMMANDS, TOPICS, WORKFLOWS, TopicSpec, topic_name
+from streams.topics import (
+    ACKS,
+    CHANGELOG_CONFIG,
+    COMMANDS,
+    TOPICS,
+    WORKFLOWS,
+    TopicSpec,
+    topic_name,
+)
 
 log = logging.getLogger(__name__)
 
@@ -142,7 +151,8 @@ class WorkerContext:
         """A changelog-backed Faust table (default ``None``), partitioned like the topics; a
         value whose changelog record would be over ``VOICE_MAX_RECORD_BYTES`` is refused
         where it is set (``consumers.frame.bounded``)."""
-        table = self.app.Table(name, default=None, partitions=self.settings.topic_partitions)
+        table = self.app.Table(name, default=None, partitions=self.settings.topic_partitions,
+                               extra_topic_configs=CHANGELOG_CONFIG)
         table.max_bytes = self.settings.max_record_bytes
         return table
 
@@ -307,6 +317,14 @@ class WorkerContext:
         async def _fetch_check() -> None:
             self.app.resume_unfetched()
             await self.app.reread_holes()
+
+        if self.settings.worker_ready_file is not None:
+            shown = ReadyFile(self.settings.worker_ready_file)
+            self.on_shutdown(shown.close)
+
+            @self.app.timer(READY_CHECK_S)
+            async def _readiness() -> None:
+                shown.show(faust_ready(self.app))
 
         @self.app.on_partitions_assigned.connect
         async def _assigned(app: Any, assigned: set[Any], **kw: Any) -> None:  # noqa: ARG001

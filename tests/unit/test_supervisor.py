@@ -67,16 +67,29 @@ def test_a_child_that_keeps_dying_stops_everything_with_its_code() -> None:
 
 def test_ready_is_announced_once_the_stack_answers(capsys: Any, monkeypatch: Any) -> None:
     monkeypatch.setattr("deploy.supervisor.READY_POLL_S", 0)
-    answers = iter([False, False, True])
+    answers = iter(["the edge", "the edge", ""])
     assert announce_ready(None, stopping=lambda: False, clock=Clock(),  # type: ignore[arg-type]
-                          ready=lambda: next(answers))
+                          waits_for=lambda: next(answers))
     out = capsys.readouterr().out
     assert out.count("voice up: ready in") == 1 and "commands topic" in out
+
+
+def test_a_long_wait_says_what_it_waits_for_once_each(capsys: Any, monkeypatch: Any) -> None:
+    """A worker reading a grown changelog back kept the stack unready for minutes, silently."""
+    monkeypatch.setattr("deploy.supervisor.READY_POLL_S", 0)
+    answers = iter(["the edge"] * 3 + ["the worker's tables"] * 20 + [""])
+    clock = Clock()
+    assert announce_ready(None, stopping=lambda: False, clock=clock,  # type: ignore[arg-type]
+                          waits_for=lambda: next(answers))
+    lines = capsys.readouterr().out.splitlines()
+    waits = [line for line in lines if "not ready yet" in line]
+    assert len(waits) == 1 and "the worker's tables" in waits[0], lines
+    assert lines[-1].startswith("voice up: ready in")
 
 
 def test_nothing_is_announced_when_stopped_first(capsys: Any, monkeypatch: Any) -> None:
     monkeypatch.setattr("deploy.supervisor.READY_POLL_S", 0)
     stops = iter([False, True])
     assert not announce_ready(None, stopping=lambda: next(stops),  # type: ignore[arg-type]
-                              clock=Clock(), ready=lambda: False)
+                              clock=Clock(), waits_for=lambda: "the edge")
     assert "ready" not in capsys.readouterr().out
