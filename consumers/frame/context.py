@@ -58,6 +58,13 @@ log = logging.getLogger(__name__)
 UNFETCHED_CHECK_S = 2.0
 """How often the worker checks that it reads every partition assigned to it."""
 
+PARTITION_FETCH_BYTES = 8 * 1024 * 1024
+"""At most this much of one partition per fetch (aiokafka's ``max_partition_fetch_bytes``;
+Faust's default is 1 MiB). A backlog — a changelog read back, commands that queued while no
+worker ran — is read a fetch at a time, and Faust's fetches wait up to 1.5 s on the
+partitions that have nothing new: at 1 MiB a worker read a changelog of ~360-byte values back
+at 2,900 records/s, at 8 MiB at 8,500 (then its own loop is the limit). A fetch of a few new
+records is as small as before."""
 Dispatch = Callable[[Envelope, Any], Awaitable[None]]
 SOURCE = "/voice/worker"
 
@@ -96,6 +103,7 @@ def faust_app(settings: VoiceSettings) -> VoiceApp:
         # held leases of running steps released first), not Faust's, which has no bound.
         stream_wait_empty=False,
         table_standby_replicas=settings.worker_standby_replicas,
+        consumer_max_fetch_size=PARTITION_FETCH_BYTES,
     )
 
 

@@ -219,6 +219,16 @@ def test_kafka_healthcheck_uses_the_images_own_tools(services: dict) -> None:
     assert bootstrap == f"localhost:{listeners['PLAINTEXT'][1]}"
 
 
+def test_worker_healthcheck_is_its_ready_file(services: dict) -> None:
+    # The worker has no port: it says it handles records by a file of its own
+    # (VOICE_WORKER_READY_FILE), there only once its tables are read back.
+    worker = services["worker"]
+    test = worker["healthcheck"]["test"]
+    assert test[:3] == ["CMD", "test", "-f"]
+    assert test[3] == env_of(worker)["VOICE_WORKER_READY_FILE"]
+    assert test[3].startswith("/tmp/"), "the image's non-root user can write it"
+
+
 def test_data_lives_in_named_volumes(compose: dict, services: dict) -> None:
     named = set(compose.get("volumes") or {})
     kafka_env = env_of(services["kafka"])
