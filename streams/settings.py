@@ -293,6 +293,19 @@ class VoiceSettings(BaseSettings):
     """Tests only: ``step=ms,step=ms``; the named staff workflow steps sleep that long at their
     midpoint, so a test can kill a worker in the middle of them. Unset in every deployment."""
 
+    @field_validator("worker_ready_file", mode="before")
+    @classmethod
+    def _ready_file_unset_when_empty(cls, value: object) -> object:
+        return None if isinstance(value, str) and not value.strip() else value
+
+    @field_validator("worker_ready_file", mode="after")
+    @classmethod
+    def _ready_file_is_a_file(cls, value: Path | None) -> Path | None:
+        if value is not None and (value.name in ("", ".", "..") or value.is_dir()):
+            raise ValueError(f"VOICE_WORKER_READY_FILE must name a file, not the folder "
+                             f"{value}")
+        return value
+
     @field_validator("state_dir", mode="after")
     @classmethod
     def _absolute_state_dir(cls, value: Path) -> Path:

@@ -39,23 +39,37 @@ class ReadyFile:
         self.clock = clock
         self.began = clock()
         self.ready: bool | None = None
-        self.path.unlink(missing_ok=True)  # one a process before this one left
+        self.failed = False
+        """A write failed (logged once)."""
+        try:
+            self.path.unlink(missing_ok=True)  # one a process before this one left
+        except OSError:
+            pass  # not ours to remove, or not a file: ``show`` says so
 
     def show(self, ready: bool) -> None:
-        """Make the file say ``ready`` (written or removed only when that changes)."""
+        """Make the file say ``ready`` (written or removed only when that changes). A path
+        the worker cannot write is logged, once, and the worker goes on handling records:
+        it is then never shown ready, which its probe reports."""
         if ready == self.ready:
             return
-        if ready:
-            tmp = self.path.with_name(f".{self.path.name}.{os.getpid()}")
-            tmp.parent.mkdir(parents=True, exist_ok=True)
-            tmp.write_text(f"{os.getpid()}\n")
-            tmp.replace(self.path)  # never seen half written
-            log.warning("worker ready: tables recovered, records handled (%.1f s after start)",
-                        self.clock() - self.began)
-        else:
-            self.path.unlink(missing_ok=True)
-            if self.ready is not None:
-                log.warning("worker not ready: rebalancing or recovering its tables")
+        try:
+            if ready:
+                tmp = self.path.with_name(f".{self.path.name}.{os.getpid()}")
+                tmp.parent.mkdir(parents=True, exist_ok=True)
+                tmp.write_text(f"{os.getpid()}\n")
+                tmp.replace(self.path)  # never seen half written
+                log.warning("worker ready: tables recovered, records handled "
+                            "(%.1f s after start)", self.clock() - self.began)
+            else:
+                self.path.unlink(missing_ok=True)
+                if self.ready is not None:
+                    log.warning("worker not ready: rebalancing or recovering its tables")
+        except OSError as exc:
+            if not self.failed:
+                log.error("VOICE_WORKER_READY_FILE %s cannot be written (%s): this worker "
+                          "is never shown ready", self.path, exc)
+            self.failed = True
+            return
         self.ready = ready
 
     def close(self) -> None:

@@ -157,3 +157,20 @@ def test_a_workers_standby_copies_come_from_the_settings(monkeypatch: pytest.Mon
     monkeypatch.setenv("VOICE_WORKER_STANDBY_REPLICAS", "-1")
     with pytest.raises(ValueError, match="worker_standby_replicas"):
         VoiceSettings()
+
+
+def test_a_workers_ready_file_is_a_file_or_unset(monkeypatch: pytest.MonkeyPatch,
+                                                 tmp_path: Path) -> None:
+    """``VOICE_WORKER_READY_FILE``: empty is unset (a template's blank line); a folder is
+    refused at start with the variable named, not found by a probe that never passes."""
+    from streams.settings import VoiceSettings
+
+    monkeypatch.setenv("VOICE_STATE_DIR", str(tmp_path))
+    monkeypatch.setenv("VOICE_WORKER_READY_FILE", "")
+    assert VoiceSettings().worker_ready_file is None
+    monkeypatch.setenv("VOICE_WORKER_READY_FILE", str(tmp_path / "worker.ready"))
+    assert VoiceSettings().worker_ready_file == tmp_path / "worker.ready"
+    for folder in (str(tmp_path), ".", "/tmp/"):
+        monkeypatch.setenv("VOICE_WORKER_READY_FILE", folder)
+        with pytest.raises(ValueError, match="VOICE_WORKER_READY_FILE must name a file"):
+            VoiceSettings()

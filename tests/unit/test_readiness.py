@@ -50,3 +50,18 @@ def test_a_missing_folder_is_made(tmp_path: Path) -> None:
     path = tmp_path / "a" / "b" / "worker.ready"
     ReadyFile(path).show(True)
     assert path.exists()
+
+
+def test_a_path_it_cannot_write_is_logged_once_and_never_raises(tmp_path: Path,
+                                                                caplog: object) -> None:
+    """A careless setting (a folder where the file should be, a read-only place) must not stop
+    the worker's timer, and so the worker: it is logged and never shown ready."""
+    blocker = tmp_path / "taken"
+    blocker.write_text("a file, not a folder")
+    shown = ReadyFile(blocker / "worker.ready")  # its parent is a file
+    for _ in range(3):
+        shown.show(True)
+        shown.show(False)
+    assert not (blocker / "worker.ready").exists()
+    errors = [r for r in caplog.records if r.levelname == "ERROR"]  # type: ignore[attr-defined]
+    assert len(errors) == 1 and "VOICE_WORKER_READY_FILE" in errors[0].getMessage()
