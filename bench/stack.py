@@ -185,16 +185,16 @@ def start_stack(ctx: Context, label: str, workers: int | None = None,
         st.simulator_url = model_url
         model_env = {"ANTHROPIC_API_KEY": "simulator", "ANTHROPIC_BASE_URL": model_url}
         count = workers or bench.workers
+        ready = [state / f"worker{i}.ready" for i in range(count)]
         for i in range(count):
             st.procs[f"worker{i}"] = spawn_voice(
                 settings, "worker", log=state / f"worker{i}.log", **model_env, **BENCH_QUOTAS,
-                VOICE_WORKER_READY_FILE=str(state / f"worker{i}.ready"))
+                VOICE_WORKER_READY_FILE=str(ready[i]))
         # All of them: a group stable with the first to join rebalances again, mid-run, when
         # the next one joins (docs/benchmarks.md, issue 14, thirteenth pass); and each with
         # its tables read back after that last rebalance.
         wait_group_stable(settings, worker_group(settings), members=count)
-        wait_workers_ready([state / f"worker{i}.ready" for i in range(count)],
-                           procs=[st.procs[f"worker{i}"] for i in range(count)])
+        wait_workers_ready(ready, procs=[st.procs[f"worker{i}"] for i in range(count)])
         edge = spawn_voice(settings, "edge", "--port", str(edge_port), log=state / "edge.log",
                            **{**BENCH_QUOTAS, **(edge_env or {})})
         st.procs["edge"] = edge

@@ -6,7 +6,7 @@ import os
 import subprocess
 import sys
 import time
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from pathlib import Path
 
 import httpx
@@ -132,16 +132,24 @@ def wait_workers_ready(paths: Iterable[Path], timeout: float = 120,
                        procs: Iterable[subprocess.Popen[bytes]] = ()) -> None:
     """Wait until every worker's ready file exists (``VOICE_WORKER_READY_FILE``: its tables
     recovered), failing fast if one of ``procs`` exits first."""
-    paths, procs = list(paths), list(procs)
+    paths = list(paths)
+    _wait_until(lambda: all(path.exists() for path in paths), f"the workers ({paths})",
+                timeout, procs)
+
+
+def _wait_until(ready: Callable[[], bool], what: str, timeout: float,
+                procs: Iterable[subprocess.Popen[bytes]] = ()) -> None:
+    """Poll ``ready`` until it holds, failing fast if one of ``procs`` exits first."""
+    procs = list(procs)
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
         if exited := [p for p in procs if p.poll() is not None]:
-            raise RuntimeError(f"a worker exited with {exited[0].returncode} before it was ready")
-        if all(path.exists() for path in paths):
+            raise RuntimeError(f"process exited with {exited[0].returncode} before {what} "
+                               "was ready")
+        if ready():
             return
         time.sleep(0.2)
-    missing = [str(path) for path in paths if not path.exists()]
-    raise TimeoutError(f"workers not ready in {timeout}s: {missing}")
+    raise TimeoutError(f"{what} not ready in {timeout}s")
 
 
 def answers_ok(url: str) -> bool:
@@ -155,11 +163,4 @@ def answers_ok(url: str) -> bool:
 def wait_http_ready(url: str, timeout: float = 60, proc: subprocess.Popen[bytes] | None = None
                     ) -> None:
     """Wait until ``url`` answers 200 (failing fast if ``proc`` exits first)."""
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        if proc is not None and proc.poll() is not None:
-            raise RuntimeError(f"process exited with {proc.returncode} before {url} was ready")
-        if answers_ok(url):
-            return
-        time.sleep(0.2)
-    raise TimeoutError(f"{url} not ready in {timeout}s")
+    _wait_until(lambda: answers_ok(url), url, timeout, [proc] if proc is not None else [])

@@ -41,8 +41,11 @@ class ReadyFile:
         self.ready: bool | None = None
         self.failed = False
         """A write failed (logged once)."""
+        self._remove()  # one a process before this one left
+
+    def _remove(self) -> None:
         try:
-            self.path.unlink(missing_ok=True)  # one a process before this one left
+            self.path.unlink(missing_ok=True)
         except OSError:
             pass  # not ours to remove, or not a file: ``show`` says so
 
@@ -73,6 +76,7 @@ class ReadyFile:
         self.ready = ready
 
     def close(self) -> None:
-        """The worker stops: no longer ready."""
-        self.path.unlink(missing_ok=True)
+        """The worker stops: no longer ready (a path it could never write raises nothing
+        here either: this runs in Faust's shutdown)."""
+        self._remove()
         self.ready = False

@@ -63,5 +63,6 @@ def test_a_path_it_cannot_write_is_logged_once_and_never_raises(tmp_path: Path,
         shown.show(True)
         shown.show(False)
     assert not (blocker / "worker.ready").exists()
+    shown.close()  # the worker's shutdown: nothing raised there either
     errors = [r for r in caplog.records if r.levelname == "ERROR"]  # type: ignore[attr-defined]
     assert len(errors) == 1 and "VOICE_WORKER_READY_FILE" in errors[0].getMessage()
