@@ -59,6 +59,10 @@ STREAMS = int(os.environ.get("VOICE_BENCH_STREAMS", "5000"))
 FANOUT = int(os.environ.get("VOICE_BENCH_FANOUT", "1000"))
 FANOUT_SPREAD_S = float(os.environ.get("VOICE_BENCH_FANOUT_SPREAD_S", "2"))
 """``sse.fanout_steady``: the records are produced evenly over this long."""
+FANOUT_BURSTS = int(os.environ.get("VOICE_BENCH_FANOUT_BURSTS", "5"))
+"""Bursts on the same open streams; the figures are over all of them."""
+BURST_GAP_S = 1.0
+"""Quiet time between two bursts."""
 IDLE_CONVERSATIONS = 50
 OPEN_AT_ONCE = 100
 """Streams being opened at the same moment (a burst of new clients, not a flood)."""
@@ -336,7 +340,8 @@ def _profiled(pid: int, label: str) -> Any:
         yield
         return
     out = Path(os.environ.get("VOICE_BENCH_PYSPY_OUT", "/tmp")) / f"{label}.txt"
-    proc = subprocess.Popen([spy, "record", "--pid", str(pid), "--rate", "250", "--format",
+    proc = subprocess.Popen([spy, "record", "--pid", str(pid), "--rate", "1000", "--nonblocking",
+                             "--gil", "--format",
                              "raw", "--threads", "-o", str(out)],
                             stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     time.sleep(1.0)  # py-spy attached before the block starts
@@ -347,9 +352,42 @@ def _profiled(pid: int, label: str) -> Any:
         proc.wait(30)
 
 
+PAUSE = re.compile(rb"full garbage collection stopped this process for (\d+) ms")
+
+
+def _size(path: Path) -> int:
+    try:
+        return path.stat().st_size
+    except OSError:
+        return 0
+
+
+def _full_collections(log_file: Path, since: int) -> list[int]:
+    """The pauses (ms) ``streams.heap.FullCollections`` logged in ``log_file`` past ``since``."""
+    try:
+        with log_file.open("rb") as f:
+            f.seek(since)
+            return [int(m.group(1)) for m in PAUSE.finditer(f.read())]
+    except OSError:
+        return []
+
+
+def _threads_cpu(pid: int) -> dict[str, float]:
+    """CPU seconds so far of each live thread of ``pid``, by ``name/tid`` (empty if unreadable)."""
+    out: dict[str, float] = {}
+    with contextlib.suppress(OSError, IndexError, ValueError):
+        for task in Path(f"/proc/{pid}/task").iterdir():
+            name = (task / "comm").read_text().strip()
+            out[f"{name}/{task.name}"] = int((task / "schedstat").read_text().split()[0]) / 1e9
+    return out
+
+
 def _fanout(ctx: Context, label: str, spread_s: float) -> Result:
     """One record per conversation of ``FANOUT``, produced evenly over ``spread_s`` (0: one
-    burst); latency = produce call → its turn event read by its stream's client."""
+    burst), ``FANOUT_BURSTS`` times on the same open streams; latency = produce call → its
+    turn event read by its stream's client. The summary is over every burst's events; each
+    burst's p50 and edge CPU per event are listed beside it (a burst is a second or less of
+    the edge's work, so one burst alone says little on a noisy machine)."""
     st = _edge_stack(ctx, label)
     try:
         token = mint_token(st.settings, "bench-fanout", "participant")
@@ -357,6 +395,7 @@ def _fanout(ctx: Context, label: str, spread_s: float) -> Result:
         port = int(st.edge_url.rsplit(":", 1)[1])
         arrived: dict[str, float] = {}
         of_stream: dict[int, str] = {}
+        expected = {"turn": b""}  # the turn id of the burst under way, as its data carries it
 
         def on_data(stream: Stream, chunk: bytes) -> None:
             now = time.time()
@@ -366,10 +405,11 @@ def _fanout(ctx: Context, label: str, spread_s: float) -> Result:
             for frame in frames:
                 if (m := ID.search(frame)) is not None:
                     stream.last_id = max(stream.last_id, int(m.group(1)))
-                if (e := EVENT.search(frame)) is not None and e.group(1) == b"turn":
+                if ((e := EVENT.search(frame)) is not None and e.group(1) == b"turn"
+                        and expected["turn"] in e.group(2)):
                     arrived.setdefault(of_stream[id(stream)], now)
 
-        async def run() -> tuple[dict[str, float], float]:
+        async def run() -> list[tuple[dict[str, float], float, float | None, list[int]]]:
             paths = [f"/me/conversations/{c}/stream?after=0" for c in conversations]
             streams = await open_all(paths, port, token, on_data)
             for c, s in zip(conversations, streams, strict=True):
@@ -379,10 +419,25 @@ def _fanout(ctx: Context, label: str, spread_s: float) -> Result:
                                  "acks": "all", "enable.idempotence": True})
             producer.list_topics(topic, timeout=10)  # metadata (and its producer id) first
             await asyncio.sleep(SETTLE_S)  # every stream past its (empty) backlog
+            bursts = []
+            for n in range(1, FANOUT_BURSTS + 1):
+                bursts.append(await one_burst(n, topic, producer, streams))
+                await asyncio.sleep(BURST_GAP_S)
+            for s in streams:
+                s.close()
+            return bursts
+
+        edge_log = st.settings.state_dir / "edge.log"
+
+        async def one_burst(n: int, topic: str, producer: Producer, streams: list[Stream]
+                            ) -> tuple[dict[str, float], float, float | None, list[int]]:
+            arrived.clear()
+            log_at = _size(edge_log)
+            expected["turn"] = f":turn-{n}\"".encode()
             # Encoded first, produced from a thread: the clients' loop keeps reading meanwhile.
             records = []
             for c, s in zip(conversations, streams, strict=True):
-                env = Envelope(record=TurnStateChanged(conversation=c, turn=f"{c}:turn-1",
+                env = Envelope(record=TurnStateChanged(conversation=c, turn=f"{c}:turn-{n}",
                                                        state="Replied"),
                                # seq 1 is the conversation's start (no SSE event)
                                key=c, source="/voice/sequencer", seq=max(s.last_id, 1) + 1,
@@ -403,7 +458,8 @@ def _fanout(ctx: Context, label: str, spread_s: float) -> Result:
                 producer.flush(30)
 
             edge = st.procs["edge"].pid
-            with _profiled(edge, f"sse.{label}"):
+            with _profiled(edge, f"sse.{label}.{n}"):
+                threads0 = _threads_cpu(edge)
                 cpu0 = live_threads_cpu_seconds(edge)
                 t0 = time.perf_counter()
                 await asyncio.to_thread(burst)
@@ -412,20 +468,35 @@ def _fanout(ctx: Context, label: str, spread_s: float) -> Result:
                              "every turn event")
                 cpu1 = live_threads_cpu_seconds(edge)
             edge_cpu_ms = None if cpu0 is None or cpu1 is None else (cpu1 - cpu0) * 1000
-            for s in streams:
-                s.close()
-            return {c: arrived[c] - sent[c] for c in conversations}, burst_s, edge_cpu_ms
+            by_thread = {k: round((v - threads0.get(k, 0)) * 1000, 1)
+                         for k, v in _threads_cpu(edge).items()}
+            pauses = _full_collections(edge_log, log_at)
+            ctx.log(f"  burst {n}: edge CPU {edge_cpu_ms:.0f} ms, by thread (ms) "
+                    f"{ {k: v for k, v in by_thread.items() if v >= 1} }, "
+                    f"full collections (ms) {pauses}")
+            return ({c: arrived[c] - sent[c] for c in conversations}, burst_s, edge_cpu_ms,
+                    pauses)
 
-        latencies, burst_s, edge_cpu_ms = asyncio.run(run())
+        bursts = asyncio.run(run())
     finally:
         st.close()
     # The edge's CPU from the first produce to the last arrival (its tail, loop and writes):
     # the figure that carries over from this loaded machine; the clock ones do not.
-    cpu = {} if edge_cpu_ms is None else {
-        "edge_cpu_ms": round(edge_cpu_ms, 1), "edge_cpu_us_per_event":
-            round(edge_cpu_ms * 1000 / len(latencies), 1)}
-    return {**latency_summary(list(latencies.values())), "streams": len(latencies),
-            "burst_produce_s": round(burst_s, 3), "spread_s": spread_s, **cpu}
+    latencies = [lat for got, _, _, _ in bursts for lat in got.values()]
+    per_event = [None if cpu is None else round(cpu * 1000 / len(got), 1)
+                 for got, _, cpu, _ in bursts]
+    known = sorted(x for x in per_event if x is not None)
+    cpu = {} if not known else {"edge_cpu_us_per_event": known[len(known) // 2]}
+    return {**latency_summary(latencies), "streams": len(conversations),
+            "bursts": len(bursts),
+            "burst_p50_ms": [latency_summary(list(got.values()))["p50_ms"]
+                             for got, _, _, _ in bursts],
+            "burst_edge_cpu_us_per_event": per_event,
+            # The edge's full collections of LONG_PAUSE_MS or more during each burst (its log):
+            # the whole edge stops meanwhile, every stream waits.
+            "burst_edge_full_collections_ms": [pauses for _, _, _, pauses in bursts],
+            "burst_produce_s": [round(s, 3) for _, s, _, _ in bursts],
+            "spread_s": spread_s, **cpu}
 
 
 @benchmark("sse.fanout", baseline="kafka.round_trip", compare=("p50_ms", "p99_ms"))

@@ -74,3 +74,39 @@ def test_the_worker_settles_its_heap_once_built_before_it_runs(
     worker_app.run_worker(VoiceSettings(kafka_bootstrap="127.0.0.1:1", state_dir=tmp_path))
     assert seen["frozen"] > 0
     assert seen["built_frozen"]
+
+
+def test_a_long_full_collection_is_logged_with_what_it_walked(
+        caplog: pytest.LogCaptureFixture) -> None:
+    from streams.heap import FullCollections
+
+    ticks = iter([10.0, 10.2, 20.0, 20.01])
+    watch = FullCollections(over_ms=50, clock=lambda: next(ticks))
+    watch("start", {"generation": 0})  # young collections are not timed
+    watch("stop", {"generation": 0})
+    with caplog.at_level("WARNING", logger="streams.heap"):
+        watch("start", {"generation": 2})
+        watch("stop", {"generation": 2})  # 200 ms: logged
+        watch("start", {"generation": 2})
+        watch("stop", {"generation": 2})  # 10 ms: counted, not logged
+    assert watch.count == 2
+    assert watch.longest_ms == pytest.approx(200)
+    assert watch.total_ms == pytest.approx(210)
+    [line] = [r.getMessage() for r in caplog.records]
+    assert "stopped this process for 200 ms" in line
+    assert "objects" in line
+
+
+def test_settle_heap_times_full_collections_once() -> None:
+    from streams.heap import WATCH
+
+    try:
+        settle_heap()
+        settle_heap()
+        assert gc.callbacks.count(WATCH) == 1
+        before = WATCH.count
+        gc.collect()
+        assert WATCH.count == before + 1
+    finally:
+        while WATCH in gc.callbacks:
+            gc.callbacks.remove(WATCH)
