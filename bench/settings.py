@@ -19,6 +19,11 @@ class BenchSettings(BaseSettings):
     keep_state: bool = False
     """Keep the stack's state folder (logs, keys, Faust's data) after the run."""
 
+    post_rate: float = Field(default=25.0, gt=0)
+    """POSTs a second of ``edge.post_message``: the issue's row names half the sustained rate,
+    and one worker sustains 45–57 turns/s on a quiet 2-core machine — on a slower one (its own
+    ``turn.sustained``), set half of what it sustains, or the figure is a queue's."""
+
     sustained_turns: int = Field(default=600, ge=1)
     """Turns ``turn.sustained`` measures (after its warm-up), over its 32 conversations: 600
     is ~20 turns a conversation; 4000 (~125) shows what a conversation's length costs."""

@@ -36,10 +36,6 @@ from streams.reading import read_topic
 from streams.tokens import mint_token
 from streams.topics import ACKS, AGENT, COMMANDS, CONVERSATIONS, WORKFLOWS, topic_name
 
-POST_RATE_PER_S = 25
-"""Steady POST rate of ``edge.post_message``: half of what one worker sustains on 2 cores
-(``turn.sustained``, 45–57 turns/s), the load issue 14's row names; under it, so the figure is
-the edge's latency, not a queue's."""
 POSTS = 300
 POST_CONVERSATIONS = 20
 OVERHEAD_TURNS = 200
@@ -111,6 +107,7 @@ def post_message(ctx: Context) -> Result:
     statuses: Counter[int] = Counter()
 
     posted: list[_Turn] = []
+    rate = BenchSettings().post_rate
 
     async def main() -> tuple[list[float], list[tuple[str, str]]]:
         async with _client() as client:
@@ -136,7 +133,7 @@ def post_message(ctx: Context) -> Result:
             tasks = []
             start = time.perf_counter()
             for i in range(POSTS):
-                await asyncio.sleep(max(0.0, start + i / POST_RATE_PER_S - time.perf_counter()))
+                await asyncio.sleep(max(0.0, start + i / rate - time.perf_counter()))
                 tasks.append(asyncio.create_task(one(i)))
             await asyncio.gather(*tasks)
             # Let the turns these POSTs started end, so the next figure starts on a quiet stack.
@@ -147,7 +144,7 @@ def post_message(ctx: Context) -> Result:
     if statuses.get(202, 0) != POSTS:
         raise RuntimeError(f"not every POST answered 202: {dict(statuses)}")
     marks, _calls, _records = _marks(s.settings, posted, agent=False)
-    return {**latency_summary(samples), "rate_per_s": POST_RATE_PER_S,
+    return {**latency_summary(samples), "rate_per_s": rate,
             "hops_ms": _hops(marks, POST_CHAIN),
             "conversations": POST_CONVERSATIONS, "statuses": dict(statuses),
             "stack": s.describe()}
