@@ -95,13 +95,8 @@ def wait_group_stable(settings: VoiceSettings, group: str, timeout: float = 60,
     at least that many (processes started together join one by one: a group stable with the
     first of them rebalances again when the next joins)."""
     admin = AdminClient({"bootstrap.servers": settings.bootstrap})
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        if group_holds(admin, group, members=members):
-            return
-        time.sleep(0.3)
-    raise TimeoutError(f"consumer group {group!r} not stable with {members or 'any'} members "
-                       f"in {timeout}s")
+    _wait_until(lambda: group_holds(admin, group, members=members),
+                f"consumer group {group!r} with {members or 'any'} members", timeout)
 
 
 def stack_waits_for(settings: VoiceSettings, edge_url: str, admin: AdminClient,
