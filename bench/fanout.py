@@ -16,6 +16,14 @@ conversation reaches 1,000 open streams.
   over from a loaded machine).
 * ``sse.fanout_steady``: the same, the records produced evenly over
   ``VOICE_BENCH_FANOUT_SPREAD_S`` (default 2 s) instead of in one burst.
+* ``sse.held_streams``: ``STREAMS`` conversation streams held on one edge as browsers hold
+  them: the edge ends each before the gateway bound (15 s, the default) and its client opens it
+  again at once, resuming after the last id it saw. The first opens are spread over one bound,
+  so the reopening is steady (a third of the streams a second at 5,000 streams); then for
+  ``HOLD_S`` the edge's CPU a second, its RSS and the full collections it logged (each stops the
+  whole edge; ``streams.heap.FullCollections`` logs those of 50 ms or more).
+* ``sse.bare_held_streams`` (baseline): the same clients against the bare app, whose streams
+  end after the same time.
 * ``sse.bare_fanout`` (baseline, run it beside): ``FANOUT`` streams of a bare Starlette app
   under uvicorn, all woken by one in-process event, each writing one fixed frame — the floor
   of the framework for a fan-out (no Kafka, no views, no JSON, no middleware).
@@ -78,11 +86,16 @@ from starlette.applications import Starlette
 from starlette.responses import PlainTextResponse, StreamingResponse
 from starlette.routing import Route
 
+END_S = float(sys.argv[2]) if len(sys.argv) > 2 else 0.0  # 0: a stream never ends
+
 async def frames():
+    loop = asyncio.get_running_loop()
+    end = loop.time() + END_S
     yield b": open\\n\\n"
-    while True:
-        await asyncio.sleep(5)
+    while not END_S or loop.time() < end:
+        await asyncio.sleep(5 if not END_S else max(0.0, min(5, end - loop.time())))
         yield b": keep-alive\\n\\n"
+    yield b": end; resume after 0\\n\\n"
 
 async def stream(request):
     return StreamingResponse(frames(), media_type="text/event-stream",
@@ -226,10 +239,11 @@ def held_streams_growth(pid: int, port: int, paths: list[str], token: str | None
 
 
 @contextlib.contextmanager
-def bare_app(source: str) -> Iterator[tuple[subprocess.Popen[bytes], int]]:
-    """A bare app (``source``, run with its port as argument) in its own process, ready."""
+def bare_app(source: str, *args: str) -> Iterator[tuple[subprocess.Popen[bytes], int]]:
+    """A bare app (``source``, run with its port and ``args`` as arguments) in its own
+    process, ready."""
     port = free_port()
-    proc = subprocess.Popen([sys.executable, "-c", source, str(port)],
+    proc = subprocess.Popen([sys.executable, "-c", source, str(port), *args],
                             stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     try:
         wait_http_ready(f"http://127.0.0.1:{port}/health", proc=proc)
@@ -514,3 +528,127 @@ def fanout_steady(ctx: Context) -> Result:
             "note": f"one record per conversation, produced evenly over {FANOUT_SPREAD_S:g} s "
                     "(a steady rate, not a burst); latency as sse.fanout"}
 
+
+
+HOLD_S = float(os.environ.get("VOICE_BENCH_HOLD_S", "60"))
+"""``sse.held_streams``: how long the streams are held (and measured) once all are open."""
+HELD_BOUND_S = 15.0
+"""The gateway bound of ``sse.held_streams``' edge (the default): its streams end before it."""
+HELD_CONVERSATIONS = 50
+
+
+def _held(port: int, paths: list[str], token: str | None, pid: int, log_file: Path | None,
+          end_after_s: float | None) -> dict[str, Any]:
+    """Hold a stream per path as a browser does: open it (spread over one bound), read until
+    the server ends it (or, ``end_after_s``, close it then), open it again after the last id
+    seen. Measured over ``HOLD_S`` once every stream has opened once."""
+    reopened = 0
+    failed = 0
+    measuring = False
+
+    async def hold(path: str, delay: float, stop: asyncio.Event) -> None:
+        nonlocal reopened, failed
+        await asyncio.sleep(delay)
+        last = 0
+        while not stop.is_set():
+            try:
+                reader, writer = await asyncio.open_connection("127.0.0.1", port)
+            except OSError:
+                failed += 1
+                await asyncio.sleep(1)
+                continue
+            auth = f"Authorization: Bearer {token}\r\n" if token else ""
+            base, _, _ = path.partition("?after=")
+            writer.write(f"GET {base}?after={last} HTTP/1.1\r\nHost: 127.0.0.1\r\n{auth}"
+                         "Accept: text/event-stream\r\n\r\n".encode())
+            try:
+                head = await reader.readuntil(b"\r\n\r\n")
+                if head.split(b" ", 2)[1] != b"200":
+                    failed += 1
+                    await asyncio.sleep(1)
+                    continue
+                deadline = (None if end_after_s is None
+                            else asyncio.get_running_loop().time() + end_after_s)
+                tail = b""
+                while not stop.is_set():
+                    wait = (None if deadline is None
+                            else max(0.0, deadline - asyncio.get_running_loop().time()))
+                    try:
+                        chunk = await asyncio.wait_for(reader.read(65536), wait)
+                    except TimeoutError:
+                        break
+                    if not chunk:
+                        break
+                    tail = (tail + chunk)[-4096:]
+                    for m in ID.finditer(tail):
+                        last = max(last, int(m.group(1)))
+                    if tail.endswith(b"\r\n0\r\n\r\n"):  # the chunked body's end
+                        break
+                if measuring:
+                    reopened += 1
+            except (OSError, asyncio.IncompleteReadError):
+                failed += 1
+            finally:
+                writer.close()
+
+    async def run() -> dict[str, Any]:
+        nonlocal measuring
+        stop = asyncio.Event()
+        tasks = [asyncio.create_task(hold(path, HELD_BOUND_S * i / len(paths), stop))
+                 for i, path in enumerate(paths)]
+        await asyncio.sleep(HELD_BOUND_S + 1)  # every stream opened once
+        log_at = 0 if log_file is None else _size(log_file)
+        cpu0, t0 = live_threads_cpu_seconds(pid), time.perf_counter()
+        measuring = True
+        await asyncio.sleep(HOLD_S)
+        measuring = False
+        cpu1, elapsed = live_threads_cpu_seconds(pid), time.perf_counter() - t0
+        rss = rss_kib(pid)
+        stop.set()
+        for t in tasks:
+            t.cancel()
+        await asyncio.gather(*tasks, return_exceptions=True)
+        pauses = [] if log_file is None else _full_collections(log_file, log_at)
+        cpu = {} if cpu0 is None or cpu1 is None else {
+            "cpu_ms_per_s": round((cpu1 - cpu0) * 1000 / elapsed, 1),
+            "cpu_us_per_reopen": round((cpu1 - cpu0) * 1e6 / max(reopened, 1), 1)}
+        return {"streams": len(paths), "hold_s": round(elapsed, 1), "reopened": reopened,
+                "reopened_per_s": round(reopened / elapsed, 1), "failed": failed,
+                "rss_mib": round(rss / 1024, 1), **cpu,
+                "full_collections": len(pauses), "full_collections_ms": sum(pauses),
+                "longest_full_collection_ms": max(pauses, default=0),
+                "paused_share": round(sum(pauses) / 1000 / elapsed, 3)}
+
+    return asyncio.run(run())
+
+
+@benchmark("sse.bare_held_streams")
+def bare_held_streams(ctx: Context) -> Result:
+    """``STREAMS`` streams of the bare app, each ended after the edge's time and reopened."""
+    end_s = HELD_BOUND_S - min(1.0, HELD_BOUND_S / 3)  # when the edge ends its streams
+    with bare_app(BARE_APP, str(end_s)) as (proc, port):
+        return {**_held(port, ["/s"] * STREAMS, None, proc.pid, None, None),
+                "note": "the bare app ends each stream when the edge would; its client "
+                        "reopens it at once"}
+
+
+@benchmark("sse.held_streams", baseline="sse.bare_held_streams", compare=("cpu_ms_per_s",))
+def held_streams(ctx: Context) -> Result:
+    """``STREAMS`` conversation streams held on one edge as browsers hold them (reopened as
+    the edge ends each before the gateway bound): its CPU, RSS and full collections."""
+    st = start_stack(ctx, "held", workers=1,
+                     edge_env={"VOICE_GATEWAY_BOUND_S": f"{HELD_BOUND_S:g}"})
+    try:
+        token = mint_token(st.settings, "bench-held", "participant")
+        conversations = _conversations(st, token, HELD_CONVERSATIONS)
+        paths = [f"/me/conversations/{conversations[i % len(conversations)]}/stream?after=0"
+                 for i in range(STREAMS)]
+        port = int(st.edge_url.rsplit(":", 1)[1])
+        return {**_held(port, paths, token, st.procs["edge"].pid,
+                        st.settings.state_dir / "edge.log", None),
+                "conversations": len(conversations),
+                "note": f"each stream ends before the {HELD_BOUND_S:g} s bound and is opened "
+                        "again at once after its last id; full collections are those the "
+                        "edge logged (50 ms or more)"}
+    finally:
+        st.close()
