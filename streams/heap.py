@@ -14,10 +14,16 @@ keep Python's thresholds: fewer of them (10,000 allocations apart instead of 700
 worker's time in the collector by ~40 % but cost more CPU per turn than it saved, in 5 of 6 pairs.
 
 What a process makes after it is built still grows with what it holds: an edge's open streams
-(~170 objects each) and the events its views keep (~4 each). ``settle_heap`` also starts
-``FullCollections``, which logs every full collection that stops the process for
-``LONG_PAUSE_MS`` or more, with what it walked — the pause every request and stream of that
-process waited out (docs/benchmarks.md, "Issue 14, fifteenth pass").
+(~125 objects each) and the events its views keep (3 each). An edge holding 5,000 streams as
+browsers hold them (each ended before the gateway bound and opened again, ~350 a second) made
+12 full collections a minute of up to 721 ms, 13 % of its time stopped — and none of them
+found anything to collect: what it holds is freed by its reference counts as it goes
+(docs/benchmarks.md, "Issue 14, fifteenth pass"). So ``FullCollections`` freezes what survives
+each full collection too: the next one walks only what survived since (the streams opened
+meanwhile), not everything held. What it freezes and later drops is freed as before; only a
+cycle among frozen objects waits, for the next whole walk: at most ``WHOLE_WALK_S`` apart, one
+full collection first unfreezes everything. It also logs every full collection that stops the
+process for ``LONG_PAUSE_MS`` or more.
 """
 
 from __future__ import annotations
@@ -32,49 +38,73 @@ log = logging.getLogger(__name__)
 
 LONG_PAUSE_MS = 50.0
 """A full collection at least this long is logged (a warning)."""
+WHOLE_WALK_S = 600.0
+"""At most this long between two full collections that walk everything the process holds
+(the ones between walk what survived since the last full collection)."""
 
 
 class FullCollections:
-    """A ``gc.callbacks`` entry timing the process's full (oldest generation) collections:
-    how many, their total and longest time; one of ``over_ms`` or more is logged with the
-    objects the oldest generation holds after it."""
+    """A ``gc.callbacks`` entry for the process's full (oldest generation) collections.
+
+    With ``freeze_survivors``, what survives one is frozen (``gc.freeze``), so the next walks
+    only what survived since; a full collection ``whole_walk_s`` or more after the last whole
+    one unfreezes everything first, so it walks (and frees any cycle among) all of it.
+
+    It counts them (``count``, ``total_ms``, ``longest_ms``) and logs one of ``over_ms`` or more
+    with the objects that survived it."""
 
     def __init__(self, over_ms: float = LONG_PAUSE_MS,
-                 clock: Callable[[], float] = time.perf_counter) -> None:
+                 clock: Callable[[], float] = time.perf_counter,
+                 freeze_survivors: bool = False, whole_walk_s: float = WHOLE_WALK_S) -> None:
         self.over_ms = over_ms
+        self.freeze_survivors = freeze_survivors
+        self.whole_walk_s = whole_walk_s
         self._clock = clock
         self._started: float | None = None
+        self._whole = False
+        self._last_whole = clock()
         self.count = 0
+        self.whole_walks = 0
         self.total_ms = 0.0
         self.longest_ms = 0.0
 
     def __call__(self, phase: str, info: dict[str, Any]) -> None:
         if info.get("generation") != 2:
             return
+        now = self._clock()
         if phase == "start":
-            self._started = self._clock()
+            self._whole = (self.freeze_survivors
+                           and now - self._last_whole >= self.whole_walk_s)
+            if self._whole:
+                gc.unfreeze()  # into the oldest generation, which this collection walks
+            self._started = now
             return
         if self._started is None:  # installed during a collection
             return
-        ms = (self._clock() - self._started) * 1000
+        ms = (now - self._started) * 1000
         self._started = None
         self.count += 1
         self.total_ms += ms
         self.longest_ms = max(self.longest_ms, ms)
         if ms >= self.over_ms:
-            log.warning("a full garbage collection stopped this process for %.0f ms: it walked "
-                        "%d objects made since start (every request and stream of it waited)",
-                        ms, len(gc.get_objects(2)))
+            log.warning("a full garbage collection stopped this process for %.0f ms%s: "
+                        "%d objects survived it (every request and stream of it waited)",
+                        ms, " (a whole walk)" if self._whole else "", len(gc.get_objects(2)))
+        if self.freeze_survivors:
+            gc.freeze()
+            if self._whole:
+                self.whole_walks += 1
+                self._last_whole = now
 
 
-WATCH = FullCollections()
+WATCH = FullCollections(freeze_survivors=True)
 """This process's watch (``settle_heap`` starts it)."""
 
 
 def settle_heap() -> None:
-    """Freeze what the process holds now out of every later collection, and time the later
-    full collections (``WATCH``). Call once, when the process is built (what is frozen is
-    never collected, so not before)."""
+    """Freeze what the process holds now out of later collections, and watch the later full
+    collections (``WATCH``: what survives each is frozen too; one at least ``WHOLE_WALK_S``
+    after the last walks everything). Call once, when the process is built."""
     gc.collect()
     gc.freeze()
     if WATCH not in gc.callbacks:

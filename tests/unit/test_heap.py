@@ -3,6 +3,7 @@ an edge or a telemetry sink holds once built is frozen out of later collections.
 
 from __future__ import annotations
 
+import contextlib
 import gc
 import sys
 import types
@@ -80,7 +81,7 @@ def test_a_long_full_collection_is_logged_with_what_it_walked(
         caplog: pytest.LogCaptureFixture) -> None:
     from streams.heap import FullCollections
 
-    ticks = iter([10.0, 10.2, 20.0, 20.01])
+    ticks = iter([0.0, 10.0, 10.2, 20.0, 20.01])  # made at 0
     watch = FullCollections(over_ms=50, clock=lambda: next(ticks))
     watch("start", {"generation": 0})  # young collections are not timed
     watch("stop", {"generation": 0})
@@ -110,3 +111,75 @@ def test_settle_heap_times_full_collections_once() -> None:
     finally:
         while WATCH in gc.callbacks:
             gc.callbacks.remove(WATCH)
+
+
+class _Node:
+    """An object in a reference cycle with itself (only a collection frees it)."""
+
+    def __init__(self) -> None:
+        self.me = self
+
+
+@contextlib.contextmanager
+def _installed(watch: Any) -> Iterator[None]:
+    gc.callbacks.append(watch)
+    try:
+        yield
+    finally:
+        gc.callbacks.remove(watch)
+
+
+def test_what_survives_a_full_collection_is_frozen_and_later_ones_walk_only_what_came_after(
+        ) -> None:
+    from streams.heap import FullCollections
+
+    watch = FullCollections(freeze_survivors=True, whole_walk_s=3600)
+    with _installed(watch):
+        held = [[i] for i in range(100)]
+        gc.collect()
+        assert not _tracked(held[0])  # survived, frozen: no later collection walks it
+        after = [0]
+        assert _tracked(after)
+        frozen = gc.get_freeze_count()
+        del held  # frozen objects are still freed by their reference counts
+        assert gc.get_freeze_count() <= frozen - 100
+
+
+def test_a_cycle_among_frozen_objects_is_freed_by_the_next_whole_walk() -> None:
+    import weakref
+
+    from streams.heap import FullCollections
+
+    now = [0.0]
+    watch = FullCollections(freeze_survivors=True, whole_walk_s=600, clock=lambda: now[0])
+    with _installed(watch):
+        node = _Node()
+        gone = weakref.ref(node)
+        gc.collect()  # it survives: frozen
+        del node
+        gc.collect()
+        assert gone() is not None  # a frozen cycle waits for the whole walk
+        now[0] = 601.0
+        gc.collect()  # the whole walk: everything unfrozen first
+        assert gone() is None
+        assert watch.whole_walks == 1
+        kept = [1]
+        gc.collect()  # and what survives it is frozen again
+        assert not _tracked(kept)
+
+
+def test_without_freezing_survivors_a_full_collection_walks_everything_as_python_does(
+        ) -> None:
+    import weakref
+
+    from streams.heap import FullCollections
+
+    watch = FullCollections(freeze_survivors=False)
+    with _installed(watch):
+        node = _Node()
+        gone = weakref.ref(node)
+        gc.collect()
+        assert _tracked(node)
+        del node
+        gc.collect()
+        assert gone() is None
