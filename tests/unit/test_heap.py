@@ -17,9 +17,15 @@ from streams.heap import settle_heap
 
 @pytest.fixture(autouse=True)
 def unfrozen() -> Iterator[None]:
+    """Each test starts and ends with nothing frozen and no watch of this process's
+    collections (``settle_heap`` installs one): the rest of the suite collects as Python does."""
+    from streams.heap import WATCH
+
     gc.unfreeze()
     yield
     gc.unfreeze()
+    while WATCH in gc.callbacks:
+        gc.callbacks.remove(WATCH)
 
 
 def _tracked(obj: object) -> bool:
@@ -101,16 +107,12 @@ def test_a_long_full_collection_is_logged_with_what_it_walked(
 def test_settle_heap_times_full_collections_once() -> None:
     from streams.heap import WATCH
 
-    try:
-        settle_heap()
-        settle_heap()
-        assert gc.callbacks.count(WATCH) == 1
-        before = WATCH.count
-        gc.collect()
-        assert WATCH.count == before + 1
-    finally:
-        while WATCH in gc.callbacks:
-            gc.callbacks.remove(WATCH)
+    settle_heap()
+    settle_heap()
+    assert gc.callbacks.count(WATCH) == 1
+    before = WATCH.count
+    gc.collect()
+    assert WATCH.count == before + 1
 
 
 class _Node:
