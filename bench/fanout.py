@@ -321,18 +321,24 @@ def _edge_stack(ctx: Context, label: str) -> Stack:
     return start_stack(ctx, label, workers=1, edge_env={"VOICE_GATEWAY_BOUND_S": "600"})
 
 
+def _spread_streams(st: Stack, principal: str) -> tuple[str, list[str], int]:
+    """A token of ``principal``, ``STREAMS`` stream paths spread over ``IDLE_CONVERSATIONS``
+    new conversations of it, and the edge's port."""
+    token = mint_token(st.settings, principal, "participant")
+    conversations = _conversations(st, token, IDLE_CONVERSATIONS)
+    paths = [f"/me/conversations/{conversations[i % len(conversations)]}/stream?after=0"
+             for i in range(STREAMS)]
+    return token, paths, int(st.edge_url.rsplit(":", 1)[1])
+
+
 @benchmark("sse.idle_streams", baseline="sse.bare_idle_streams", compare=("kib_per_stream",))
 def idle_streams(ctx: Context) -> Result:
     """RSS growth per idle conversation stream held by one edge (target ≤ 30 KiB)."""
     st = _edge_stack(ctx, "idle")
     try:
-        token = mint_token(st.settings, "bench-idle", "participant")
-        conversations = _conversations(st, token, IDLE_CONVERSATIONS)
-        paths = [f"/me/conversations/{conversations[i % len(conversations)]}/stream?after=0"
-                 for i in range(STREAMS)]
-        port = int(st.edge_url.rsplit(":", 1)[1])
+        token, paths, port = _spread_streams(st, "bench-idle")
         return {**held_streams_growth(st.procs["edge"].pid, port, paths, token),
-                "conversations": len(conversations)}
+                "conversations": IDLE_CONVERSATIONS}
     finally:
         st.close()
 
@@ -534,7 +540,6 @@ HOLD_S = float(os.environ.get("VOICE_BENCH_HOLD_S", "60"))
 """``sse.held_streams``: how long the streams are held (and measured) once all are open."""
 HELD_BOUND_S = 15.0
 """The gateway bound of ``sse.held_streams``' edge (the default): its streams end before it."""
-HELD_CONVERSATIONS = 50
 
 
 def _held(port: int, paths: list[str], token: str | None, pid: int, log_file: Path | None,
@@ -639,14 +644,10 @@ def held_streams(ctx: Context) -> Result:
     st = start_stack(ctx, "held", workers=1,
                      edge_env={"VOICE_GATEWAY_BOUND_S": f"{HELD_BOUND_S:g}"})
     try:
-        token = mint_token(st.settings, "bench-held", "participant")
-        conversations = _conversations(st, token, HELD_CONVERSATIONS)
-        paths = [f"/me/conversations/{conversations[i % len(conversations)]}/stream?after=0"
-                 for i in range(STREAMS)]
-        port = int(st.edge_url.rsplit(":", 1)[1])
+        token, paths, port = _spread_streams(st, "bench-held")
         return {**_held(port, paths, token, st.procs["edge"].pid,
                         st.settings.state_dir / "edge.log", None),
-                "conversations": len(conversations),
+                "conversations": IDLE_CONVERSATIONS,
                 "note": f"each stream ends before the {HELD_BOUND_S:g} s bound and is opened "
                         "again at once after its last id; full collections are those the "
                         "edge logged (50 ms or more)"}
