@@ -55,7 +55,7 @@ import httpx
 from confluent_kafka import Producer
 
 from bench.harness import Context, Result, benchmark, latency_summary
-from bench.stack import Stack, live_threads_cpu_seconds, start_stack
+from bench.stack import Stack, live_threads_cpu_seconds, rss_kib, start_stack
 from deploy.kafka_local import free_port
 from deploy.processes import wait_http_ready
 from schemas.conversation import TurnStateChanged
@@ -156,14 +156,6 @@ from streams.settings import VoiceSettings
 uvicorn.run(app, host="127.0.0.1", port=int(sys.argv[1]), log_level="warning",
             backlog=4096, timeout_keep_alive=600, **server_options(VoiceSettings()))
 '''
-
-
-def rss_kib(pid: int) -> int:
-    """The process's resident set, KiB (Linux ``/proc``)."""
-    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
-        if line.startswith("VmRSS:"):
-            return int(line.split()[1])
-    raise RuntimeError(f"no VmRSS for pid {pid}")
 
 
 class Stream:

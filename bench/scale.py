@@ -32,10 +32,9 @@ from typing import Any
 import httpx
 from confluent_kafka import Producer
 
-from bench.fanout import rss_kib
 from bench.harness import Context, Result, benchmark, latency_summary
 from bench.settings import BenchSettings
-from bench.stack import BENCH_QUOTAS, Stack, cpu_seconds, stack_settings, start_stack
+from bench.stack import BENCH_QUOTAS, Stack, cpu_seconds, rss_kib, stack_settings, start_stack
 from bench.turns import _cpu_delta, _headers, _sustained_run, outcomes
 from deploy.kafka_local import free_port
 from deploy.processes import spawn_voice, stop, wait_http_ready

@@ -65,6 +65,14 @@ def live_threads_cpu_seconds(pid: int) -> float | None:
         return None
 
 
+def rss_kib(pid: int) -> int:
+    """The process's resident set, KiB (Linux ``/proc``)."""
+    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+        if line.startswith("VmRSS:"):
+            return int(line.split()[1])
+    raise RuntimeError(f"no VmRSS for pid {pid}")
+
+
 def own_cpu_seconds() -> float:
     t = os.times()
     return t.user + t.system
@@ -90,6 +98,16 @@ class Stack:
         out: dict[str, float | None] = {n: cpu_seconds(p.pid) for n, p in self.procs.items()}
         out["broker"] = cpu_seconds(self.broker_pid) if self.broker_pid else None
         out["bench_client"] = own_cpu_seconds()
+        return out
+
+    def rss_mib(self) -> dict[str, float | None]:
+        """The resident set of each child now, MiB (None if it cannot be read)."""
+        out: dict[str, float | None] = {}
+        for name, proc in self.procs.items():
+            try:
+                out[name] = round(rss_kib(proc.pid) / 1024, 1)
+            except (OSError, RuntimeError):
+                out[name] = None
         return out
 
     def topics(self) -> list[str]:

@@ -473,6 +473,7 @@ def turns_sustained(ctx: Context) -> Result:
         "records_per_turn_by_topic": {t: round(v / n, 2) for t, v in sorted(written.items())},
         "cpu_ms_per_turn": _cpu_delta(cpu0, cpu1, n),
         "idle_cpu_ms_per_s": idle,
+        "rss_mib_after": s.rss_mib(),
         "stack": s.describe(),
     }
 
