@@ -400,6 +400,8 @@ def _fanout(ctx: Context, label: str, spread_s: float) -> Result:
     turn event read by its stream's client. The summary is over every burst's events; each
     burst's p50 and edge CPU per event are listed beside it (a burst is a second or less of
     the edge's work, so one burst alone says little on a noisy machine)."""
+    if FANOUT_BURSTS < 1:
+        raise ValueError(f"VOICE_BENCH_FANOUT_BURSTS must be at least 1, not {FANOUT_BURSTS}")
     st = _edge_stack(ctx, label)
     try:
         token = mint_token(st.settings, "bench-fanout", "participant")
@@ -539,6 +541,8 @@ def _held(port: int, paths: list[str], token: str | None, pid: int, log_file: Pa
     """Hold a stream per path as a browser does: open it (spread over one bound), read until
     the server ends it (or, ``end_after_s``, close it then), open it again after the last id
     seen. Measured over ``HOLD_S`` once every stream has opened once."""
+    if HOLD_S <= 0:
+        raise ValueError(f"VOICE_BENCH_HOLD_S must be more than 0, not {HOLD_S:g}")
     reopened = 0
     failed = 0
     measuring = False
