@@ -21,9 +21,9 @@ found anything to collect: what it holds is freed by its reference counts as it 
 (docs/benchmarks.md, "Issue 14, fifteenth pass"). So ``FullCollections`` freezes what survives
 each full collection too: the next one walks only what survived since (the streams opened
 meanwhile), not everything held. What it freezes and later drops is freed as before; only a
-cycle among frozen objects waits, for the next whole walk: at most ``WHOLE_WALK_S`` apart, one
-full collection first unfreezes everything. It also logs every full collection that stops the
-process for ``LONG_PAUSE_MS`` or more.
+cycle among frozen objects waits, for the next whole walk: the first full collection
+``WHOLE_WALK_S`` or more after the last whole walk unfreezes everything first. It also logs
+every full collection that stops the process for ``LONG_PAUSE_MS`` or more.
 """
 
 from __future__ import annotations
@@ -39,8 +39,8 @@ log = logging.getLogger(__name__)
 LONG_PAUSE_MS = 50.0
 """A full collection at least this long is logged (a warning)."""
 WHOLE_WALK_S = 600.0
-"""At most this long between two full collections that walk everything the process holds
-(the ones between walk what survived since the last full collection)."""
+"""The first full collection this long or more after the last whole walk walks everything
+the process holds (the ones between walk what survived since the last full collection)."""
 
 
 class FullCollections:
