@@ -55,7 +55,13 @@ import httpx
 from confluent_kafka import Producer
 
 from bench.harness import Context, Result, benchmark, latency_summary
-from bench.stack import Stack, live_threads_cpu_seconds, rss_kib, start_stack
+from bench.stack import (
+    Stack,
+    live_threads_cpu_seconds,
+    rss_kib,
+    start_stack,
+    threads_cpu_seconds,
+)
 from deploy.kafka_local import free_port
 from deploy.processes import wait_http_ready
 from schemas.conversation import TurnStateChanged
@@ -180,16 +186,30 @@ class Stream:
         self.writer.close()
 
 
-async def open_stream(port: int, path: str, token: str | None,
-                      on_data: Callable[[Stream, bytes], None] | None = None) -> Stream:
-    """GET ``path`` as an event stream; returns once the response's head says 200."""
+async def get_stream(port: int, path: str, token: str | None
+                     ) -> tuple[asyncio.StreamReader, asyncio.StreamWriter, bytes]:
+    """GET ``path`` as an event stream on a new connection: its reader, writer and the
+    response's head (status line and headers)."""
     reader, writer = await asyncio.open_connection("127.0.0.1", port)
     auth = f"Authorization: Bearer {token}\r\n" if token else ""
     writer.write(f"GET {path} HTTP/1.1\r\nHost: 127.0.0.1\r\n{auth}"
                  "Accept: text/event-stream\r\n\r\n".encode())
-    head = await reader.readuntil(b"\r\n\r\n")
-    status = head.split(b" ", 2)[1]
-    if status != b"200":
+    try:
+        return reader, writer, await reader.readuntil(b"\r\n\r\n")
+    except BaseException:
+        writer.close()
+        raise
+
+
+def status_of(head: bytes) -> bytes:
+    return head.split(b" ", 2)[1]
+
+
+async def open_stream(port: int, path: str, token: str | None,
+                      on_data: Callable[[Stream, bytes], None] | None = None) -> Stream:
+    """GET ``path`` as an event stream; returns once the response's head says 200."""
+    reader, writer, head = await get_stream(port, path, token)
+    if (status := status_of(head)) != b"200":
         writer.close()
         raise RuntimeError(f"GET {path} answered {status.decode()}: {head[:200]!r}")
     return Stream(reader, writer, on_data)
@@ -384,16 +404,6 @@ def _full_collections(log_file: Path, since: int) -> list[int]:
         return []
 
 
-def _threads_cpu(pid: int) -> dict[str, float]:
-    """CPU seconds so far of each live thread of ``pid``, by ``name/tid`` (empty if unreadable)."""
-    out: dict[str, float] = {}
-    with contextlib.suppress(OSError, IndexError, ValueError):
-        for task in Path(f"/proc/{pid}/task").iterdir():
-            name = (task / "comm").read_text().strip()
-            out[f"{name}/{task.name}"] = int((task / "schedstat").read_text().split()[0]) / 1e9
-    return out
-
-
 def _fanout(ctx: Context, label: str, spread_s: float) -> Result:
     """One record per conversation of ``FANOUT``, produced evenly over ``spread_s`` (0: one
     burst), ``FANOUT_BURSTS`` times on the same open streams; latency = produce call → its
@@ -473,19 +483,20 @@ def _fanout(ctx: Context, label: str, spread_s: float) -> Result:
 
             edge = st.procs["edge"].pid
             with _profiled(edge, f"sse.{label}.{n}"):
-                threads0 = _threads_cpu(edge)
-                cpu0 = live_threads_cpu_seconds(edge)
+                threads0 = threads_cpu_seconds(edge)  # one reading: the total and by thread
                 t0 = time.perf_counter()
                 await asyncio.to_thread(burst)
                 burst_s = time.perf_counter() - t0
                 await _until(lambda: len(arrived) == len(conversations), 60,
                              "every turn event")
-                cpu1 = live_threads_cpu_seconds(edge)
-            edge_cpu_ms = None if cpu0 is None or cpu1 is None else (cpu1 - cpu0) * 1000
-            by_thread = {k: round((v - threads0.get(k, 0)) * 1000, 1)
-                         for k, v in _threads_cpu(edge).items()}
+                threads1 = threads_cpu_seconds(edge)
+            edge_cpu_ms = (None if threads0 is None or threads1 is None
+                           else (sum(threads1.values()) - sum(threads0.values())) * 1000)
+            by_thread = {} if threads0 is None or threads1 is None else {
+                k: round((v - threads0.get(k, 0)) * 1000, 1) for k, v in threads1.items()}
             pauses = _full_collections(edge_log, log_at)
-            ctx.log(f"  burst {n}: edge CPU {edge_cpu_ms:.0f} ms, by thread (ms) "
+            ctx.log(f"  burst {n}: edge CPU "
+                    f"{'?' if edge_cpu_ms is None else round(edge_cpu_ms)} ms, by thread (ms) "
                     f"{ {k: v for k, v in by_thread.items() if v >= 1} }, "
                     f"full collections (ms) {pauses}")
             return ({c: arrived[c] - sent[c] for c in conversations}, burst_s, edge_cpu_ms,
@@ -552,19 +563,18 @@ def _held(port: int, paths: list[str], token: str | None, pid: int, log_file: Pa
         await asyncio.sleep(delay)
         last = 0
         while not stop.is_set():
+            base, _, _ = path.partition("?after=")
             try:
-                reader, writer = await asyncio.open_connection("127.0.0.1", port)
+                reader, writer, head = await get_stream(port, f"{base}?after={last}", token)
+            except asyncio.IncompleteReadError:  # connected, no head: again at once
+                failed += 1
+                continue
             except OSError:
                 failed += 1
                 await asyncio.sleep(1)
                 continue
-            auth = f"Authorization: Bearer {token}\r\n" if token else ""
-            base, _, _ = path.partition("?after=")
-            writer.write(f"GET {base}?after={last} HTTP/1.1\r\nHost: 127.0.0.1\r\n{auth}"
-                         "Accept: text/event-stream\r\n\r\n".encode())
             try:
-                head = await reader.readuntil(b"\r\n\r\n")
-                if head.split(b" ", 2)[1] != b"200":
+                if status_of(head) != b"200":
                     failed += 1
                     await asyncio.sleep(1)
                     continue

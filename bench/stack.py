@@ -53,16 +53,24 @@ def cpu_seconds(pid: int) -> float | None:
         return None
 
 
-def live_threads_cpu_seconds(pid: int) -> float | None:
-    """CPU seconds the live threads of a process have run so far, to the nanosecond (each
-    thread's ``/proc/…/schedstat``): for windows of tens of ms, where ``cpu_seconds``' 10 ms
-    ticks are the figure's size. A thread that has ended no longer counts: compare two
-    readings of a process whose threads outlive the window. None if unreadable."""
+def threads_cpu_seconds(pid: int) -> dict[str, float] | None:
+    """CPU seconds each live thread of a process has run so far, by ``name/tid``, to the
+    nanosecond (each thread's ``/proc/…/schedstat``); None if unreadable."""
     try:
-        return sum(int((task / "schedstat").read_text().split()[0])
-                   for task in Path(f"/proc/{pid}/task").iterdir()) / 1e9
+        return {f"{(task / 'comm').read_text().strip()}/{task.name}":
+                int((task / "schedstat").read_text().split()[0]) / 1e9
+                for task in Path(f"/proc/{pid}/task").iterdir()}
     except (OSError, IndexError, ValueError):
         return None
+
+
+def live_threads_cpu_seconds(pid: int) -> float | None:
+    """CPU seconds the live threads of a process have run so far, to the nanosecond: for
+    windows of tens of ms, where ``cpu_seconds``' 10 ms ticks are the figure's size. A thread
+    that has ended no longer counts: compare two readings of a process whose threads outlive
+    the window. None if unreadable."""
+    threads = threads_cpu_seconds(pid)
+    return None if threads is None else sum(threads.values())
 
 
 def rss_kib(pid: int) -> int:
