@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import time
 from collections.abc import Callable
+from pathlib import Path
 
 import pytest
 
@@ -23,8 +24,8 @@ CONVERSATIONS = 4
 
 
 def test_a_broker_restart_under_load_loses_nothing_and_answers_within_the_bound(
-        own_stack: Callable[[float], OwnStack]) -> None:
-    stack = own_stack(BOUND_S)
+        own_stack: Callable[[float], OwnStack], tmp_path: Path) -> None:
+    stack = own_stack(BOUND_S)  # its processes log into tmp_path
     client, own_broker = stack.client, stack.broker
     outage: dict[str, float] = {}
 
@@ -48,5 +49,5 @@ def test_a_broker_restart_under_load_loses_nothing_and_answers_within_the_bound(
     assert statuses[503] >= 20, f"the outage was not seen: {statuses}"
     # Every message refused, sent again with its key (as a client following Retry-After
     # does) until the stack, recovered, takes it; then the log's audit.
-    resend_and_audit(stack.settings, load, cnvs)
+    resend_and_audit(stack.settings, load, cnvs, logs_dir=tmp_path)
     assert stack.alive()

@@ -10,6 +10,7 @@ requested once, ends once and is replied once; the first worker stays up through
 from __future__ import annotations
 
 import time
+from pathlib import Path
 
 import httpx
 import pytest
@@ -34,7 +35,7 @@ CONVERSATIONS = 6
 
 
 def test_workers_one_three_one_under_load_leave_no_gap_duplicate_or_unreplied_turn(
-        settings: VoiceSettings, start_worker, start_edge) -> None:  # noqa: ANN001
+        settings: VoiceSettings, start_worker, start_edge, tmp_path: Path) -> None:  # noqa: ANN001
     first = start_worker(VOICE_QUOTA_TENANT_TOKENS_PER_DAY="0")
     url = start_edge(VOICE_QUOTA_MESSAGES_PER_MINUTE="0")
     auth = {"Authorization": f"Bearer {mint_token(settings, 'alice', 'participant')}"}
@@ -72,7 +73,7 @@ def test_workers_one_three_one_under_load_leave_no_gap_duplicate_or_unreplied_tu
                                    (0, leave), (0, pause), (0, leave), (0, pause)])
         print(f"changes {changes}; {timeline(answers)}")
         assert_within_bound(answers, bound)
-        resend_and_audit(settings, load, cnvs)
+        resend_and_audit(settings, load, cnvs, logs_dir=tmp_path)
         assert first.poll() is None, "the first worker stayed up"
         assert not extra
     finally:

@@ -17,13 +17,14 @@ import uuid
 from collections import Counter, defaultdict
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass, field
+from pathlib import Path
 
 import httpx
 
 from schemas.conversation import MessageRecorded, ReplyRecorded, TurnRequested, TurnStateChanged
 from streams.envelope import Envelope, decode, unfolded
 from streams.settings import VoiceSettings
-from streams.topics import CONVERSATIONS, topic_name
+from streams.topics import COMMANDS, CONVERSATIONS, WORKFLOWS, topic_name
 from tests.support import read_all, wait_for
 
 
@@ -163,17 +164,65 @@ def conversation_logs(settings: VoiceSettings) -> dict[str, list[Envelope]]:
     return out
 
 
-def turns_terminal(settings: VoiceSettings, turns: set[str], timeout: float = 300
-                   ) -> dict[str, list[Envelope]]:
-    """Wait until every turn in ``turns`` has a terminal state on the log; the logs then."""
+def _ended(logs: dict[str, list[Envelope]]) -> set[str]:
+    return {e.record.turn for envs in logs.values() for e in envs
+            if isinstance(e.record, TurnStateChanged) and e.record.state != "Thinking"}
+
+
+def turns_terminal(settings: VoiceSettings, turns: set[str], timeout: float = 300,
+                   logs_dir: Path | None = None) -> dict[str, list[Envelope]]:
+    """Wait until every turn in ``turns`` has a terminal state on the log; the logs then.
+    On timeout the error says where each turn left off (``stuck_turns``), with the warnings
+    of the processes' logs in ``logs_dir``."""
 
     def ended() -> dict[str, list[Envelope]] | None:
         logs = conversation_logs(settings)
-        done = {e.record.turn for envs in logs.values() for e in envs
-                if isinstance(e.record, TurnStateChanged) and e.record.state != "Thinking"}
-        return logs if done >= turns else None
+        return logs if _ended(logs) >= turns else None
 
-    return wait_for(ended, timeout=timeout, interval=3, what=f"{len(turns)} turns terminal")
+    try:
+        return wait_for(ended, timeout=timeout, interval=3, what=f"{len(turns)} turns terminal")
+    except TimeoutError as e:
+        raise TimeoutError(f"{e}\n{stuck_turns(settings, turns, logs_dir)}") from None
+
+
+def stuck_turns(settings: VoiceSettings, turns: set[str], logs_dir: Path | None,
+                lines: int = 80) -> str:
+    """Where each turn of ``turns`` that has not ended left off, for a failure to say:
+    every record that names it on the commands, conversations and workflows topics (topic,
+    partition, offset, type), the worker group's committed offset beside each of those
+    partitions' ends, and the last ``lines`` warnings and errors of each log in ``logs_dir``."""
+    from confluent_kafka import Consumer, TopicPartition
+
+    from deploy.processes import worker_group
+
+    stuck = sorted(turns - _ended(conversation_logs(settings)))
+    out = [f"{len(stuck)} turns not ended: {stuck[:10]}"]
+    names = [topic_name(settings, t) for t in (COMMANDS, CONVERSATIONS, WORKFLOWS)]
+    parts: set[tuple[str, int]] = set()
+    for topic in names:
+        for m in read_all(settings, topic, timeout=15):
+            value = m.value() or b""
+            for turn in stuck[:10]:
+                if turn.encode() in value:
+                    kind = dict(m.headers() or []).get("ce_type", b"?").decode()
+                    out.append(f"  {turn}: {m.topic()}[{m.partition()}]@{m.offset()} {kind}")
+                    parts.add((m.topic(), m.partition()))
+    c = Consumer({"bootstrap.servers": settings.bootstrap, "group.id": worker_group(settings),
+                  "enable.auto.commit": False})
+    try:
+        for r in c.committed([TopicPartition(t, p) for t, p in sorted(parts)], timeout=10):
+            _low, high = c.get_watermark_offsets(r, timeout=10)
+            out.append(f"  committed {r.topic}[{r.partition}] {r.offset} of {high}")
+    except Exception as e:  # noqa: BLE001 - a diagnosis never hides the failure it explains
+        out.append(f"  committed offsets unread: {e!r}")
+    finally:
+        c.close()
+    for log in sorted(logs_dir.glob("*.log")) if logs_dir else []:
+        said = [ln for ln in log.read_text(errors="replace").splitlines()
+                if "WARNING" in ln or "ERROR" in ln or "Traceback" in ln]
+        out.append(f"-- {log.name}: {len(said)} warnings and errors, the last {lines}:")
+        out.extend(said[-lines:])
+    return "\n".join(out)
 
 
 def audit(logs: dict[str, list[Envelope]], accepted: list[Answer]) -> Counter[str]:
@@ -230,13 +279,14 @@ def assert_within_bound(answers: list[Answer], bound_s: float) -> Counter[int]:
 
 
 def resend_and_audit(settings: VoiceSettings, load: SteadyPosts, conversations: list[str],
-                     resend_s: float = 180, terminal_s: float = 300) -> int:
+                     resend_s: float = 180, terminal_s: float = 300,
+                     logs_dir: Path | None = None) -> int:
     """Send every refused message again (as a client following ``Retry-After``) until each is
     accepted, wait for every turn to end, and ``audit`` the log: every turn ``Replied`` once.
     Returns the number of turns."""
     load.resend_refused(deadline_s=resend_s)
     turns = {a.turn for a in load.answers if a.turn}
-    logs = turns_terminal(settings, turns, timeout=terminal_s)
+    logs = turns_terminal(settings, turns, timeout=terminal_s, logs_dir=logs_dir)
     ends = audit({c: logs[c] for c in conversations}, load.answers)
     assert ends == Counter({"Replied": len(turns)}), ends
     return len(turns)
