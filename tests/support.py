@@ -287,6 +287,19 @@ async def _aframes(lines: AsyncIterator[str]) -> AsyncIterator[SseFrame]:
         yield frame
 
 
+def committed(settings: VoiceSettings, group: str, parts: Iterable[tuple[str, int]]
+              ) -> dict[tuple[str, int], int]:
+    """Consumer group ``group``'s committed offset of each (topic, partition) of ``parts``
+    (negative: none), read by a consumer that does not join the group."""
+    c = Consumer({"bootstrap.servers": settings.bootstrap, "group.id": group,
+                  "enable.auto.commit": False})
+    try:
+        res = c.committed([TopicPartition(t, p) for t, p in parts], timeout=10)
+        return {(r.topic, r.partition): r.offset for r in res}
+    finally:
+        c.close()
+
+
 def sink_caught_up(settings: VoiceSettings) -> bool:
     """Whether the telemetry sink's group has committed every record of every topic it reads
     (so every record is in the store: the sink commits only after the insert)."""

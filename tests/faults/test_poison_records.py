@@ -22,7 +22,6 @@ from pathlib import Path
 
 import httpx
 import pytest
-from confluent_kafka import Consumer, TopicPartition
 from confluent_kafka.admin import AdminClient, ConfigResource
 
 from schemas.agent import ModelCallRecorded
@@ -45,7 +44,15 @@ from streams.topics import (
     TopicSpec,
     topic_name,
 )
-from tests.support import edge_state, read_all, spawn_voice, stop, wait_for, worker_group
+from tests.support import (
+    committed,
+    edge_state,
+    read_all,
+    spawn_voice,
+    stop,
+    wait_for,
+    worker_group,
+)
 
 pytestmark = [pytest.mark.faults, pytest.mark.integration]
 
@@ -119,18 +126,6 @@ def produce(settings: VoiceSettings, items: list[Poison]) -> list[tuple[str, int
     return asyncio.run(go())
 
 
-def committed(settings: VoiceSettings, group: str, where: list[tuple[str, int, int]]
-              ) -> dict[tuple[str, int], int]:
-    """The group's committed offsets, read by a consumer that does not join it."""
-    c = Consumer({"bootstrap.servers": settings.bootstrap, "group.id": group,
-                  "enable.auto.commit": False})
-    try:
-        res = c.committed([TopicPartition(t, p) for t, p, _o in where], timeout=10)
-        return {(r.topic, r.partition): r.offset for r in res}
-    finally:
-        c.close()
-
-
 def dead_letters(settings: VoiceSettings, poison: Poison) -> list[dict[str, bytes]]:
     """The headers of each dead letter of ``poison`` (matched by key) on ``<topic>.dlq``."""
     return [dict(m.headers() or []) for m in read_all(settings, f"{poison.topic}.dlq")
@@ -189,7 +184,8 @@ def test_a_poison_record_on_every_topic_is_dead_lettered_and_every_consumer_goes
         # The sink has stored (and committed) past every poison: had it dead-lettered a
         # record a worker also dead-letters, it would be there by now.
         def sink_past() -> bool:
-            ends = committed(settings, f"{settings.group_prefix}-telemetry", where)
+            ends = committed(settings, f"{settings.group_prefix}-telemetry",
+                             [(t, p) for t, p, _o in where])
             return all(ends.get((t, p), -1) > o for t, p, o in where)
 
         wait_for(sink_past, timeout=60, what="the sink committing past every poison")
@@ -228,7 +224,7 @@ def test_a_record_that_cannot_even_be_dead_lettered_is_never_committed_past(
     poison = undecodable(settings, COMMANDS)
     [(topic, partition, offset)] = produce(settings, [poison])
     assert first.wait(timeout=60) != 0  # it stopped itself, with a failure
-    ends = committed(settings, worker_group(settings), [(topic, partition, offset)])
+    ends = committed(settings, worker_group(settings), [(topic, partition)])
     assert ends[(topic, partition)] <= offset  # never past the record (negative: none yet)
     assert dead_letters(settings, poison) == []
 

@@ -25,7 +25,7 @@ from schemas.conversation import MessageRecorded, ReplyRecorded, TurnRequested, 
 from streams.envelope import Envelope, decode, unfolded
 from streams.settings import VoiceSettings
 from streams.topics import COMMANDS, CONVERSATIONS, WORKFLOWS, topic_name
-from tests.support import read_all, wait_for
+from tests.support import committed, read_all, wait_for
 
 
 @dataclass
@@ -191,9 +191,10 @@ def stuck_turns(settings: VoiceSettings, turns: set[str], logs_dir: Path | None,
     every record that names it on the commands, conversations and workflows topics (topic,
     partition, offset, type), the worker group's committed offset beside each of those
     partitions' ends, and the last ``lines`` warnings and errors of each log in ``logs_dir``."""
-    from confluent_kafka import Consumer, TopicPartition
+    from confluent_kafka.admin import AdminClient
 
     from deploy.processes import worker_group
+    from streams.fetch import log_ends
 
     stuck = sorted(turns - _ended(conversation_logs(settings)))
     out = [f"{len(stuck)} turns not ended: {stuck[:10]}"]
@@ -207,16 +208,16 @@ def stuck_turns(settings: VoiceSettings, turns: set[str], logs_dir: Path | None,
                     kind = dict(m.headers() or []).get("ce_type", b"?").decode()
                     out.append(f"  {turn}: {m.topic()}[{m.partition()}]@{m.offset()} {kind}")
                     parts.add((m.topic(), m.partition()))
-    c = Consumer({"bootstrap.servers": settings.bootstrap, "group.id": worker_group(settings),
-                  "enable.auto.commit": False})
     try:
-        for r in c.committed([TopicPartition(t, p) for t, p in sorted(parts)], timeout=10):
-            _low, high = c.get_watermark_offsets(r, timeout=10)
-            out.append(f"  committed {r.topic}[{r.partition}] {r.offset} of {high}")
+        done = committed(settings, worker_group(settings), sorted(parts))
+        admin = AdminClient({"bootstrap.servers": settings.bootstrap})
+        for topic in sorted({t for t, _p in parts}):
+            ends = log_ends(admin, topic, [p for t, p in parts if t == topic], timeout=10)
+            for partition, end in sorted(ends.items()):
+                out.append(f"  committed {topic}[{partition}] {done[(topic, partition)]} "
+                           f"of {end}")
     except Exception as e:  # noqa: BLE001 - a diagnosis never hides the failure it explains
         out.append(f"  committed offsets unread: {e!r}")
-    finally:
-        c.close()
     for log in sorted(logs_dir.glob("*.log")) if logs_dir else []:
         said = [ln for ln in log.read_text(errors="replace").splitlines()
                 if "WARNING" in ln or "ERROR" in ln or "Traceback" in ln]

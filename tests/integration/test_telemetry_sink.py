@@ -16,10 +16,10 @@ import signal
 import subprocess
 import sys
 import time
+from collections.abc import Iterable
 from pathlib import Path
 
 import pytest
-from confluent_kafka import Consumer, TopicPartition
 
 from deploy.kafka_local import free_port
 from schemas.agent import ModelCallRecorded, TelemetryEvent, ToolCallRecorded
@@ -35,7 +35,7 @@ from telemetry.query import client_token, run_sql
 from telemetry.rows import BLOB_THRESHOLD
 from telemetry.sink import InsertFailed, Sink, group_id
 from telemetry.store import TelemetrySettings, telemetry_settings
-from tests.support import env_for, stop, wait_for
+from tests.support import committed, env_for, stop, wait_for
 
 pytestmark = pytest.mark.integration
 
@@ -119,15 +119,10 @@ def take(sink: Sink, n: int, timeout: float = 60.0) -> None:
     sink.flush()
 
 
-def committed(settings: VoiceSettings, parts) -> dict[tuple[str, int], int]:
-    """The group's committed offsets, read by a fresh consumer (it does not join the group)."""
-    c = Consumer({"bootstrap.servers": settings.bootstrap, "group.id": group_id(settings),
-                  "enable.auto.commit": False})
-    try:
-        res = c.committed([TopicPartition(t, p) for t, p in parts], timeout=10)
-        return {(r.topic, r.partition): r.offset for r in res}
-    finally:
-        c.close()
+def sink_committed(settings: VoiceSettings, parts: Iterable[tuple[str, int]]
+                   ) -> dict[tuple[str, int], int]:
+    """The sink's group's committed offsets of ``parts``."""
+    return committed(settings, group_id(settings), parts)
 
 
 def one(sink: Sink, sql: str):  # noqa: ANN201
@@ -170,7 +165,7 @@ def test_every_record_kind_lands_in_its_table(settings: VoiceSettings) -> None:
             hits = sum(one(sink, f"SELECT countIf(position(ifNull(`{c}`, ''), '{SECRET}') > 0)"
                                  f" FROM voice.{table}")[0][0] for c in cols)
             assert hits == 0, f"plaintext in {table}"
-        assert committed(settings, ends) == ends  # committed once the rows were in
+        assert sink_committed(settings, ends) == ends  # committed once the rows were in
     finally:
         sink.close()
 
@@ -216,13 +211,13 @@ def test_offsets_are_committed_only_after_the_insert(settings: VoiceSettings) ->
     with pytest.raises(InsertFailed):
         sink.flush(max_attempts=3)
     assert one(sink, "SELECT count() FROM voice.events") == [(0,)]
-    assert all(o < 0 for o in committed(settings, ends).values())  # nothing committed
+    assert all(o < 0 for o in sink_committed(settings, ends).values())  # nothing committed
     sink.close(flush=False)  # the process dies with the batch in memory
     sink = Sink(fast(settings))  # restarted, it re-reads from the last commit (none)
     try:
         take(sink, len(items))
         assert one(sink, "SELECT count() FROM voice.events") == [(len(items),)]
-        assert committed(settings, ends) == ends
+        assert sink_committed(settings, ends) == ends
     finally:
         sink.close()
 
@@ -248,7 +243,7 @@ def test_crash_between_insert_and_commit_does_not_duplicate(settings: VoiceSetti
     with pytest.raises(Crash):
         drain(sink, 10**9, timeout=60)
     inserted = one(sink, "SELECT count() FROM voice.events")[0][0]
-    assert inserted > 0 and all(o < 0 for o in committed(settings, ends).values())
+    assert inserted > 0 and all(o < 0 for o in sink_committed(settings, ends).values())
     sink.close(flush=False)
     sink = Sink(ts)
     try:
@@ -259,7 +254,7 @@ def test_crash_between_insert_and_commit_does_not_duplicate(settings: VoiceSetti
                          "voice.tokens_cost_per_model_day") == [(40, sum(range(40)))]
         sink.store.command("OPTIMIZE TABLE voice.events FINAL")
         assert one(sink, "SELECT count() FROM voice.events") == [(len(items),)]
-        assert committed(settings, ends) == ends
+        assert sink_committed(settings, ends) == ends
     finally:
         sink.close()
 
