@@ -14,6 +14,7 @@ from typing import Any
 
 import httpx
 from confluent_kafka import Consumer, KafkaException, TopicPartition
+from confluent_kafka.admin import AdminClient
 
 from deploy.processes import (  # noqa: F401  (re-exported for the tests)
     spawn_voice,
@@ -24,6 +25,7 @@ from deploy.processes import (  # noqa: F401  (re-exported for the tests)
     worker_group,
 )
 from streams.envelope import Envelope, decode, unfolded
+from streams.fetch import log_ends
 from streams.reading import read_topic
 from streams.settings import VoiceSettings
 from streams.tokens import mint_token
@@ -300,22 +302,32 @@ def committed(settings: VoiceSettings, group: str, parts: Iterable[tuple[str, in
         c.close()
 
 
+def sink_parts(settings: VoiceSettings) -> list[tuple[str, int]]:
+    """Every (topic, partition) the telemetry sink reads: every record topic, never voice.keys."""
+    return [(topic_name(settings, s), p) for s in record_specs()
+            for p in range(settings.topic_partitions)]
+
+
+def sink_committed(settings: VoiceSettings, parts: Iterable[tuple[str, int]] | None = None
+                   ) -> dict[tuple[str, int], int]:
+    """The telemetry sink's group's committed offset of each of ``parts`` (default: every
+    partition it reads)."""
+    from telemetry.sink import group_id  # the sink's own naming (its imports load here only)
+
+    return committed(settings, group_id(settings),
+                     sink_parts(settings) if parts is None else parts)
+
+
 def sink_caught_up(settings: VoiceSettings) -> bool:
     """Whether the telemetry sink's group has committed every record of every topic it reads
     (so every record is in the store: the sink commits only after the insert)."""
-    c = Consumer({"bootstrap.servers": settings.bootstrap,
-                  "group.id": f"{settings.group_prefix}-telemetry", "enable.auto.commit": False})
     try:
-        # The topics the sink reads: never voice.keys.
-        names = [topic_name(settings, s) for s in record_specs()]
-        parts = [TopicPartition(t, p) for t in names for p in range(settings.topic_partitions)]
-        done = {(r.topic, r.partition): r.offset for r in c.committed(parts, timeout=10)}
-        for tp in parts:
-            _low, high = c.get_watermark_offsets(tp, timeout=10)
-            if high > 0 and done.get((tp.topic, tp.partition), -1) < high:
+        done = sink_committed(settings)
+        admin = AdminClient({"bootstrap.servers": settings.bootstrap})
+        for topic in {t for t, _p in done}:
+            ends = log_ends(admin, topic, range(settings.topic_partitions), 10)
+            if any(high > 0 and done[(topic, p)] < high for p, high in ends.items()):
                 return False
         return True
     except KafkaException:  # the group's coordinator moving: ask again
         return False
-    finally:
-        c.close()

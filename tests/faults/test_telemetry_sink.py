@@ -33,14 +33,14 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-from confluent_kafka import Consumer, KafkaException, TopicPartition
+from confluent_kafka import KafkaException
 
 from schemas.agent import TelemetryEvent
 from streams.settings import VoiceSettings
-from streams.topics import AGENT, TELEMETRY, WORKFLOWS, all_specs, record_specs, topic_name
+from streams.topics import AGENT, TELEMETRY, WORKFLOWS, all_specs, topic_name
 from telemetry.store import open_store, telemetry_settings
 from tests.integration.test_telemetry_sink import Item, produce, rec
-from tests.support import read_all, sink_caught_up, spawn_voice, stop, wait_for
+from tests.support import read_all, sink_caught_up, sink_committed, spawn_voice, stop, wait_for
 
 pytestmark = [pytest.mark.faults, pytest.mark.integration]
 
@@ -89,16 +89,10 @@ class Stream:
 def committed_total(settings: VoiceSettings) -> int | None:
     """Records the sink's group has committed, over every topic it reads; None while the
     broker cannot say (its group coordinator moving, as it does under a killed member)."""
-    c = Consumer({"bootstrap.servers": settings.bootstrap,
-                  "group.id": f"{settings.group_prefix}-telemetry", "enable.auto.commit": False})
     try:
-        parts = [TopicPartition(topic_name(settings, s), p) for s in record_specs()
-                 for p in range(settings.topic_partitions)]
-        return sum(max(r.offset, 0) for r in c.committed(parts, timeout=10))
+        return sum(max(offset, 0) for offset in sink_committed(settings).values())
     except KafkaException:
         return None
-    finally:
-        c.close()
 
 
 def known(value: int | None) -> tuple[int] | None:

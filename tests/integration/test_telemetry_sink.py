@@ -16,7 +16,6 @@ import signal
 import subprocess
 import sys
 import time
-from collections.abc import Iterable
 from pathlib import Path
 
 import pytest
@@ -33,9 +32,9 @@ from streams.topics import AGENT, COMMANDS, TELEMETRY, WORKFLOWS, topic_name
 from telemetry.endpoint import EndpointDown, EndpointRefused, ask_endpoint
 from telemetry.query import client_token, run_sql
 from telemetry.rows import BLOB_THRESHOLD
-from telemetry.sink import InsertFailed, Sink, group_id
+from telemetry.sink import InsertFailed, Sink
 from telemetry.store import TelemetrySettings, telemetry_settings
-from tests.support import committed, env_for, stop, wait_for
+from tests.support import env_for, sink_committed, stop, wait_for
 
 pytestmark = pytest.mark.integration
 
@@ -117,12 +116,6 @@ def take(sink: Sink, n: int, timeout: float = 60.0) -> None:
         taken += sink.poll_once(timeout=0.2)
     assert taken == n, f"took {taken} of {n} records"
     sink.flush()
-
-
-def sink_committed(settings: VoiceSettings, parts: Iterable[tuple[str, int]]
-                   ) -> dict[tuple[str, int], int]:
-    """The sink's group's committed offsets of ``parts``."""
-    return committed(settings, group_id(settings), parts)
 
 
 def one(sink: Sink, sql: str):  # noqa: ANN201
