@@ -143,7 +143,7 @@ def post_message(ctx: Context) -> Result:
     samples, _turns = asyncio.run(main())
     if statuses.get(202, 0) != POSTS:
         raise RuntimeError(f"not every POST answered 202: {dict(statuses)}")
-    marks, _calls, _records = _marks(s.settings, posted, agent=False)
+    marks, _calls, _records, _model = _marks(s.settings, posted, agent=False)
     return {**latency_summary(samples), "rate_per_s": rate,
             "hops_ms": _hops(marks, POST_CHAIN),
             "conversations": POST_CONVERSATIONS, "statuses": dict(statuses),
@@ -207,8 +207,10 @@ POST_CHAIN = (
 
 
 def _marks(settings: Any, turns: list[_Turn], agent: bool = True
-           ) -> tuple[dict[str, dict[str, float]], Counter[str], Counter[str]]:
-    """Per turn, the time of each step of its path, from the records' timestamps.
+           ) -> tuple[dict[str, dict[str, float]], Counter[str], Counter[str], Counter[str]]:
+    """Per turn, the time of each step of its path, from the records' timestamps; and per
+    turn its model calls, its agent records and the milliseconds its model calls took (their
+    records' ``latency_ms``: the engine's wait for the model, request to parsed response).
 
     ce_time (µs) where the record's producer stamps it when it makes the record; the Kafka
     CreateTime (ms) for the sequencer's outputs, whose ce_time is the command's by design.
@@ -256,6 +258,7 @@ def _marks(settings: Any, turns: list[_Turn], agent: bool = True
             mark(command_turn[env.key], "ack", _ts(msg))
     calls: Counter[str] = Counter()
     records: Counter[str] = Counter()
+    model_ms: Counter[str] = Counter()
     if agent:
         for _msg, env in envs(WORKFLOWS):
             if env.key not in wanted:
@@ -268,10 +271,11 @@ def _marks(settings: Any, turns: list[_Turn], agent: bool = True
             records[env.key] += 1
             if env.type in ("voice.agent.model_call.v1", "voice.agent.model_call.v2"):
                 calls[env.key] += 1
+                model_ms[env.key] += env.record.latency_ms
                 mark(env.key, "first_model_call", env.time.timestamp())
     for t in turns:
         marks[t.turn].update(post=t.posted, seen=t.seen, answered=t.answered)
-    return marks, calls, records
+    return marks, calls, records, model_ms
 
 
 def _hops(marks: dict[str, dict[str, float]], chain: Any) -> dict[str, dict[str, float]]:
@@ -316,14 +320,20 @@ def turn_overhead(ctx: Context) -> Result:
     turns = asyncio.run(main())
     wall = time.perf_counter() - t0
     cpu = _cpu_delta(before, s.cpu(), OVERHEAD_TURNS + OVERHEAD_WARMUP)
-    marks, calls, records = _marks(s.settings, turns)
+    marks, calls, records, model_ms = _marks(s.settings, turns)
+    net = latency_summary([t.seen - t.posted - model_ms[t.turn] / 1000 for t in turns])
     return {**latency_summary([t.seen - t.posted for t in turns]),
+            "model_ms_per_turn": round(statistics.median(model_ms[t.turn] for t in turns), 2),
+            "net_of_model_ms": {k: net[k] for k in ("p50_ms", "p90_ms", "p99_ms")},
             "hops_ms": _hops(marks, TURN_CHAIN),
             "model_calls_per_turn": statistics.median(calls.values()) if calls else None,
             "agent_records_per_turn": statistics.median(records.values()) if records else None,
             "cpu_ms_per_turn": cpu,
             "note": "sequential: one turn at a time, each in a new conversation; cpu includes "
-                    "opening the conversation and the SSE stream",
+                    "opening the conversation and the SSE stream; model_ms_per_turn: the "
+                    "turn's model calls as the engine waited for them (the simulator's HTTP "
+                    "exchange at 0 ms latency); net_of_model_ms: each turn's latency less its "
+                    "own model time, what Voice adds",
             "wall_s_turns": round(wall, 2), "stack": s.describe()}
 
 
