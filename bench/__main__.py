@@ -27,6 +27,7 @@ from typing import Any
 
 import confluent_kafka
 
+import bench.chain as bench_chain  # registers the turn's record flow on bare Kafka
 import bench.engine  # noqa: F401  (registers the engine figures)
 import bench.fanout  # noqa: F401  (registers the streams-per-edge figures)
 import bench.ingest  # noqa: F401  (registers the telemetry and replay figures)
@@ -170,6 +171,7 @@ def main(argv: list[str] | None = None) -> int:
             try:
                 baselines, figures, errors = run(ctx, chosen)
             finally:
+                bench_chain.close_chains()
                 bench_stack.close_all()  # before the broker goes
             load_after = os.getloadavg()
             if where == "external":

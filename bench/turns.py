@@ -6,12 +6,14 @@ processes on the run's broker and on the same cores as the benchmark client.
 - ``edge.post_message``: POST message → 202 at a steady request rate, beside the raw
   produce-ack. Each POST also starts a turn, so the worker runs turns meanwhile, as it would.
 - ``turn.overhead``: message POSTed → the agent's reply on an SSE client, one turn at a time,
-  beside the raw Kafka round trip; with the median time of each hop on the way, read back from
-  the records' timestamps (``hops_p50_ms``).
+  beside the same turn's records on bare Kafka (``bench.chain``, ``kafka.turn_chain``); with
+  the median time of each hop on the way, read back from the records' timestamps
+  (``hops_p50_ms``).
 - ``turn.sustained``: turns per second with concurrent participants, each holding its SSE
   stream as a browser would, counting replies lost or recorded twice (from the conversation
-  log and from what the clients saw); beside the raw produce throughput, as Kafka records the
-  stack wrote per second; with CPU milliseconds per turn of each process.
+  log and from what the clients saw); beside the turns a second of the same records on bare
+  Kafka (``kafka.turn_chain_sustained``); with CPU milliseconds per turn of each process and the
+  Kafka records the stack wrote a turn.
 """
 
 from __future__ import annotations
@@ -290,7 +292,7 @@ def _hops(marks: dict[str, dict[str, float]], chain: Any) -> dict[str, dict[str,
     return out
 
 
-@benchmark("turn.overhead", baseline="kafka.round_trip", compare=("p50_ms", "p99_ms"))
+@benchmark("turn.overhead", baseline="kafka.turn_chain", compare=("p50_ms", "p99_ms"))
 def turn_overhead(ctx: Context) -> Result:
     """Message POSTed → the agent's reply on an SSE client; simulator at zero latency."""
     s = stack(ctx)
@@ -457,7 +459,7 @@ async def _sustained_run(s: Stack, h: dict[str, str], turns: int, concurrency: i
         return time.perf_counter() - t0, parts, latencies
 
 
-@benchmark("turn.sustained", baseline="kafka.produce_throughput", compare=("records_per_s",))
+@benchmark("turn.sustained", baseline="kafka.turn_chain_sustained", compare=("turns_per_s",))
 def turns_sustained(ctx: Context) -> Result:
     """Turns/s with concurrent SSE participants; lost and duplicated replies counted."""
     s = stack(ctx)
