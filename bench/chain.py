@@ -336,8 +336,7 @@ _CHAINS: list[Chain] = []
 
 def start_chain(ctx: Context, worker_module: str = "bench.chain") -> Chain:
     """A chain of its own: its topics (read from their start by the new worker), its worker
-    process (``python -m worker_module``: this bare one, or ``bench.chain_faust``), its
-    edge. The caller closes it (``Chain.close``)."""
+    process (``python -m worker_module``), its edge. The caller closes it (``Chain.close``)."""
     partitions = ctx.settings.topic_partitions
     base = f"chain{len(_CHAINS)}"
     topics = {t: ctx.topic(f"{base}.{t}", partitions) for t in TOPICS}
@@ -386,16 +385,6 @@ def turn_chain(ctx: Context) -> Result:
 def turn_chain_sustained(ctx: Context) -> Result:
     """Raw Kafka: a turn's records and acks over 32 conversations at once: turns/s, CPU."""
     c = start_chain(ctx)
-    try:
-        return _sustained(ctx, c)
-    finally:
-        c.close()
-
-
-@benchmark("faust.turn_chain_sustained")
-def turn_chain_sustained_faust(ctx: Context) -> Result:
-    """The same, its worker on Faust and asyncio (``bench.chain_faust``): the framework's cost."""
-    c = start_chain(ctx, "bench.chain_faust")
     try:
         return _sustained(ctx, c)
     finally:
