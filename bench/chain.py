@@ -163,12 +163,9 @@ class Flow:
             except BufferError:
                 time.sleep(0.001)
 
-    def run(self, stages: tuple[Stage, ...], conversation: bytes, turn: bytes,
-            done: Callable[[], None] | None = None) -> None:
+    def run(self, stages: tuple[Stage, ...], conversation: bytes, turn: bytes) -> None:
         """Play ``stages`` in order, each after the acks of the one before."""
         if not stages:
-            if done is not None:
-                done()
             return
         stage, rest = stages[0], stages[1:]
         left = [len(stage.awaited)]
@@ -183,7 +180,7 @@ class Flow:
             if last:
                 for i, out in enumerate(stage.fired):
                     self.produce(out, conversation, turn, 100 + i)
-                self.run(rest, conversation, turn, done)
+                self.run(rest, conversation, turn)
 
         for i, out in enumerate(stage.awaited):
             self.produce(out, conversation, turn, i, acked)
@@ -319,16 +316,20 @@ class Chain:
     edge: Edge
     worker: subprocess.Popen[bytes]
     topics: dict[str, str]
+    closed: bool = False
 
     def close(self) -> None:
-        if self.worker.poll() is not None:
+        """Stop the edge, then the worker (twice is harmless)."""
+        if self.closed:
             return
+        self.closed = True
         self.edge.close()
-        self.worker.terminate()
-        try:
-            self.worker.wait(10)
-        except subprocess.TimeoutExpired:
-            self.worker.kill()
+        if self.worker.poll() is None:
+            self.worker.terminate()
+            try:
+                self.worker.wait(10)
+            except subprocess.TimeoutExpired:
+                self.worker.kill()
 
 
 _CHAINS: list[Chain] = []
