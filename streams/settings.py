@@ -247,6 +247,13 @@ class VoiceSettings(BaseSettings):
     their own (``consumers.workflows.steploop``), so a step never delays the writer's
     acknowledgements on the worker's loop. Off: steps share the worker's loop."""
 
+    worker_changelog_linger_s: float = Field(default=2.0, ge=0, le=60)
+    """``VOICE_WORKER_CHANGELOG_LINGER_S``: how long at most a write of the workflows table
+    has its changelog record held back, so that a later write of the same key replaces it
+    (``consumers.frame.write_behind``). A held write is sent before any offset commit covers
+    the record that made it, and before a handover or a stop; this bounds how far a standby
+    lags behind a running step. 0: every write is sent at once."""
+
     worker_standby_replicas: int = Field(default=1, ge=0)
     """``VOICE_WORKER_STANDBY_REPLICAS``: how many other workers keep a warm copy of each
     table partition (Faust's ``table_standby_replicas``). A standby applies every changelog

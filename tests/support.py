@@ -131,7 +131,8 @@ def step_running(settings: VoiceSettings, workflow: str, step_index: int = 0) ->
     """Whether a worker has started ``workflow``'s step ``step_index``: its workflow table
     says so (the runtime writes the table, then starts the step's task). A first step has no
     record of its own on ``voice.workflows`` (its start is ``WorkflowStarted``'s), so a test
-    that must stop a worker mid-step waits on the table's changelog instead."""
+    that must stop a worker mid-step waits on the table's changelog instead (where a running
+    step's state is held back at most ``VOICE_WORKER_CHANGELOG_LINGER_S``)."""
     topic = f"{worker_group(settings)}-workflows-changelog"
     for m in read_all(settings, topic):
         if (m.key() or b"").strip(b'"') != workflow.encode() or not m.value():
@@ -153,6 +154,13 @@ def accepted(post: Callable[[], httpx.Response], also: tuple[int, ...] = ()
         time.sleep(1)
     assert r.status_code in (202, 201, *also), r.text
     return r
+
+
+def send_message(client: httpx.Client, conversation: str, key: str, text: str) -> None:
+    """A participant's message, posted (with ``key`` as its ``Idempotency-Key``) until it is
+    answered ``202`` (``accepted``)."""
+    accepted(lambda: client.post(f"/me/conversations/{conversation}/messages",
+                                 headers={"Idempotency-Key": key}, json={"text": text}))
 
 
 def no_duplicate_seqs(log: list[Envelope]) -> list[Envelope]:

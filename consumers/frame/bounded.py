@@ -9,6 +9,11 @@ or sent. The caller's record fails (and is dead-lettered, decision 0008); the wo
 
 Tables are kept small by design (positions rather than content, bounded memories): this is
 the backstop that turns a design mistake into one failed record instead of a stopped service.
+
+A value stored is in the table at once. In a table made ``held_back`` (the workflow runtime's),
+its changelog record (and a deleted key's tombstone) is held back where the worker's app holds
+them (``consumers.frame.write_behind``) and sent before a commit covers the record that wrote
+it, so a workflow written at its start and at its end within the linger is sent once.
 """
 
 from __future__ import annotations
@@ -17,6 +22,7 @@ from typing import Any
 
 import faust
 from faust.serializers import codecs
+from faust.streams import current_event
 
 from streams.producer import RecordTooLarge
 
@@ -33,9 +39,13 @@ def changelog_record(table: Any, key: Any, value: Any) -> tuple[bytes, bytes]:
 
 
 class BoundedTable(faust.Table):  # type: ignore[misc]  # Faust's classes are untyped
-    """A Faust table that refuses a value whose changelog record would be over ``max_bytes``."""
+    """A Faust table that refuses a value whose changelog record would be over ``max_bytes``,
+    and holds its changelog records back where its app does (``write_behind``)."""
 
     max_bytes: int = DEFAULT_MAX_BYTES
+    held_back: bool = False
+    """Whether its changelog records are held back where the app holds them (``WorkerContext.
+    table``): the workflow runtime's table, not an aggregate's."""
 
     def on_key_set(self, key: Any, value: Any) -> None:
         """Encode the changelog record once, check its size, then store and send those bytes
@@ -46,9 +56,28 @@ class BoundedTable(faust.Table):  # type: ignore[misc]  # Faust's classes are un
         if size > self.max_bytes:
             raise RecordTooLarge(self.changelog_topic.get_topic_name(), size, self.max_bytes,
                                  key=key)
-        fut = self.send_changelog(self.partition_for_key(key), key_bytes, value_bytes,
-                                  key_serializer="raw", value_serializer="raw")
-        partition = fut.message.partition
-        assert partition is not None
+        partition = self._changelog(key_bytes, value_bytes, self.partition_for_key(key))
         self._maybe_set_key_ttl(key, partition)
         self._sensor_on_set(self, key, value)
+
+    def on_key_del(self, key: Any) -> None:
+        """A tombstone, held (or sent) as a value is: never overtaken by a held value."""
+        key_bytes = codecs.dumps(self.key_serializer or "json", key) or b""
+        partition = self._changelog(key_bytes, None, self.partition_for_key(key))
+        self._maybe_del_key_ttl(key, partition)
+        self._sensor_on_del(self, key)
+
+    def _changelog(self, key: bytes, value: bytes | None, partition: int | None) -> int:
+        """Hold the changelog record where the app holds writes, else send it; its
+        partition."""
+        held = getattr(self.app, "write_behind", None) if self.held_back else None
+        if held is not None and held.holds and partition is not None:
+            event = current_event()
+            cause = None if event is None else (event.message.tp, event.message.offset)
+            held.hold(self, partition, key, value, cause)
+            return partition
+        fut = self.send_changelog(partition, key, value, key_serializer="raw",
+                                  value_serializer="raw")
+        sent = fut.message.partition
+        assert sent is not None
+        return int(sent)

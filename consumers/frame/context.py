@@ -89,6 +89,7 @@ def faust_app(settings: VoiceSettings) -> VoiceApp:
         topic_replication_factor=settings.replication_factor,
         web_enabled=False,
         gapless_topics=[topic_name(settings, spec) for spec in TOPICS if not spec.compacted],
+        changelog_linger_s=settings.worker_changelog_linger_s,
         consumer_auto_offset_reset="earliest",
         producer_acks=-1,
         broker_commit_every=100,
@@ -123,8 +124,8 @@ class WorkerContext:
         self.on_shutdown(self.log_reader.close)
         self.steps = StepLoop() if settings.worker_step_thread else None
         """Where steps run: a loop of their own, so none delays the writer (0007's acks)."""
-        self.runtime = WorkflowRuntime(settings, self.table("workflows"), self.publisher,
-                                       self.sealer, steps=self.steps)
+        self.runtime = WorkflowRuntime(settings, self.table("workflows", held=True),
+                                       self.publisher, self.sealer, steps=self.steps)
         self.app.before_handover.append(self.runtime.release_leases)
         self.writer = Writer(self.publisher, topic_name(settings, COMMANDS))
         self.janitor = Janitor(settings.topic_partitions)
@@ -155,13 +156,17 @@ class WorkerContext:
             product.register(self)
             self.products.append(product)
 
-    def table(self, name: str) -> Any:
+    def table(self, name: str, held: bool = False) -> Any:
         """A changelog-backed Faust table (default ``None``), partitioned like the topics; a
         value whose changelog record would be over ``VOICE_MAX_RECORD_BYTES`` is refused
-        where it is set (``consumers.frame.bounded``)."""
+        where it is set (``consumers.frame.bounded``). ``held``: its changelog records are
+        held back until a commit covers them (``consumers.frame.write_behind``) — only for a
+        table whose records, handled again after a crash without its writes, make no record
+        twice on a log a reader sees."""
         table = self.app.Table(name, default=None, partitions=self.settings.topic_partitions,
                                extra_topic_configs=CHANGELOG_CONFIG)
         table.max_bytes = self.settings.max_record_bytes
+        table.held_back = held
         return table
 
     def aggregate(self, agg: Aggregate[Any]) -> Any:
@@ -320,6 +325,12 @@ class WorkerContext:
                     await self.publisher.send(COMMANDS, env)
             except Exception:  # the next pass tries again; the timer must not die
                 log.exception("the janitor's pass failed")
+
+        if self.app.write_behind.holds:
+            @self.app.timer(min(self.app.write_behind.linger_s / 4, 0.5))
+            async def _send_held_writes() -> None:
+                # Held no longer than about the linger, however long a step runs.
+                self.app.write_behind.send_lingering()
 
         @self.app.timer(UNFETCHED_CHECK_S)
         async def _fetch_check() -> None:

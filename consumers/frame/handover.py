@@ -6,7 +6,8 @@ was being handled, and without a partition left unread afterwards.
 1. **Before a handover** it runs ``before_handover`` (the workflow runtime lets go of its held
    leases) and waits — at most ``HANDOVER_WAIT_S`` — for the records its agents are handling
    (``consumers.frame.failures.InFlight``). Faust then flushes the producer (the tables'
-   changelogs), commits, and only then rejoins or leaves the group. Without the wait a handler
+   changelogs, every write held back by ``write_behind`` handed to it first), commits, and
+   only then rejoins or leaves the group. Without the wait a handler
    still running after the handover wrote its table after the flush; the partition's next
    owner, recovering the changelog, never saw it, and a turn whose ``WorkflowStarted`` offset
    was committed stayed ``Thinking`` in no owner's table. Faust's own wait
@@ -51,6 +52,7 @@ from consumers.frame.commit_floor import CommitFloor
 from consumers.frame.failures import InFlight
 from consumers.frame.stale_records import guard_stale_records
 from consumers.frame.thread_seek import seek_on_consumer_thread
+from consumers.frame.write_behind import WriteBehind, send_before_commit
 
 log = logging.getLogger(__name__)
 
@@ -68,10 +70,15 @@ class VoiceApp(faust.App):
     """Faust's app with a bounded handover wait, a fetch check and a stale-record guard
     (module docstring)."""
 
-    def __init__(self, *args: Any, gapless_topics: Iterable[str] = (), **kwargs: Any) -> None:
+    def __init__(self, *args: Any, gapless_topics: Iterable[str] = (),
+                 changelog_linger_s: float = 0.0, **kwargs: Any) -> None:
         """``gapless_topics``: the topics that have no gaps of their own (not compacted,
-        never written in transactions) — a gap Faust sees in one is a record it skipped."""
+        never written in transactions) — a gap Faust sees in one is a record it skipped.
+        ``changelog_linger_s``: how long at most its tables hold a write back
+        (``write_behind``)."""
         self.gapless_topics = frozenset(gapless_topics)
+        self.write_behind = WriteBehind(changelog_linger_s)
+        """The tables' writes held back until a commit covers them (``send_before_commit``)."""
         self.commit_floor: CommitFloor | None = None
         """Made with the consumer (``_new_consumer``)."""
         super().__init__(*args, **kwargs)
@@ -90,7 +97,13 @@ class VoiceApp(faust.App):
         self.commit_floor = CommitFloor(consumer, lambda: self.tables.changelog_topics,
                                         lambda topic: topic in self.gapless_topics)
         fetch_only_read_changelogs(consumer, lambda: self.tables.changelog_topics)
+        send_before_commit(consumer, self.write_behind)
         return consumer
+
+    async def _producer_flush(self, logger: Any) -> None:
+        # A handover or a stop (Faust's two callers): every held table write goes, first.
+        self.write_behind.send()
+        await super()._producer_flush(logger)
 
     async def _consumer_wait_empty(self, consumer: Any, logger: Any) -> None:  # noqa: ARG002
         for fn in self.before_handover:
@@ -102,6 +115,7 @@ class VoiceApp(faust.App):
             log.warning("a handover went on after %.0f s with records in flight (their next "
                         "owner processes them again): %s", HANDOVER_WAIT_S,
                         ", ".join(f"{r.topic}[{r.partition}]@{r.offset}" for r in left[:5]))
+        self.write_behind.send()  # the released leases' "running" too: the table is the lease
         await consumer.commit()
 
     async def reread_holes(self, now: float | None = None) -> list[Any]:

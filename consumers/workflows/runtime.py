@@ -53,8 +53,10 @@ DEADLINE_EXCEEDED = "DEADLINE_EXCEEDED"
 """The error type of a step stopped at its deadline (and the code of a turn ended at its)."""
 
 
-CHANGELOG_SENT_S = 2.0
-"""Tests only: how long the ``before_turn_over`` crash point waits for the table's changelog."""
+CHANGELOG_SENT_S = 1.0
+"""Tests only: how long past the linger (``VOICE_WORKER_CHANGELOG_LINGER_S``, at most what a
+table write is held back) the ``before_turn_over`` crash point waits for the table's
+changelog."""
 
 PROBE_EVERY_S = 5.0
 """A running workflow with no task is probed at most this often."""
@@ -264,9 +266,9 @@ class WorkflowRuntime:
         """
         if self.crash.armed("before_turn_over", state.workflow):
             # Tests only: the worst case, where the workflow's end has reached the table's
-            # changelog too (Faust sends it in the background), so the next owner finds the
+            # changelog too (held back at most the linger), so the next owner finds the
             # workflow ended — not running, which would re-derive the end from its record.
-            await asyncio.sleep(CHANGELOG_SENT_S)
+            await asyncio.sleep(self.settings.worker_changelog_linger_s + CHANGELOG_SENT_S)
             self.crash.hit("before_turn_over", state.workflow)
         wf = self.defs[state.kind]
         if wf.on_end is not None:

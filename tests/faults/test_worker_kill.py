@@ -30,7 +30,7 @@ from streams.envelope import Envelope
 from streams.settings import VoiceSettings
 from streams.tokens import mint_token
 from streams.topics import ASSISTANT, CONVERSATIONS, WORKFLOWS
-from tests.support import accepted, log_of, no_duplicate_seqs, stop, wait_for
+from tests.support import accepted, log_of, no_duplicate_seqs, send_message, stop, wait_for
 
 pytestmark = [pytest.mark.integration, pytest.mark.faults]
 
@@ -102,9 +102,8 @@ def test_a_participant_turn_killed_at_each_point_replies_once_and_ends(
         return str(r.json()["conversation"])
 
     def send(point: str, cnv: str) -> None:
-        accepted(lambda: client.post(
-            f"/me/conversations/{cnv}/messages", headers={"Idempotency-Key": f"k-{point}"},
-            json={"text": f"At {point}: the streetlight on Elm Road is broken."}))
+        send_message(client, cnv, f"k-{point}",
+                     f"At {point}: the streetlight on Elm Road is broken.")
 
     def ended(cnv: str) -> list[Envelope] | None:
         log = log_of(settings, CONVERSATIONS, cnv)

@@ -64,8 +64,9 @@ def test_a_table_refuses_a_value_whose_changelog_record_is_over_the_bound() -> N
 
 def test_a_table_sends_the_changelog_record_it_measured(monkeypatch: Any) -> None:
     """The value is encoded once (issue 14, eleventh pass): the bytes measured are the bytes
-    sent, raw, and they are what Faust's own encoding of the key and value gives."""
-    with closing(WorkerContext(settings())) as ctx:
+    sent, raw, and they are what Faust's own encoding of the key and value gives. (Sent at
+    once: no write held back, ``tests/unit/test_write_behind.py`` holds them.)"""
+    with closing(WorkerContext(settings(worker_changelog_linger_s=0))) as ctx:
         table = ctx.table("sized")
         sent: list[tuple[Any, ...]] = []
 
