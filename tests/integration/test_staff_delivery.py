@@ -150,7 +150,11 @@ def test_a_worker_killed_mid_delivery_never_sends_a_notification_twice(
     assert ids == Counter({f"{dev}:{s}": 1 for s in followers})
     lost = [e.record for e in envelopes(settings, WORKFLOWS, dev)
             if type(e.record).__name__ == "StepFailed"]
-    assert [(r.step, r.error_type) for r in lost] == [("notify", "WorkerLost")]
+    # The next owner resumes the step one of two ways, depending on whether the killed
+    # worker's "running" had reached the changelog (held back at most the linger, decision
+    # 0014): a WorkerLost attempt, or the replay of its lease record. Either way, above, each
+    # follower was notified once.
+    assert [(r.step, r.error_type) for r in lost] in ([], [("notify", "WorkerLost")]), lost
     for sub in followers:
         assert [n["notification"] for n in inbox(api, sub, 1)["notifications"]] == [
             f"{dev}:{sub}"]
