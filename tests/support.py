@@ -326,16 +326,24 @@ def sink_committed(settings: VoiceSettings, parts: Iterable[tuple[str, int]] | N
                      sink_parts(settings) if parts is None else parts)
 
 
-def sink_caught_up(settings: VoiceSettings) -> bool:
-    """Whether the telemetry sink's group has committed every record of every topic it reads
-    (so every record is in the store: the sink commits only after the insert)."""
+def caught_up(settings: VoiceSettings, group: str, parts: Iterable[tuple[str, int]]) -> bool:
+    """Whether consumer group ``group`` has committed every record of each (topic, partition)
+    of ``parts``."""
     try:
-        done = sink_committed(settings)
+        done = committed(settings, group, parts)
         admin = AdminClient({"bootstrap.servers": settings.bootstrap})
         for topic in {t for t, _p in done}:
-            ends = log_ends(admin, topic, range(settings.topic_partitions), 10)
+            ends = log_ends(admin, topic, [p for t, p in done if t == topic], 10)
             if any(high > 0 and done[(topic, p)] < high for p, high in ends.items()):
                 return False
         return True
     except KafkaException:  # the group's coordinator moving: ask again
         return False
+
+
+def sink_caught_up(settings: VoiceSettings) -> bool:
+    """Whether the telemetry sink's group has committed every record of every topic it reads
+    (so every record is in the store: the sink commits only after the insert)."""
+    from telemetry.sink import group_id  # the sink's own naming (its imports load here only)
+
+    return caught_up(settings, group_id(settings), sink_parts(settings))

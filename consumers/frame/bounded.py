@@ -30,12 +30,16 @@ DEFAULT_MAX_BYTES = 900_000
 """``VOICE_MAX_RECORD_BYTES``'s default; ``WorkerContext.table`` sets the configured one."""
 
 
+def changelog_key(table: Any, key: Any) -> bytes:
+    """``key`` in the changelog, encoded as the table encodes it."""
+    return codecs.dumps(table.key_serializer or "json", key) or b""
+
+
 def changelog_record(table: Any, key: Any, value: Any) -> tuple[bytes, bytes]:
     """The changelog record of ``key → value`` (key and value bytes), encoded as the table
     encodes them."""
-    key_bytes = codecs.dumps(table.key_serializer or "json", key)
     value_bytes = codecs.dumps(table.value_serializer or "json", value)
-    return key_bytes or b"", value_bytes or b""
+    return changelog_key(table, key), value_bytes or b""
 
 
 class BoundedTable(faust.Table):  # type: ignore[misc]  # Faust's classes are untyped
@@ -62,8 +66,7 @@ class BoundedTable(faust.Table):  # type: ignore[misc]  # Faust's classes are un
 
     def on_key_del(self, key: Any) -> None:
         """A tombstone, held (or sent) as a value is: never overtaken by a held value."""
-        key_bytes = codecs.dumps(self.key_serializer or "json", key) or b""
-        partition = self._changelog(key_bytes, None, self.partition_for_key(key))
+        partition = self._changelog(changelog_key(self, key), None, self.partition_for_key(key))
         self._maybe_del_key_ttl(key, partition)
         self._sensor_on_del(self, key)
 

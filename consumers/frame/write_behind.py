@@ -108,8 +108,9 @@ class WriteBehind:
         """Synchronous (Faust's producer buffers what it is given): nothing is held between
         taking a record and sending it."""
         going = [(where, h) for where, h in self._held.items() if due(h)]
-        for (_name, partition, key), held in going:
-            del self._held[(_name, partition, key)]
+        for where, held in going:
+            del self._held[where]
+            _name, partition, key = where
             held.table.send_changelog(partition, key, held.value, key_serializer="raw",
                                       value_serializer="raw")
         self.sent += len(going)

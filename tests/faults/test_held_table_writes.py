@@ -18,16 +18,14 @@ from typing import Any
 
 import httpx
 import pytest
-from confluent_kafka.admin import AdminClient
 
 from schemas.conversation import MessageRecorded, ReplyRecorded, TurnStateChanged
-from streams.fetch import log_ends
 from streams.settings import VoiceSettings
 from streams.tokens import mint_token
 from streams.topics import CONVERSATIONS, WORKFLOWS, topic_name
 from tests.support import (
     accepted,
-    committed,
+    caught_up,
     log_of,
     no_duplicate_seqs,
     read_all,
@@ -44,10 +42,8 @@ HELD = {"VOICE_WORKER_CHANGELOG_LINGER_S": "60"}
 def workflows_committed(settings: VoiceSettings) -> bool:
     """Whether the worker group has committed every record of ``voice.workflows``."""
     topic = topic_name(settings, WORKFLOWS)
-    parts = range(settings.topic_partitions)
-    ends = log_ends(AdminClient({"bootstrap.servers": settings.bootstrap}), topic, parts, 10)
-    done = committed(settings, worker_group(settings), [(topic, p) for p in parts])
-    return all(high == 0 or done[(topic, p)] >= high for p, high in ends.items())
+    return caught_up(settings, worker_group(settings),
+                     [(topic, p) for p in range(settings.topic_partitions)])
 
 
 def changelog_states(settings: VoiceSettings, workflow: str) -> list[dict[str, Any] | None]:
