@@ -21,7 +21,6 @@ which says what is wrong with it.
 from __future__ import annotations
 
 import re
-import uuid
 from collections.abc import Sequence
 from dataclasses import dataclass, field, replace
 from datetime import UTC, datetime
@@ -32,6 +31,7 @@ from cloudevents.core.v1.event import CloudEvent
 from pydantic import ValidationError
 
 from schemas.base import Record, model_for
+from streams.entropy import random_uuid_hex
 from streams.free_text import fields_of
 from streams.tracing import TRACEPARENT, inject
 
@@ -73,7 +73,7 @@ class Envelope:
     tenant: str | None = None
     correlation: str | None = None
     causation: str | None = None
-    id: str = field(default_factory=lambda: uuid.uuid4().hex)
+    id: str = field(default_factory=random_uuid_hex)
     time: datetime = field(default_factory=lambda: datetime.now(UTC))
     traceparent: str | None = None
     """The W3C trace context it was read with; None on a new envelope, whose ``encode``
@@ -102,7 +102,7 @@ def last_seq(env: Envelope) -> int | None:
 
 def new_id() -> str:
     """A fresh record id."""
-    return uuid.uuid4().hex
+    return random_uuid_hex()
 
 
 def encode(env: Envelope) -> tuple[bytes, bytes, Headers]:

@@ -14,8 +14,9 @@ the turn id is also its workflow's id.
 from __future__ import annotations
 
 import re
-import secrets
 import time
+
+from streams.entropy import random_hex
 
 TENANT_PATTERN = r"^[A-Za-z0-9][A-Za-z0-9._-]{0,63}$"
 """What a tenant id looks like (in tokens, ``X-Tenant-ID`` and ``VOICE_DEFAULT_TENANT``)."""
@@ -35,7 +36,7 @@ def new_conversation_id(now: float | None = None) -> str:
     """A fresh conversation id: ``cnv-`` + the creation time in ms (12 hex digits) + 48
     random bits."""
     ms = int((time.time() if now is None else now) * 1000)
-    return f"cnv-{ms:012x}{secrets.token_hex(6)}"
+    return f"cnv-{ms:012x}{random_hex(6)}"
 
 
 def conversation_since_ms(conversation: str) -> int | None:

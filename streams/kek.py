@@ -15,7 +15,6 @@ from __future__ import annotations
 
 import base64
 import binascii
-import os
 import threading
 from typing import Protocol
 
@@ -25,6 +24,7 @@ from cryptography.hazmat.primitives.ciphers.aead import AESGCM
 from cryptography.hazmat.primitives.kdf.hkdf import HKDF
 from cryptography.hazmat.primitives.kdf.scrypt import Scrypt
 
+from streams.entropy import random_bytes
 from streams.sealing import SealingError
 from streams.settings import DEV_MASTER_KEY
 
@@ -78,7 +78,7 @@ class MasterKek:
             return aead
 
     def wrap(self, version: int, key: bytes, aad: bytes) -> tuple[bytes, bytes]:
-        nonce = os.urandom(_NONCE_BYTES)
+        nonce = random_bytes(_NONCE_BYTES)
         return nonce, self._aead(version).encrypt(nonce, key, aad)
 
     def unwrap(self, version: int, nonce: bytes, wrapped: bytes, aad: bytes) -> bytes:

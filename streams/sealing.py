@@ -17,7 +17,6 @@ from __future__ import annotations
 import base64
 import contextlib
 import json
-import os
 import threading
 from contextlib import suppress
 from typing import Any, Protocol
@@ -26,6 +25,7 @@ from cryptography.exceptions import InvalidTag
 from cryptography.hazmat.primitives.ciphers.aead import AESGCM
 
 from schemas.base import Sealed
+from streams.entropy import random_bytes
 from streams.settings import VoiceSettings
 
 _NONCE_BYTES = 12  # 96 bits: GCM's native nonce size, no GHASH-derived counter
@@ -136,7 +136,8 @@ class Sealer:
     """Seals and opens content under its id's data key, which the store holds in memory.
 
     The AAD binds id, content id and key version (docs/decisions/0002), so a blob moved to
-    another record or id does not open. Nonces are 96 random bits from ``os.urandom``; keep a
+    another record or id does not open. Nonces are 96 random bits from the OS's CSPRNG
+    (``streams.entropy``); keep a
     key under 2**32 seals so a nonce collision stays negligible (NIST SP 800-38D) — far above
     any conversation's length.
 
@@ -167,7 +168,7 @@ class Sealer:
         check_id("content_id", content_id)
         data = plaintext.encode("utf-8") if isinstance(plaintext, str) else bytes(plaintext)
         version, key = self._current_key(conversation)
-        nonce = os.urandom(_NONCE_BYTES)
+        nonce = random_bytes(_NONCE_BYTES)
         ciphertext = AESGCM(key).encrypt(nonce, data, _aad(conversation, content_id, version))
         return Sealed(key_version=version, nonce=_b64(nonce), ciphertext=_b64(ciphertext))
 

@@ -17,7 +17,6 @@ from __future__ import annotations
 import logging
 import math
 import re
-import uuid
 from typing import Any
 
 from confluent_kafka import KafkaException
@@ -28,6 +27,7 @@ from starlette.datastructures import Headers, MutableHeaders
 from starlette.responses import JSONResponse
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
+from streams.entropy import random_uuid_hex
 from streams.free_text import describe, trace_of
 from streams.producer import ProduceError
 from streams.sealing import KeyErased, OpenFailed, SealingError
@@ -59,7 +59,7 @@ class EdgeErrors:
             await self.app(scope, receive, send)
             return
         incoming = Headers(scope=scope).get(REQUEST_ID_HEADER, "")
-        rid = incoming if _SANE_ID.match(incoming) else uuid.uuid4().hex
+        rid = incoming if _SANE_ID.match(incoming) else random_uuid_hex()
         scope.setdefault("state", {})["request_id"] = rid
         started = False
 
