@@ -24,7 +24,7 @@ from typing import Any, Protocol
 
 from consumers.engine.runner import AgentRunner
 from consumers.frame.aggregate import Ack, Aggregate
-from consumers.frame.bounded import BoundedTable
+from consumers.frame.bounded import TABLE_KEYS, BoundedTable
 from consumers.frame.failures import Halt, Lane, RawDispatch, RecordGuard, by_key, consume
 from consumers.frame.follow import Apply, Follower
 from consumers.frame.handover import VoiceApp
@@ -165,6 +165,9 @@ class WorkerContext:
         twice on a log a reader sees."""
         table = self.app.Table(name, default=None, partitions=self.settings.topic_partitions,
                                extra_topic_configs=CHANGELOG_CONFIG)
+        # Faust takes a key codec only from a key type. Every changelog record is sent with
+        # the table's (``changelog_key``); recovery decodes keys as JSON, whichever wrote them.
+        table.key_serializer = TABLE_KEYS
         table.max_bytes = self.settings.max_record_bytes
         table.held_back = held
         return table
