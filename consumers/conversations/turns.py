@@ -22,6 +22,7 @@ from collections.abc import Awaitable, Callable, Sequence
 from typing import Any
 
 from consumers.conversations.concern import ConcernReply
+from consumers.conversations.opened import OpenedTexts
 from consumers.conversations.transcript import TranscriptIndex, turn_reference
 from consumers.engine.cancel import CancelToken
 from consumers.engine.history import lead_with_stored
@@ -70,26 +71,33 @@ step's cancel token, the tenant whose model-token budget the turn uses) → repl
 
 
 def transcript_entry(env: Envelope) -> dict[str, Any] | None:
-    """The sealed transcript entry a conversation record contributes, if any."""
+    """The sealed transcript entry a conversation record contributes, if any (its blob as
+    the record holds it)."""
     rec = env.record
     if isinstance(rec, MessageRecorded):
-        return {"seq": env.seq, "role": "user", "content_id": rec.message_id,
-                "sealed": rec.text.model_dump()}
+        return {"seq": env.seq, "role": "user", "content_id": rec.message_id, "sealed": rec.text}
     if isinstance(rec, ReplyRecorded):
         return {"seq": env.seq, "role": "assistant", "content_id": rec.reply_id,
-                "sealed": rec.text.model_dump()}
+                "sealed": rec.text}
     return None
 
 
-def open_entries(sealer: Sealer, conversation: str, entries: Sequence[dict[str, Any]]
-                 ) -> tuple[list[dict[str, Any]], list[int]]:
-    """Sealed transcript entries as Messages-API history (opened only to hand it to the
-    model), and the last seq each history message holds (roles alternate: consecutive
-    entries of one role are joined)."""
+def open_entries(sealer: Sealer, conversation: str, entries: Sequence[dict[str, Any]],
+                 opened: OpenedTexts | None = None) -> tuple[list[dict[str, Any]], list[int]]:
+    """Sealed transcript entries (each blob a ``Sealed`` or its dict) as Messages-API history
+    (opened only to hand it to the model), and the last seq each history message holds (roles
+    alternate: consecutive entries of one role are joined). With ``opened``, texts opened for
+    an earlier turn are taken from it, once the conversation's key is checked live."""
     history: list[dict[str, Any]] = []
     seqs: list[int] = []
+    if opened is not None:
+        opened.check(conversation)
     for e in entries:
-        text = sealer.open_text(conversation, e["content_id"], Sealed.model_validate(e["sealed"]))
+        sealed = e["sealed"]
+        if not isinstance(sealed, Sealed):
+            sealed = Sealed.model_validate(sealed)
+        text = (sealer.open_text(conversation, e["content_id"], sealed) if opened is None
+                else opened.open(conversation, e["content_id"], sealed))
         if history and history[-1]["role"] == e["role"]:
             history[-1]["content"] += "\n\n" + text
             seqs[-1] = e["seq"]
@@ -107,11 +115,12 @@ def open_transcript(sealer: Sealer, conversation: str, transcript: list[dict[str
 
 
 def history_of(sealer: Sealer, conversation: str, records: Sequence[Envelope],
-               omitted_through: int = 0) -> tuple[list[dict[str, Any]], list[int]]:
+               omitted_through: int = 0, opened: OpenedTexts | None = None
+               ) -> tuple[list[dict[str, Any]], list[int]]:
     """The history a turn hands the model, from the records its input refers to: the
     summary (if any) leads the first message, then the messages and replies after it; and the
     last seq each history message holds. A turn whose older records were left out unsummarised
-    is told so in the same place."""
+    is told so in the same place. ``opened``: as ``open_entries``."""
     summary: HistorySummarised | None = None
     entries = []
     for env in records:
@@ -119,9 +128,10 @@ def history_of(sealer: Sealer, conversation: str, records: Sequence[Envelope],
             summary = env.record
         elif (entry := transcript_entry(env)) is not None:
             entries.append(entry)
-    history, seqs = open_entries(sealer, conversation, entries)
-    stored = None if summary is None else (
-        summary.through_seq, sealer.open_text(conversation, summary.summary_id, summary.text))
+    history, seqs = open_entries(sealer, conversation, entries, opened)
+    stored = None if summary is None else (summary.through_seq, (
+        sealer.open_text(conversation, summary.summary_id, summary.text) if opened is None
+        else opened.open(conversation, summary.summary_id, summary.text)))
     return lead_with_stored(history, seqs, stored, omitted_through, READ_SETTING)
 
 
@@ -142,6 +152,7 @@ class Turns:
         self.reader = reader
         self.read_bytes = read_bytes
         self.crash = crash or CrashPoints()
+        self.opened = OpenedTexts(sealer)
         # A completed turn's step has recorded its end already: only a failed one has
         # bookkeeping left (``on_end``), so only it waits to be settled.
         self.definition = WorkflowDef(KIND, (StepDef("reply", self.reply_step),),
@@ -157,6 +168,7 @@ class Turns:
         rec = env.record
         if isinstance(rec, ConversationErased):
             self.index.pop(env.key, None)  # its key goes with its tombstone (docs/keys.md)
+            self.opened.forget(env.key)
             return
         if isinstance(rec, TurnOpened) and rec.history is not None:
             if env.seq is not None:
@@ -197,7 +209,8 @@ class Turns:
         refs = ([ref["summary"]] if ref.get("summary") else []) + list(ref["entries"])
         records = await self.reader.read(CONVERSATIONS, int(ref["partition"]), conversation,
                                          [Position.from_json(p) for p in refs])
-        return history_of(self.sealer, conversation, records, ref.get("omitted_through") or 0)
+        return history_of(self.sealer, conversation, records, ref.get("omitted_through") or 0,
+                          self.opened)
 
     async def reply_step(self, ctx: StepContext) -> dict[str, Any]:
         """Read and open the history, run the agent, submit summary, reply, proposal, state."""

@@ -1,0 +1,119 @@
+"""A worker keeps the transcript entries it opened for a conversation's next turn, and obeys an
+erasure as the sealer does (``consumers.conversations.opened``)."""
+
+from __future__ import annotations
+
+import pytest
+
+from consumers.conversations.opened import OpenedTexts
+from consumers.conversations.turns import history_of
+from schemas.base import Sealed
+from schemas.conversation import HistorySummarised, MessageRecorded, ReplyRecorded
+from streams.envelope import Envelope
+from streams.sealing import KeyErased, MemoryKeyStore, Sealer
+
+CNV = "cnv-0000000000000001"
+
+
+class CountingSealer(Sealer):
+    """A real sealer that counts the blobs it opens."""
+
+    def __init__(self) -> None:
+        super().__init__(MemoryKeyStore())
+        self.opens = 0
+
+    def open(self, conversation: str, content_id: str, sealed: Sealed) -> bytes:
+        self.opens += 1
+        return super().open(conversation, content_id, sealed)
+
+
+def turn(sealer: Sealer, n: int) -> list[Envelope]:
+    """Turn ``n``'s message and reply, freshly sealed."""
+    return [Envelope(record=MessageRecorded(
+                conversation=CNV, message_id=f"m{n}", text=sealer.seal(CNV, f"m{n}", f"ask {n}"),
+                at="now"), key=CNV, source="/t", seq=10 * n + 3),
+            Envelope(record=ReplyRecorded(
+                conversation=CNV, turn=f"t{n}", reply_id=f"r{n}",
+                text=sealer.seal(CNV, f"r{n}", f"answer {n}")), key=CNV, source="/t",
+                seq=10 * n + 5)]
+
+
+def conversation(sealer: Sealer, turns: int, summary: bool = False) -> list[Envelope]:
+    records = []
+    if summary:
+        records.append(Envelope(record=HistorySummarised(
+            conversation=CNV, turn="t0", summary_id="s", through_seq=1,
+            text=sealer.seal(CNV, "s", "earlier")), key=CNV, source="/t", seq=2))
+    for n in range(turns):
+        records.extend(turn(sealer, n))
+    return records
+
+
+def test_a_later_turn_opens_only_what_is_new() -> None:
+    sealer = CountingSealer()
+    opened = OpenedTexts(sealer)
+    records = conversation(sealer, 5, summary=True)
+    first = history_of(sealer, CNV, records, opened=opened)
+    assert sealer.opens == 11  # the summary, five messages, five replies
+    assert first == history_of(sealer, CNV, records), "the same history as without the cache"
+    sealer.opens = 0
+    records = [*records, *turn(sealer, 5)]
+    history, seqs = history_of(sealer, CNV, records, opened=opened)
+    assert sealer.opens == 2
+    assert history[-2:] == [{"role": "user", "content": "ask 5"},
+                            {"role": "assistant", "content": "answer 5"}]
+    assert seqs[-1] == 55
+
+
+def test_an_erased_conversation_s_kept_texts_are_never_served() -> None:
+    sealer = CountingSealer()
+    opened = OpenedTexts(sealer)
+    records = conversation(sealer, 3)
+    history_of(sealer, CNV, records, opened=opened)
+    assert len(opened) == 6
+    sealer.erase(CNV)  # learnt from the key topic, before the worker reads the erasure record
+    with pytest.raises(KeyErased):
+        history_of(sealer, CNV, records, opened=opened)
+    opened.forget(CNV)  # the erasure record read
+    assert len(opened) == 0
+
+
+def test_the_same_content_id_sealed_again_is_opened_again() -> None:
+    sealer = CountingSealer()
+    opened = OpenedTexts(sealer)
+    first = sealer.seal(CNV, "m", "one")
+    second = sealer.seal(CNV, "m", "two")  # another nonce: another blob
+    opened.check(CNV)
+    assert opened.open(CNV, "m", first) == "one"
+    assert opened.open(CNV, "m", second) == "two"
+    assert opened.open(CNV, "m", first) == "one" and sealer.opens == 2
+
+
+def test_the_texts_kept_are_bounded_by_characters_least_recently_used_first() -> None:
+    sealer = CountingSealer()
+    opened = OpenedTexts(sealer, max_chars=25)
+    blobs = {n: sealer.seal(CNV, f"m{n}", str(n) * 10) for n in range(4)}
+    opened.check(CNV)
+    for n in (0, 1):
+        opened.open(CNV, f"m{n}", blobs[n])
+    opened.open(CNV, "m0", blobs[0])  # 0 used last: 1 goes first
+    opened.open(CNV, "m2", blobs[2])
+    assert len(opened) == 2 and sealer.opens == 3
+    opened.open(CNV, "m0", blobs[0])
+    assert sealer.opens == 3, "0 was kept"
+    opened.open(CNV, "m1", blobs[1])
+    assert sealer.opens == 4, "1 was dropped"
+    big = sealer.seal(CNV, "big", "x" * 26)
+    assert opened.open(CNV, "big", big) == "x" * 26 and len(opened) == 2, "over the bound: not kept"
+
+
+def test_forget_drops_one_conversation_only() -> None:
+    sealer = CountingSealer()
+    opened = OpenedTexts(sealer)
+    other = "cnv-0000000000000002"
+    opened.open(CNV, "a", sealer.seal(CNV, "a", "A"))
+    opened.open(other, "b", kept := sealer.seal(other, "b", "B"))
+    opened.forget(CNV)
+    assert len(opened) == 1
+    sealer.opens = 0
+    assert opened.open(other, "b", kept) == "B" and sealer.opens == 0
