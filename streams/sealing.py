@@ -137,9 +137,8 @@ class Sealer:
 
     The AAD binds id, content id and key version (docs/decisions/0002), so a blob moved to
     another record or id does not open. Nonces are 96 random bits from the OS's CSPRNG
-    (``streams.entropy``); keep a
-    key under 2**32 seals so a nonce collision stays negligible (NIST SP 800-38D) — far above
-    any conversation's length.
+    (``streams.entropy``); keep a key under 2**32 seals so a nonce collision stays negligible
+    (NIST SP 800-38D) — far above any conversation's length.
 
     No cache of its own: the store is the one place a key lives in a process, so an erasure
     the store learns of (from any process, on the key topic) is obeyed by the next call.

@@ -88,16 +88,18 @@ def open_entries(sealer: Sealer, conversation: str, entries: Sequence[dict[str, 
     (opened only to hand it to the model), and the last seq each history message holds (roles
     alternate: consecutive entries of one role are joined). With ``opened``, texts opened for
     an earlier turn are taken from it, once the conversation's key is checked live."""
+    return _joined(_opener(sealer, conversation, opened), conversation, entries)
+
+
+def _joined(open_text: Callable[[str, str, Sealed], str], conversation: str,
+            entries: Sequence[dict[str, Any]]) -> tuple[list[dict[str, Any]], list[int]]:
     history: list[dict[str, Any]] = []
     seqs: list[int] = []
-    if opened is not None:
-        opened.check(conversation)
     for e in entries:
         sealed = e["sealed"]
         if not isinstance(sealed, Sealed):
             sealed = Sealed.model_validate(sealed)
-        text = (sealer.open_text(conversation, e["content_id"], sealed) if opened is None
-                else opened.open(conversation, e["content_id"], sealed))
+        text = open_text(conversation, e["content_id"], sealed)
         if history and history[-1]["role"] == e["role"]:
             history[-1]["content"] += "\n\n" + text
             seqs[-1] = e["seq"]
@@ -105,6 +107,16 @@ def open_entries(sealer: Sealer, conversation: str, entries: Sequence[dict[str, 
             history.append({"role": e["role"], "content": text})
             seqs.append(e["seq"])
     return history, seqs
+
+
+def _opener(sealer: Sealer, conversation: str, opened: OpenedTexts | None
+            ) -> Callable[[str, str, Sealed], str]:
+    """How a history's blobs are opened: by the sealer, or through ``opened`` once the
+    conversation's key is checked live."""
+    if opened is None:
+        return sealer.open_text
+    opened.check(conversation)
+    return opened.open
 
 
 def open_transcript(sealer: Sealer, conversation: str, transcript: list[dict[str, Any]]
@@ -128,10 +140,10 @@ def history_of(sealer: Sealer, conversation: str, records: Sequence[Envelope],
             summary = env.record
         elif (entry := transcript_entry(env)) is not None:
             entries.append(entry)
-    history, seqs = open_entries(sealer, conversation, entries, opened)
-    stored = None if summary is None else (summary.through_seq, (
-        sealer.open_text(conversation, summary.summary_id, summary.text) if opened is None
-        else opened.open(conversation, summary.summary_id, summary.text)))
+    open_text = _opener(sealer, conversation, opened)
+    history, seqs = _joined(open_text, conversation, entries)
+    stored = None if summary is None else (
+        summary.through_seq, open_text(conversation, summary.summary_id, summary.text))
     return lead_with_stored(history, seqs, stored, omitted_through, READ_SETTING)
 
 
