@@ -23,6 +23,7 @@ from typing import Any, Literal
 import aiohttp
 import httpx
 import jiter
+import orjson
 from httpx_aiohttp import HttpxAiohttpClient
 
 from consumers.engine.model import (
@@ -112,7 +113,7 @@ class LeanModel:
             body["tools"] = request.tools
         body.update(request.sampling)
         body["stream"] = True
-        content = json.dumps(body, ensure_ascii=False, separators=(",", ":")).encode()
+        content = _body_json(body)
         http = self._http()
         try:
             response = await http.send(http.build_request(
@@ -227,6 +228,17 @@ async def sse_events(chunks: AsyncIterator[bytes]) -> AsyncIterator[tuple[str | 
         line = pending.rstrip(b"\r").decode("utf-8")
         if not line and (event is not None or data):
             yield event, "\n".join(data)
+
+
+def _body_json(body: dict[str, Any]) -> bytes:
+    """The request's JSON: orjson's (~15 times faster than the standard library's on a long
+    history: docs/benchmarks.md, issue 14, twenty-first pass), or, for what orjson refuses (a
+    key that is not a string, an integer past 64 bits, a lone surrogate), the standard
+    library's, which raises where it did before."""
+    try:
+        return orjson.dumps(body)
+    except (orjson.JSONEncodeError, TypeError):
+        return json.dumps(body, ensure_ascii=False, separators=(",", ":")).encode()
 
 
 async def _read_stream(chunks: AsyncIterator[bytes], callbacks: StreamCallbacks,

@@ -23,6 +23,7 @@ from consumers.engine import (
 )
 from consumers.engine.history import (
     Calibration,
+    IMAGE_TOKENS,
     ContextGuard,
     choose_cut,
     estimate_tokens,
@@ -46,9 +47,44 @@ def long_history(exchanges: int, size: int = 400) -> list[dict]:
     return out
 
 
+def _compact(obj: object) -> int:
+    text = json.dumps(obj, ensure_ascii=False, default=str, separators=(",", ":"))
+    return (len(text) + 3) // 4
+
+
+@pytest.mark.parametrize("obj", [
+    [{"role": "user", "content": "Grüße aus Köln, 你好, emoji 🎉, \u2028 and \x01\x1f\x7f"}],
+    [{"role": "user", "content": [{"type": "text", "text": 'quotes " and \\ and \n\t'}]}],
+    [{"type": "tool_use", "id": "t", "name": "n", "input": {"a": [1, 2.5, None, True]}}],
+    {"nested": {"deep": [[[]], {}]}},
+    [{"text": '"type":"image" inside a string is text, not a block'}],
+])
+def test_estimate_counts_the_characters_of_the_compact_json(obj):
+    assert estimate_tokens(obj) == _compact(obj)
+
+
+@pytest.mark.parametrize("obj", [
+    {1: "a key that is not a string"},
+    [{"n": 2 ** 70}],
+    [{"text": "a lone surrogate \ud800"}],
+    [{"when": object.__new__(Calibration)}],  # not JSON: its str(), as before
+])
+def test_estimate_of_what_orjson_refuses_is_the_standard_librarys(obj):
+    assert estimate_tokens(obj) == _compact(obj)
+
+
+def test_an_image_block_counts_as_image_tokens_not_its_base64():
+    image = {"type": "image", "source": {"type": "base64", "media_type": "image/png",
+                                         "data": "A" * 400_000}}
+    msgs = [{"role": "user", "content": [image, {"type": "text", "text": "what is this?"}]}]
+    bare = [{"role": "user", "content": [{"type": "image"},
+                                         {"type": "text", "text": "what is this?"}]}]
+    assert estimate_tokens(msgs) == _compact(bare) + IMAGE_TOKENS
+
+
 def test_estimate_and_calibration():
     assert estimate_tokens("x" * 400) == 100
-    assert estimate_tokens([{"a": "b"}]) == (len(json.dumps([{"a": "b"}])) + 3) // 4
+    assert estimate_tokens([{"a": "b"}]) == (len('[{"a":"b"}]') + 3) // 4  # compact JSON
     c = Calibration()
     assert c.apply(1000) == 1000
     c.observe(1000, 1500)

@@ -15,7 +15,7 @@ import httpx
 import httpx2
 import pytest
 
-from consumers.engine.lean import API_VERSION, LeanModel, sse_events
+from consumers.engine.lean import API_VERSION, LeanModel, _body_json, sse_events
 from consumers.engine.model import (
     AnthropicModel,
     ModelError,
@@ -381,6 +381,24 @@ async def test_the_request_on_the_wire_is_the_sdks():
         assert a.headers.get(name) == b.headers.get(name), name
     sdk_version = anthropic._constants.ANTHROPIC_API_VERSION
     assert b.headers["anthropic-version"] == API_VERSION == sdk_version
+
+
+@pytest.mark.parametrize("body", [
+    {"messages": [{"role": "user", "content": "Grüße, 你好 🎉 \u2028 \x01 \"q\" \\"}],
+     "max_tokens": 10, "stream": True, "temperature": 0.5, "top_k": None},
+    {"metadata": {1: "a key that is not a string"}},  # orjson refuses: the stdlib's
+    {"n": 2 ** 70},                                    # the same
+])
+def test_the_body_is_the_standard_librarys_compact_json(body):
+    assert _body_json(body) == json.dumps(body, ensure_ascii=False,
+                                          separators=(",", ":")).encode()
+
+
+def test_a_body_neither_encoder_takes_raises_as_before():
+    with pytest.raises(TypeError):
+        _body_json({"x": object()})
+    with pytest.raises(UnicodeEncodeError):  # a lone surrogate: not UTF-8
+        _body_json({"x": "\ud800"})
 
 
 async def test_sse_decoder_keeps_a_crlf_split_across_chunks_as_one_line_end():
