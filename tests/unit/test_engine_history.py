@@ -22,8 +22,8 @@ from consumers.engine import (
     run_turn,
 )
 from consumers.engine.history import (
-    Calibration,
     IMAGE_TOKENS,
+    Calibration,
     ContextGuard,
     choose_cut,
     estimate_tokens,
