@@ -114,7 +114,7 @@ app = Starlette(routes=[Route("/s", stream), Route("/health", health)])
 from deploy.edge_server import server_options  # the edge's server: VOICE_EDGE_HTTP, _LOOP
 from streams.settings import VoiceSettings
 uvicorn.run(app, host="127.0.0.1", port=int(sys.argv[1]), log_level="warning",
-            backlog=4096, timeout_keep_alive=600, **server_options(VoiceSettings()))
+            backlog=4096, **{**server_options(VoiceSettings()), "timeout_keep_alive": 600})
 '''
 
 
@@ -160,7 +160,7 @@ app = Starlette(routes=[Route("/s", stream), Route("/fire", fire, methods=["POST
 from deploy.edge_server import server_options  # the edge's server: VOICE_EDGE_HTTP, _LOOP
 from streams.settings import VoiceSettings
 uvicorn.run(app, host="127.0.0.1", port=int(sys.argv[1]), log_level="warning",
-            backlog=4096, timeout_keep_alive=600, **server_options(VoiceSettings()))
+            backlog=4096, **{**server_options(VoiceSettings()), "timeout_keep_alive": 600})
 '''
 
 

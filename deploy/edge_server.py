@@ -89,8 +89,9 @@ def bounded_httptools() -> type[Any]:
 
 
 def server_options(settings: VoiceSettings) -> dict[str, Any]:
-    """uvicorn's ``http`` and ``loop`` for the edge, from the settings; a choice whose module
-    is not installed falls back (h11, asyncio) with a warning."""
+    """uvicorn's ``http``, ``loop`` and ``timeout_keep_alive`` for the edge, from the settings;
+    an ``http`` or ``loop`` whose module is not installed falls back (h11, asyncio) with a
+    warning."""
     http: Any = "h11"
     if settings.edge_http == "httptools":
         if _installed("httptools"):
@@ -103,4 +104,4 @@ def server_options(settings: VoiceSettings) -> dict[str, Any]:
             loop = "uvloop"
         else:
             log.warning("VOICE_EDGE_LOOP=uvloop but uvloop is not installed: using asyncio")
-    return {"http": http, "loop": loop}
+    return {"http": http, "loop": loop, "timeout_keep_alive": settings.edge_keep_alive_s}

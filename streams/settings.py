@@ -129,6 +129,13 @@ class VoiceSettings(BaseSettings):
     """The edge's event loop: ``uvloop`` (libuv; falls back to asyncio when not installed)
     or ``asyncio``'s own."""
 
+    edge_keep_alive_s: float = Field(default=75.0, ge=1, le=3600)
+    """How long the edge keeps an idle HTTP/1.1 connection open for its client's next request.
+    It must be longer than the idle timeout of whatever reuses connections to the edge (a
+    gateway's or load balancer's upstream pool; httpx's and many clients' 5 s), or the edge
+    closes a connection just as a request is sent on it and the client gets a reset (a 502 at
+    a gateway). uvicorn's own default, 5 s, raced httpx's 5 s."""
+
     master_key: SecretStr | None = None
     """Wraps the per-conversation data keys of the local key store: base64 of 32 bytes, or a
     passphrase; required (and at least 32 bytes) in prod. Unset in dev/test: the public dev key."""

@@ -534,3 +534,44 @@ def test_erasure_forgets_the_conversation_on_every_edge_and_shreds_the_log(
         with pytest.raises(KeyErased):
             fresh.open_text(cnv, content_id, blob)
     fresh.close()
+
+
+def _two_asks(url: str, idle_s: float) -> tuple[bytes, bytes]:
+    """Two ``GET /healthz`` on one connection to the edge at ``url``, ``idle_s`` apart: the
+    answers' first bytes (b"" for the second when the edge closed the connection
+    meanwhile)."""
+    import socket
+
+    host, port = url.removeprefix("http://").split(":")
+    ask = b"GET /healthz HTTP/1.1\r\nhost: edge\r\n\r\n"
+
+    def answer(s: socket.socket) -> bytes:  # one whole answer (it has a content-length)
+        got = b""
+        while b"\r\n\r\n" not in got or len(got) < got.index(b"\r\n\r\n") + 4 + int(
+                got.lower().split(b"content-length: ")[1].split(b"\r\n")[0]):
+            if not (chunk := s.recv(4096)):
+                break
+            got += chunk
+        return got
+
+    with socket.create_connection((host, int(port)), timeout=30) as s:
+        s.sendall(ask)
+        first = answer(s)
+        time.sleep(idle_s)
+        try:
+            s.sendall(ask)
+            second = answer(s)
+        except ConnectionError:
+            second = b""
+    return first, second
+
+
+def test_an_idle_connection_outlives_a_clients_pool_and_its_bound_is_a_setting(
+        start_edge) -> None:  # noqa: ANN001
+    """Regression: the edge closed idle connections after uvicorn's 5 s, as httpx's pool
+    (5 s) reused them, and a request sent just then met a reset (the bench's ``ReadError``;
+    behind a gateway, a 502). It keeps them ``VOICE_EDGE_KEEP_ALIVE_S`` (75 s by default)."""
+    first, second = _two_asks(start_edge(), 6.0)
+    assert first.startswith(b"HTTP/1.1 200") and second.startswith(b"HTTP/1.1 200")
+    first, second = _two_asks(start_edge(VOICE_EDGE_KEEP_ALIVE_S="1"), 2.5)
+    assert first.startswith(b"HTTP/1.1 200") and second == b""

@@ -4,6 +4,7 @@ missing, and h11's bound on a request head kept under httptools (``deploy.edge_s
 from __future__ import annotations
 
 import asyncio
+import contextlib
 from collections.abc import AsyncIterator
 
 import pytest
@@ -22,20 +23,68 @@ async def _ok(scope, receive, send) -> None:  # type: ignore[no-untyped-def]
     await send({"type": "http.response.body", "body": b"ok"})
 
 
-@pytest.fixture
-async def port() -> AsyncIterator[int]:
-    """A uvicorn server on the edge's default options (in this test's loop)."""
-    options = server_options(VoiceSettings())
+@contextlib.asynccontextmanager
+async def serving(settings: VoiceSettings) -> AsyncIterator[int]:
+    """A uvicorn server on the edge's options from ``settings`` (in this test's loop); its
+    port."""
+    options = server_options(settings)
     server = uvicorn.Server(uvicorn.Config(_ok, host="127.0.0.1", port=0, log_level="error",
-                                           http=options["http"]))
+                                           http=options["http"],
+                                           timeout_keep_alive=options["timeout_keep_alive"]))
     task = asyncio.create_task(server.serve())
     deadline = asyncio.get_running_loop().time() + 30
     while not server.started:
         assert asyncio.get_running_loop().time() < deadline, "server did not start"
         await asyncio.sleep(0.01)
-    yield server.servers[0].sockets[0].getsockname()[1]
-    server.should_exit = True
-    await task
+    try:
+        yield server.servers[0].sockets[0].getsockname()[1]
+    finally:
+        server.should_exit = True
+        await task
+
+
+@pytest.fixture
+async def port() -> AsyncIterator[int]:
+    """A uvicorn server on the edge's default options (in this test's loop)."""
+    async with serving(VoiceSettings()) as p:
+        yield p
+
+
+GET = b"GET / HTTP/1.1\r\nhost: x\r\n\r\n"
+
+
+async def _idle_then_ask(port: int, idle_s: float) -> tuple[bytes, bytes]:
+    """Two requests on one connection, ``idle_s`` apart: the two answers' first bytes (b""
+    for the second when the server closed the connection meanwhile)."""
+    reader, writer = await asyncio.open_connection("127.0.0.1", port)
+    try:
+        writer.write(GET)
+        first = await asyncio.wait_for(reader.readuntil(b"\r\n0\r\n\r\n"), 30)  # chunked
+        await asyncio.sleep(idle_s)
+        try:
+            writer.write(GET)
+            await writer.drain()
+            second = await asyncio.wait_for(reader.read(200), 30)
+        except ConnectionError:
+            second = b""
+        return first, second
+    finally:
+        writer.close()
+
+
+async def test_an_idle_connection_outlives_a_clients_five_second_pool() -> None:
+    """Regression: uvicorn's default keep-alive (5 s) equalled httpx's pool expiry (5 s), so the
+    edge closed connections just as the bench's client sent a request on them (``ReadError``,
+    a reset). The edge keeps an idle connection 75 s by default."""
+    async with serving(VoiceSettings()) as p:
+        first, second = await _idle_then_ask(p, 6.0)
+    assert first.startswith(b"HTTP/1.1 200") and second.startswith(b"HTTP/1.1 200")
+
+
+async def test_the_keep_alive_is_the_settings() -> None:
+    async with serving(VoiceSettings(edge_keep_alive_s=1)) as p:
+        first, second = await _idle_then_ask(p, 2.5)
+    assert first.startswith(b"HTTP/1.1 200") and second == b""
 
 
 async def _ask(port: int, head: bytes, trickle: int = 0) -> bytes:
@@ -62,13 +111,14 @@ def test_defaults_are_httptools_and_uvloop() -> None:
 
 def test_h11_and_asyncio_when_asked() -> None:
     assert server_options(VoiceSettings(edge_http="h11", edge_loop="asyncio")) == {
-        "http": "h11", "loop": "asyncio"}
+        "http": "h11", "loop": "asyncio", "timeout_keep_alive": 75.0}
 
 
 def test_falls_back_when_not_installed(monkeypatch: pytest.MonkeyPatch,
                                        caplog: pytest.LogCaptureFixture) -> None:
     monkeypatch.setattr(edge_server, "_installed", lambda module: False)
-    assert server_options(VoiceSettings()) == {"http": "h11", "loop": "asyncio"}
+    assert server_options(VoiceSettings()) == {"http": "h11", "loop": "asyncio",
+                                               "timeout_keep_alive": 75.0}
     assert "httptools is not installed" in caplog.text
     assert "uvloop is not installed" in caplog.text
 
