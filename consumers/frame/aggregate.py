@@ -18,6 +18,8 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any, ClassVar, Generic, Literal, Protocol, TypeVar
 
+import orjson
+
 from schemas.base import Record
 from streams.envelope import Envelope
 from streams.topics import TopicSpec
@@ -77,6 +79,19 @@ def plain_copy(value: Any, dataclasses_as_dicts: bool = False) -> Any:
     if dataclasses_as_dicts and dataclasses.is_dataclass(value) and not isinstance(value, type):
         return plain_fields(value)
     return copy.deepcopy(value)
+
+
+def json_copy(value: Any) -> Any:
+    """A deep copy of a JSON table value, through orjson: the value the table's changelog gives
+    back after a recovery (Faust's codec is orjson too), so a tuple comes back a list and a
+    dataclass a dict, as they would from the changelog. ~4 times as fast as ``plain_copy`` on
+    a turn's workflow state (78 → 21 µs with a 150-entry history reference: docs/benchmarks.md,
+    issue 14, twenty-first pass). A value orjson refuses (a key that is not a string, an
+    integer past 64 bits) is copied by ``plain_copy``."""
+    try:
+        return orjson.loads(orjson.dumps(value))
+    except (orjson.JSONEncodeError, TypeError):
+        return plain_copy(value)
 
 
 def plain_fields(obj: Any) -> dict[str, Any]:

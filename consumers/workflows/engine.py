@@ -12,12 +12,13 @@ holds, recorded as a failed attempt (``WorkerLost``) and retried elsewhere.
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
 from consumers.engine.cancel import CancelToken
-from consumers.frame.aggregate import Ack, plain_copy, plain_fields
+from consumers.frame.aggregate import Ack, json_copy
 from schemas.base import Record, Sealed
 from schemas.workflow import (
     LastStepSucceeded,
@@ -124,15 +125,16 @@ class WorkflowState:
     worker dying in between never leaves a turn open."""
 
     def to_dict(self) -> dict[str, Any]:
-        return plain_fields(self)
+        """The table's value: a deep copy (``json_copy``), never sharing structure."""
+        return json_copy({f.name: getattr(self, f.name) for f in dataclasses.fields(self)})
 
     @classmethod
     def from_dict(cls, d: dict[str, Any] | None) -> WorkflowState | None:
-        return None if d is None else cls(**plain_copy(d))
+        return None if d is None else cls(**json_copy(d))
 
     def copied(self) -> WorkflowState:
         """A deep copy (a transition changes its own, never the state it was given)."""
-        return WorkflowState(**plain_fields(self))
+        return WorkflowState(**self.to_dict())
 
 
 def error_content_id(workflow: str, step_index: int, attempt: int) -> str:

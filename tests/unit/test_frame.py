@@ -4,6 +4,7 @@
 from __future__ import annotations
 
 import asyncio
+import json
 from dataclasses import dataclass
 
 import pytest
@@ -288,3 +289,32 @@ def test_a_states_dict_is_a_deep_copy_both_ways_as_asdict_made_it() -> None:
     assert back.inner == inner and back.inner is not inner  # copied as deepcopy did
     odd = {1.5, 2.5}  # not a table value's type: still copied deeply
     assert plain_copy(odd) == odd and plain_copy(odd) is not odd
+
+
+def test_a_workflow_state_is_copied_deeply_as_its_changelog_gives_it_back() -> None:
+    """``json_copy`` (a workflow state's table value, both ways): no structure shared, and
+    the value the changelog's JSON gives back after a recovery; what orjson refuses is
+    copied by ``plain_copy``."""
+    from consumers.frame.aggregate import json_copy
+    from consumers.workflows.engine import WorkflowState
+
+    state = WorkflowState(workflow="w", kind="turn", input={
+        "history": {"partition": 3, "entries": [[1, 10], [2, 11]], "summary": None}},
+        outputs={"reply": {"seqs": [4, 5], "usage": {"input": 1.5}}}, tenant="t1")
+    d = state.to_dict()
+    assert d == json.loads(json.dumps(d))
+    d["input"]["history"]["entries"].append([3, 12])
+    d["outputs"]["reply"]["seqs"][0] = 99
+    assert state.input["history"]["entries"] == [[1, 10], [2, 11]]
+    assert state.outputs["reply"]["seqs"] == [4, 5]
+    back = WorkflowState.from_dict(d)
+    assert back == WorkflowState.from_dict(json.loads(json.dumps(d)))  # as recovered
+    back.input["history"]["entries"].clear()
+    assert len(d["input"]["history"]["entries"]) == 3
+    copy = state.copied()
+    copy.outputs["reply"]["usage"]["input"] = 0
+    assert state.outputs["reply"]["usage"]["input"] == 1.5 and copy.workflow == "w"
+    assert json_copy({"pair": (1, 2)}) == {"pair": [1, 2]}  # as the changelog gives it back
+    for refused in ({1: "a key that is not a string"}, {"n": 2 ** 70}):
+        out = json_copy(refused)
+        assert out == refused and out is not refused
