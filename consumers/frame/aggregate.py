@@ -85,7 +85,7 @@ def json_copy(value: Any) -> Any:
     """A deep copy of a JSON table value, through orjson: the value the table's changelog gives
     back after a recovery (Faust's codec is orjson too), so a tuple comes back a list and a
     dataclass a dict, as they would from the changelog. ~4 times as fast as ``plain_copy`` on
-    a turn's workflow state (78 → 21 µs with a 150-entry history reference: docs/benchmarks.md,
+    a turn's workflow state (78 → 14–26 µs with a 150-entry history reference: docs/benchmarks.md,
     issue 14, twenty-first pass). A value orjson refuses (a key that is not a string, an
     integer past 64 bits) is copied by ``plain_copy``."""
     try:
