@@ -1,4 +1,5 @@
-"""A lean ``ModelPort``: the Messages API's streaming wire format read over httpx, without the SDK.
+"""A lean ``ModelPort``: the Messages API's streaming wire format read over aiohttp (or httpx),
+without the SDK.
 
 Why: against a model that answers at once, the ``anthropic`` SDK's streaming (a pydantic model
 per event, the message snapshot rebuilt through ``construct_type``, its tracing observer) was
@@ -24,7 +25,8 @@ import aiohttp
 import httpx
 import jiter
 import orjson
-from httpx_aiohttp import HttpxAiohttpClient
+from aiohttp.helpers import get_env_proxy_for_url
+from yarl import URL
 
 from consumers.engine.model import (
     ModelError,
@@ -64,14 +66,21 @@ _STATUS_NAMES = {400: "BadRequestError", 401: "AuthenticationError", 402: "Payme
 
 
 class LeanModel:
-    """``ModelPort`` over one ``httpx.AsyncClient`` (made on first use, in the caller's loop).
+    """``ModelPort`` over one HTTP client, made on first use in the caller's loop.
 
-    ``http`` chooses what carries its requests (``VOICE_MODEL_HTTP``): ``aiohttp`` (the
-    default) is httpx's interface over aiohttp's connection pool (``httpx-aiohttp``, the
-    transport the ``anthropic`` SDK itself offers as its aiohttp client); ``httpx`` is httpx's
-    own pool, which cost ~4–5 ms of CPU per streamed call at 32 calls at once against ~0.9 ms
-    (a request there checks every kept connection, a ``getpeername`` each: decision 0013).
-    The same request goes out either way, and the same errors come back.
+    ``http`` chooses the client (``VOICE_MODEL_HTTP``): ``aiohttp`` (the default) is an
+    ``aiohttp.ClientSession``; ``httpx`` is an ``httpx.AsyncClient`` on httpx's own pool, which
+    cost ~4–5 ms of CPU per streamed call at 32 calls at once against ~0.9 ms (a request there
+    checks every kept connection, a ``getpeername`` each: decision 0013). A given ``transport``
+    (the in-memory ones of the differential tests) always goes through httpx. The same request
+    goes out either way, and the same errors come back.
+
+    aiohttp is used directly, not under httpx's interface (``httpx-aiohttp``, until the
+    twenty-second pass of issue 14): httpx's request building, cookie handling and transport
+    adapter were ~half of the client's CPU, 564 → 263 µs a streamed call at 32 at once
+    (docs/benchmarks.md). Its proxy is read from the environment once, here (``HTTPS_PROXY``,
+    ``NO_PROXY`` and the like, as httpx does); not per request, where ``trust_env`` would look
+    in ``~/.netrc`` and the environment on a thread each time.
     """
 
     def __init__(self, base_url: str, api_key: str, *, extra_headers: dict[str, str] | None = None,
@@ -83,8 +92,10 @@ class LeanModel:
                          "user-agent": f"voice-lean/1 Python/{platform.python_version()}",
                          **(extra_headers or {})}
         self._transport = transport
-        self._http_kind = http
+        self._direct = http == "aiohttp" and transport is None
+        self._proxy, self._proxy_auth = _env_proxy(self._url) if self._direct else (None, None)
         self._client: httpx.AsyncClient | None = None
+        self._session: aiohttp.ClientSession | None = None
 
     @property
     def base_url(self) -> str:
@@ -93,17 +104,32 @@ class LeanModel:
 
     def _http(self) -> httpx.AsyncClient:
         if self._client is None:
-            # Both honour HTTPS_PROXY and the like (a given transport, in tests, is used as is).
-            kind = HttpxAiohttpClient if self._http_kind == "aiohttp" else httpx.AsyncClient
-            self._client = kind(timeout=TIMEOUT, limits=LIMITS, follow_redirects=True,
-                                transport=self._transport)
+            # Honours HTTPS_PROXY and the like (a given transport, in tests, is used as is).
+            self._client = httpx.AsyncClient(timeout=TIMEOUT, limits=LIMITS, follow_redirects=True,
+                                             transport=self._transport)
         return self._client
+
+    def _aiohttp(self) -> aiohttp.ClientSession:
+        if self._session is None:
+            # httpx's TIMEOUT and LIMITS in aiohttp's terms: a connection 5 s, a read and a wait
+            # for the pool 600 s, no bound on the whole call (a turn may stream for minutes).
+            connector = aiohttp.TCPConnector(limit=LIMITS.max_connections or 0,
+                                             keepalive_timeout=LIMITS.keepalive_expiry or 5.0)
+            self._session = aiohttp.ClientSession(
+                connector=connector, cookie_jar=aiohttp.DummyCookieJar(),
+                timeout=aiohttp.ClientTimeout(total=None, connect=TIMEOUT.pool,
+                                              sock_connect=TIMEOUT.connect,
+                                              sock_read=TIMEOUT.read))
+        return self._session
 
     async def aclose(self) -> None:
         """Close the connection pool."""
         if self._client is not None:
             await self._client.aclose()
             self._client = None
+        if self._session is not None:
+            await self._session.close()
+            self._session = None
 
     async def stream(self, request: ModelRequest, callbacks: StreamCallbacks) -> ModelResponse:
         """One streamed call; ``ModelError`` for anything but a usable response."""
@@ -114,45 +140,71 @@ class LeanModel:
         body.update(request.sampling)
         body["stream"] = True
         content = _body_json(body)
+        if self._direct:
+            return await self._over_aiohttp(request.model, content, callbacks)
+        return await self._over_httpx(request.model, content, callbacks)
+
+    async def _over_aiohttp(self, model: str, content: bytes,
+                            callbacks: StreamCallbacks) -> ModelResponse:
+        request = self._aiohttp().post(self._url, data=content, headers=self._headers,
+                                       proxy=self._proxy, proxy_auth=self._proxy_auth)
+        try:
+            response = await request.__aenter__()
+        except TimeoutError:  # aiohttp's ServerTimeoutError and its kinds too
+            raise ModelError("CONNECTION", TIMED_OUT, error_type="APITimeoutError") from None
+        except aiohttp.ClientError:
+            raise ModelError("CONNECTION", "Connection error.",
+                             error_type="APIConnectionError") from None
+        try:
+            return await _answer(model, response.status, response.read,
+                                 response.content.iter_any(), callbacks)
+        finally:
+            await request.__aexit__(None, None, None)
+
+    async def _over_httpx(self, model: str, content: bytes,
+                          callbacks: StreamCallbacks) -> ModelResponse:
         http = self._http()
         try:
             response = await http.send(http.build_request(
                 "POST", self._url, content=content, headers=self._headers), stream=True)
-        except httpx.TimeoutException as exc:
-            if not _timed_out(exc):
-                raise ModelError("CONNECTION", "Connection error.",
-                                 error_type="APIConnectionError") from None
+        except httpx.TimeoutException:
             raise ModelError("CONNECTION", TIMED_OUT, error_type="APITimeoutError") from None
-        except (httpx.TransportError, aiohttp.ClientError):  # the latter: one not mapped
+        except httpx.TransportError:
             raise ModelError("CONNECTION", "Connection error.",
                              error_type="APIConnectionError") from None
-        # From here on a transport error (the connection dropped mid-stream) goes up as it is,
-        # unclassified, as the SDK's does: the step fails and its workflow decides.
         try:
-            if response.status_code >= 400:
-                await response.aread()
-                raise _status_error(request.model, response.status_code, response.text)
-            return await _read_stream(response.aiter_bytes(), callbacks, response.status_code)
-        except _CallbackFailed as carrier:
-            raise carrier.exc from None
-        except (KeyError, IndexError, TypeError, AttributeError) as exc:
-            # An event without the fields its type has (the SDK lets these through raw).
-            raise _malformed(exc) from None
+            return await _answer(model, response.status_code, response.aread,
+                                 response.aiter_bytes(), callbacks)
         finally:
             await response.aclose()
 
 
+async def _answer(model: str, status: int, read_all: Callable[[], Awaitable[bytes]],
+                  chunks: AsyncIterator[bytes], callbacks: StreamCallbacks) -> ModelResponse:
+    """The response's result, or the ``ModelError`` of an error status or a stream the engine
+    can't use. From here on a transport error (the connection dropped mid-stream) goes up as it
+    is, unclassified, as the SDK's does: the step fails and its workflow decides."""
+    try:
+        if status >= 400:
+            text = (await read_all()).decode("utf-8", errors="replace")
+            raise _status_error(model, status, text)
+        return await _read_stream(chunks, callbacks, status)
+    except _CallbackFailed as carrier:
+        raise carrier.exc from None
+    except (KeyError, IndexError, TypeError, AttributeError) as exc:
+        # An event without the fields its type has (the SDK lets these through raw).
+        raise _malformed(exc) from None
+
+
+def _env_proxy(url: str) -> tuple[URL | None, aiohttp.BasicAuth | None]:
+    """The proxy the environment names for ``url`` (``NO_PROXY`` honoured), or none."""
+    try:
+        return get_env_proxy_for_url(URL(url))
+    except LookupError:
+        return None, None
+
+
 # ---------------------------------------------------------------------------- errors
-
-
-def _timed_out(exc: httpx.TimeoutException) -> bool:
-    """Whether a request really timed out. ``httpx-aiohttp`` reports every aiohttp connection
-    error as ``httpx.ConnectTimeout`` (a refused connection, an unknown host, a connection the
-    server closed), which httpx's own pool reports as ``ConnectError``: those are connection
-    errors, as the SDK over httpx names them."""
-    cause = exc.__cause__
-    return not isinstance(cause, aiohttp.ClientConnectionError) or isinstance(
-        cause, aiohttp.ServerTimeoutError | aiohttp.ConnectionTimeoutError)
 
 
 def _error_type_of(body: object) -> str | None:
