@@ -15,6 +15,12 @@ of token; the signature; ``exp``, ``iat``, ``aud``, ``iss`` required and checked
 
 Every refusal is an ``AuthError`` (the edge: 401) whose message never echoes the token. Only the
 identity provider being unreachable is not the caller's fault: ``KeysUnavailable`` (503).
+
+A token verified is not verified again for ``VERIFIED_TTL_S`` (never past its ``exp`` and the
+leeway): its claims are kept per process, under the settings that verified it (``_Verified``).
+A client sends the same token with every request, and verifying it was ~6 % of the edge's
+loop under load (docs/benchmarks.md, issue 14, twenty-second pass). A refused token is never
+kept: it is refused again, in full, every time.
 """
 
 from __future__ import annotations
@@ -42,6 +48,15 @@ MAX_TOKEN_BYTES = 8 * 1024
 
 KEYS_RETRY_AFTER_S = 5
 """The ``Retry-After`` of a 503 while the identity provider's keys cannot be fetched."""
+
+VERIFIED_TTL_S = 60.0
+"""How long a verified token's claims are used without verifying it again. Below the JWKS
+cache's default (``VOICE_JWT_JWKS_CACHE_S``, 300 s), which already keeps honouring a key the
+identity provider has just removed for that long."""
+
+VERIFIED_MAX = 4096
+"""Verified tokens kept per process (the oldest dropped first): with tokens of at most
+``MAX_TOKEN_BYTES``, at most ~32 MB; a few hundred bytes each in practice."""
 
 _COMPACT_JWS = re.compile(r"[A-Za-z0-9_-]+\.[A-Za-z0-9_-]+\.[A-Za-z0-9_-]*")
 """RFC 7515 compact serialization: three base64url segments (the signature empty only for
@@ -120,6 +135,16 @@ def decode_claims(settings: VoiceSettings, token: str) -> Claims:
     May block on the JWKS endpoint (at most ``VOICE_JWT_JWKS_TIMEOUT_S``): async callers use
     ``verify_token``.
     """
+    scope = _scope(settings)
+    claims = _VERIFIED.get(scope, token)
+    if claims is None:
+        claims, expires = _verify(settings, token)
+        _VERIFIED.put(scope, token, claims, expires + settings.jwt_leeway_s)
+    return claims
+
+
+def _verify(settings: VoiceSettings, token: str) -> tuple[Claims, int]:
+    """The claims of a token verified now, and its ``exp``."""
     size = len(token.encode("utf-8", "replace"))
     if size > MAX_TOKEN_BYTES:
         raise AuthError(f"invalid token: {size} bytes; the limit is {MAX_TOKEN_BYTES}")
@@ -141,7 +166,7 @@ def decode_claims(settings: VoiceSettings, token: str) -> Claims:
         raise AuthError(f"invalid token: its lifetime (exp - iat) is {lifetime} s; the limit is "
                         f"{settings.jwt_max_lifetime_s} s")
     try:
-        return Claims.model_validate(raw)
+        return Claims.model_validate(raw), int(raw["exp"])
     except ValidationError as exc:
         where = ", ".join(".".join(map(str, e["loc"])) or "claims" for e in exc.errors())
         raise AuthError(f"invalid token claims: {where}") from None
@@ -149,10 +174,63 @@ def decode_claims(settings: VoiceSettings, token: str) -> Claims:
 
 async def verify_token(settings: VoiceSettings, token: str) -> Claims:
     """``decode_claims`` for async callers: when keys may have to be fetched from the identity
-    provider, in a worker thread, so a slow JWKS endpoint never stalls the event loop."""
+    provider, in a worker thread, so a slow JWKS endpoint never stalls the event loop (a token
+    verified lately is answered on the loop)."""
     if settings.jwt_jwks_url:
+        claims = _VERIFIED.get(_scope(settings), token)
+        if claims is not None:
+            return claims
         return await asyncio.to_thread(decode_claims, settings, token)
     return decode_claims(settings, token)
+
+
+_Scope = tuple[object, ...]
+
+
+def _scope(settings: VoiceSettings) -> _Scope:
+    """Everything of the settings a verification depends on: a token verified under one
+    secret, audience, issuer or allow-list is never taken as verified under another."""
+    return (settings.jwt_secret.get_secret_value(), tuple(settings.jwt_algorithms),
+            settings.jwt_jwks_url, settings.jwt_audience, settings.jwt_issuer,
+            settings.jwt_leeway_s, settings.jwt_max_lifetime_s)
+
+
+class _Verified:
+    """Claims of tokens verified lately, by (scope, token); each good until the earlier of
+    ``VERIFIED_TTL_S`` after its verification and its ``exp`` plus the leeway. Shared by the
+    loop and the threads that verify with the identity provider's keys, hence the lock."""
+
+    def __init__(self) -> None:
+        self._entries: dict[tuple[_Scope, str], tuple[Claims, float]] = {}
+        self._lock = threading.Lock()
+
+    def get(self, scope: _Scope, token: str) -> Claims | None:
+        """The token's kept claims while they are good; None to verify it."""
+        entry = self._entries.get((scope, token))
+        if entry is None:
+            return None
+        if time.time() < entry[1]:
+            return entry[0]
+        with self._lock:
+            self._entries.pop((scope, token), None)
+        return None
+
+    def put(self, scope: _Scope, token: str, claims: Claims, expires: float) -> None:
+        """Keep a token verified now (the oldest kept dropped past ``VERIFIED_MAX``)."""
+        until = min(expires, time.time() + VERIFIED_TTL_S)
+        with self._lock:
+            self._entries.pop((scope, token), None)
+            self._entries[(scope, token)] = (claims, until)
+            while len(self._entries) > VERIFIED_MAX:
+                del self._entries[next(iter(self._entries))]
+
+    def clear(self) -> None:
+        """Forget every verified token."""
+        with self._lock:
+            self._entries.clear()
+
+
+_VERIFIED = _Verified()
 
 
 def _pinned_algorithm(settings: VoiceSettings, token: str) -> str:

@@ -47,6 +47,7 @@ from streams.settings import (
     check_bind,
     is_loopback,
 )
+from streams import tokens
 from streams.tokens import (
     MAX_TOKEN_BYTES,
     AuthError,
@@ -214,6 +215,87 @@ def test_a_token_signed_with_another_secret_is_refused() -> None:
 ])
 def test_claims_that_do_not_fit_are_refused(bad: dict[str, Any]) -> None:
     refused(settings(), jwt.encode(claims(**bad), DEV_JWT_SECRET))
+
+
+# --- a verified token is not verified again for a while -------------------------------------
+
+
+@pytest.fixture
+def verifications(monkeypatch: pytest.MonkeyPatch) -> list[str]:
+    """Every token really verified (``jwt.decode`` reached), from an empty cache."""
+    seen: list[str] = []
+    real = tokens._verify
+
+    def counted(s: VoiceSettings, token: str) -> Any:
+        seen.append(token)
+        return real(s, token)
+
+    monkeypatch.setattr(tokens, "_verify", counted)
+    tokens._VERIFIED.clear()
+    yield seen
+    tokens._VERIFIED.clear()
+
+
+def test_a_verified_token_is_not_verified_again(verifications: list[str]) -> None:
+    s = settings()
+    token = mint_token(s, "alice", "staff", "acme")
+    first = decode_claims(s, token)
+    assert decode_claims(s, token) == first and (first.sub, first.role) == ("alice", "staff")
+    assert verifications == [token]
+    other = mint_token(s, "bob", "participant")
+    assert decode_claims(s, other).sub == "bob"
+    assert verifications == [token, other]
+
+
+def test_a_refused_token_is_refused_every_time(verifications: list[str]) -> None:
+    s = settings()
+    bad = hs_token(claims(), key="not-the-secret-of-this-deployment-0123456789")
+    for _ in range(3):
+        refused(s, bad, "signature")
+    assert len(verifications) == 3
+
+
+@pytest.mark.parametrize("change", [{"jwt_secret": REAL_SECRET}, {"jwt_audience": "other"},
+                                    {"jwt_issuer": "other"}, {"jwt_algorithms": ["HS512"]}])
+def test_a_token_verified_under_one_setting_is_checked_again_under_another(
+        verifications: list[str], change: dict[str, Any]) -> None:
+    s = settings()
+    token = mint_token(s, "alice", "participant")
+    decode_claims(s, token)
+    refused(settings(**change), token)
+
+
+def test_a_kept_token_still_expires(verifications: list[str]) -> None:
+    s = settings(jwt_leeway_s=0)
+    token = mint_token(s, "alice", "participant", ttl_s=1)
+    decode_claims(s, token)
+    decode_claims(s, token)
+    assert len(verifications) == 1
+    time.sleep(2.05 - (time.time() % 1))  # past the whole second after ``exp``
+    refused(s, token, "expired")
+
+
+def test_kept_tokens_are_bounded_in_time_and_number(verifications: list[str],
+                                                    monkeypatch: pytest.MonkeyPatch) -> None:
+    s = settings()
+    a, b, c = (mint_token(s, name, "participant") for name in ("a", "b", "c"))
+    monkeypatch.setattr(tokens, "VERIFIED_MAX", 2)
+    for token in (a, b, c, c, b, a):  # a was dropped when c came in; then b when a came back
+        decode_claims(s, token)
+    assert verifications == [a, b, c, a]
+    monkeypatch.setattr(tokens, "VERIFIED_TTL_S", 0.0)
+    decode_claims(s, b)
+    decode_claims(s, b)
+    assert verifications == [a, b, c, a, b, b]
+
+
+async def test_a_verified_jwks_token_is_verified_once(
+        idp: IdentityProvider, verifications: list[str]) -> None:
+    s = idp.settings()
+    token = idp.sign("ES256", sub="carol")
+    assert (await tokens.verify_token(s, token)).sub == "carol"
+    assert (await tokens.verify_token(s, token)).sub == "carol"
+    assert verifications == [token] and idp.hits == 1
 
 
 def test_a_huge_token_is_refused_before_it_is_parsed() -> None:
