@@ -38,6 +38,7 @@ from typer.testing import CliRunner
 
 from api import conversations
 from api.conversations import ConversationViews
+from streams import tokens
 from streams.sealing import Sealer
 from streams.settings import (
     DEV_JWT_SECRET,
@@ -47,7 +48,6 @@ from streams.settings import (
     check_bind,
     is_loopback,
 )
-from streams import tokens
 from streams.tokens import (
     MAX_TOKEN_BYTES,
     AuthError,
