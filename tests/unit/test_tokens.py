@@ -221,7 +221,7 @@ def test_claims_that_do_not_fit_are_refused(bad: dict[str, Any]) -> None:
 
 
 @pytest.fixture
-def verifications(monkeypatch: pytest.MonkeyPatch) -> list[str]:
+def verifications(monkeypatch: pytest.MonkeyPatch) -> Iterator[list[str]]:
     """Every token really verified (``jwt.decode`` reached), from an empty cache."""
     seen: list[str] = []
     real = tokens._verify
