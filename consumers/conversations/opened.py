@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import threading
 from collections import OrderedDict
+from collections.abc import Sequence
 
 from schemas.base import Sealed
 from streams.sealing import Sealer
@@ -45,22 +46,31 @@ class OpenedTexts:
 
     def open(self, conversation: str, content_id: str, sealed: Sealed) -> str:
         """The entry's plaintext: kept, or opened now (and kept). Call ``check`` first."""
-        key = (conversation, content_id, sealed.key_version, sealed.nonce)
+        return self.open_all(conversation, [(content_id, sealed)])[0]
+
+    def open_all(self, conversation: str, blobs: Sequence[tuple[str, Sealed]]) -> list[str]:
+        """Each (content id, blob)'s plaintext, as ``open`` gives it, with the lock taken once
+        to find the kept ones and once to keep the others. Call ``check`` first."""
+        keys = [(conversation, content_id, sealed.key_version, sealed.nonce)
+                for content_id, sealed in blobs]
         with self._lock:
-            text = self._texts.get(key)
-            if text is not None:
-                self._texts.move_to_end(key)
-                return text
-        text = self.sealer.open_text(conversation, content_id, sealed)
-        if len(text) <= self.max_chars:
-            with self._lock:
-                if key not in self._texts:
+            found = [self._texts.get(key) for key in keys]
+            for key, text in zip(keys, found, strict=True):
+                if text is not None:
+                    self._texts.move_to_end(key)
+        if None not in found:
+            return found  # type: ignore[return-value]
+        texts = [text if text is not None else self.sealer.open_text(conversation, *blob)
+                 for text, blob in zip(found, blobs, strict=True)]
+        with self._lock:
+            for key, text, was in zip(keys, texts, found, strict=True):
+                if was is None and len(text) <= self.max_chars and key not in self._texts:
                     self._texts[key] = text
                     self._chars += len(text)
-                while self._chars > self.max_chars:
-                    _, dropped = self._texts.popitem(last=False)
-                    self._chars -= len(dropped)
-        return text
+            while self._chars > self.max_chars:
+                _, dropped = self._texts.popitem(last=False)
+                self._chars -= len(dropped)
+        return texts
 
     def forget(self, conversation: str) -> None:
         """Drop every text of ``conversation`` (its erasure was read)."""

@@ -70,53 +70,43 @@ ConcernAgent = Callable[[str, str, int, list[dict[str, Any]], CancelToken, str |
 step's cancel token, the tenant whose model-token budget the turn uses) → reply."""
 
 
-def transcript_entry(env: Envelope) -> dict[str, Any] | None:
-    """The sealed transcript entry a conversation record contributes, if any (its blob as
-    the record holds it)."""
-    rec = env.record
-    if isinstance(rec, MessageRecorded):
-        return {"seq": env.seq, "role": "user", "content_id": rec.message_id, "sealed": rec.text}
-    if isinstance(rec, ReplyRecorded):
-        return {"seq": env.seq, "role": "assistant", "content_id": rec.reply_id,
-                "sealed": rec.text}
-    return None
-
-
 def open_entries(sealer: Sealer, conversation: str, entries: Sequence[dict[str, Any]],
                  opened: OpenedTexts | None = None) -> tuple[list[dict[str, Any]], list[int]]:
     """Sealed transcript entries (each blob a ``Sealed`` or its dict) as Messages-API history
     (opened only to hand it to the model), and the last seq each history message holds (roles
     alternate: consecutive entries of one role are joined). With ``opened``, texts opened for
     an earlier turn are taken from it, once the conversation's key is checked live."""
-    return _joined(_opener(sealer, conversation, opened), conversation, entries)
+    blobs = [(e["content_id"], e["sealed"] if isinstance(e["sealed"], Sealed)
+              else Sealed.model_validate(e["sealed"])) for e in entries]
+    texts = _open_all(sealer, conversation, blobs, opened)
+    return _joined(texts, [e["role"] for e in entries], [e["seq"] for e in entries])
 
 
-def _joined(open_text: Callable[[str, str, Sealed], str], conversation: str,
-            entries: Sequence[dict[str, Any]]) -> tuple[list[dict[str, Any]], list[int]]:
-    history: list[dict[str, Any]] = []
-    seqs: list[int] = []
-    for e in entries:
-        sealed = e["sealed"]
-        if not isinstance(sealed, Sealed):
-            sealed = Sealed.model_validate(sealed)
-        text = open_text(conversation, e["content_id"], sealed)
-        if history and history[-1]["role"] == e["role"]:
-            history[-1]["content"] += "\n\n" + text
-            seqs[-1] = e["seq"]
-        else:
-            history.append({"role": e["role"], "content": text})
-            seqs.append(e["seq"])
-    return history, seqs
-
-
-def _opener(sealer: Sealer, conversation: str, opened: OpenedTexts | None
-            ) -> Callable[[str, str, Sealed], str]:
-    """How a history's blobs are opened: by the sealer, or through ``opened`` once the
+def _open_all(sealer: Sealer, conversation: str, blobs: list[tuple[str, Sealed]],
+              opened: OpenedTexts | None) -> list[str]:
+    """Each (content id, blob)'s text: by the sealer, or through ``opened`` once the
     conversation's key is checked live."""
     if opened is None:
-        return sealer.open_text
+        return [sealer.open_text(conversation, content_id, sealed) for content_id, sealed in blobs]
     opened.check(conversation)
-    return opened.open
+    return opened.open_all(conversation, blobs)
+
+
+def _joined(texts: list[str], roles: list[str], seqs: list[int]
+            ) -> tuple[list[dict[str, Any]], list[int]]:
+    """The history of entries' texts, roles and seqs: consecutive entries of one role joined."""
+    history: list[dict[str, Any]] = []
+    last: list[int] = []
+    previous = None
+    for text, role, seq in zip(texts, roles, seqs, strict=True):
+        if role == previous:
+            history[-1]["content"] += "\n\n" + text
+            last[-1] = seq
+        else:
+            history.append({"role": role, "content": text})
+            last.append(seq)
+            previous = role
+    return history, last
 
 
 def open_transcript(sealer: Sealer, conversation: str, transcript: list[dict[str, Any]]
@@ -132,19 +122,36 @@ def history_of(sealer: Sealer, conversation: str, records: Sequence[Envelope],
     """The history a turn hands the model, from the records its input refers to: the
     summary (if any) leads the first message, then the messages and replies after it; and the
     last seq each history message holds. A turn whose older records were left out unsummarised
-    is told so in the same place. ``opened``: as ``open_entries``."""
+    is told so in the same place. ``opened``: as ``open_entries``.
+
+    One pass over the records and one ``open_all`` for their blobs (the summary's among them):
+    the entry dicts and a call per blob this replaces were ~7 % of the step thread's Python
+    time at 60 turns a conversation (docs/benchmarks.md, issue 14, twenty-second pass)."""
     summary: HistorySummarised | None = None
-    entries = []
+    blobs: list[tuple[str, Sealed]] = []
+    roles: list[str] = []
+    seqs: list[int] = []
     for env in records:
-        if isinstance(env.record, HistorySummarised):
-            summary = env.record
-        elif (entry := transcript_entry(env)) is not None:
-            entries.append(entry)
-    open_text = _opener(sealer, conversation, opened)
-    history, seqs = _joined(open_text, conversation, entries)
-    stored = None if summary is None else (
-        summary.through_seq, open_text(conversation, summary.summary_id, summary.text))
-    return lead_with_stored(history, seqs, stored, omitted_through, READ_SETTING)
+        rec = env.record
+        if isinstance(rec, MessageRecorded):
+            blobs.append((rec.message_id, rec.text))
+            roles.append("user")
+        elif isinstance(rec, ReplyRecorded):
+            blobs.append((rec.reply_id, rec.text))
+            roles.append("assistant")
+        else:
+            if isinstance(rec, HistorySummarised):
+                summary = rec
+            continue
+        seqs.append(env.seq)  # type: ignore[arg-type]  # a conversation record has its seq
+    if summary is not None:
+        blobs.append((summary.summary_id, summary.text))
+    texts = _open_all(sealer, conversation, blobs, opened)
+    stored = None
+    if summary is not None:
+        stored = (summary.through_seq, texts.pop())
+    history, last = _joined(texts, roles, seqs)
+    return lead_with_stored(history, last, stored, omitted_through, READ_SETTING)
 
 
 class Turns:

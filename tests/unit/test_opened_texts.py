@@ -117,3 +117,34 @@ def test_forget_drops_one_conversation_only() -> None:
     assert len(opened) == 1
     sealer.opens = 0
     assert opened.open(other, "b", kept) == "B" and sealer.opens == 0
+
+
+def test_open_all_opens_only_what_is_not_kept_and_answers_in_order() -> None:
+    sealer = CountingSealer()
+    opened = OpenedTexts(sealer, max_chars=30)
+    blobs = [(f"m{n}", sealer.seal(CNV, f"m{n}", str(n) * 10)) for n in range(4)]
+    opened.check(CNV)
+    assert opened.open(CNV, *blobs[1]) == "1" * 10 and sealer.opens == 1
+    texts = opened.open_all(CNV, [blobs[0], blobs[1], blobs[2], blobs[0]])
+    assert texts == ["0" * 10, "1" * 10, "2" * 10, "0" * 10]
+    assert sealer.opens == 4, "1 was kept; 0 (twice in the call) and 2 were opened"
+    assert len(opened) == 3
+    # Over the bound: the least recently used go first (1 was found first, then 0 and 2 kept).
+    assert opened.open_all(CNV, [blobs[3]]) == ["3" * 10] and len(opened) == 3
+    sealer.opens = 0
+    opened.open_all(CNV, [blobs[0], blobs[2], blobs[3]])
+    assert sealer.opens == 0 and opened.open(CNV, *blobs[1]) == "1" * 10 and sealer.opens == 1
+
+
+def test_a_history_joins_one_role_s_consecutive_entries_as_before() -> None:
+    sealer = CountingSealer()
+    records = conversation(sealer, 2, summary=True)  # the summary, then m0 (seq 3), r0, m1, r1
+    again = Envelope(record=MessageRecorded(
+        conversation=CNV, message_id="m0b", text=sealer.seal(CNV, "m0b", "and again"), at="now"),
+        key=CNV, source="/t", seq=4)
+    records.insert(2, again)
+    history, seqs = history_of(sealer, CNV, records, opened=OpenedTexts(sealer))
+    assert (history, seqs) == history_of(sealer, CNV, records)
+    assert history[0] == {"role": "user", "content":
+                          "[CONVERSATION SUMMARY through seq 1]\nearlier\n\nask 0\n\nand again"}
+    assert seqs == [4, 5, 13, 15]
