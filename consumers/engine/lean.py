@@ -77,7 +77,7 @@ class LeanModel:
 
     aiohttp is used directly, not under httpx's interface (``httpx-aiohttp``, until the
     twenty-second pass of issue 14): httpx's request building, cookie handling and transport
-    adapter were ~half of the client's CPU, 564 → 263 µs a streamed call at 32 at once
+    adapter were ~45 % of the client's CPU: 419 → 230 µs a streamed call at 32 at once
     (docs/benchmarks.md). Its proxy is read from the environment once, here (``HTTPS_PROXY``,
     ``NO_PROXY`` and the like, as httpx does); not per request, where ``trust_env`` would look
     in ``~/.netrc`` and the environment on a thread each time.
