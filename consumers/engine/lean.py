@@ -150,11 +150,8 @@ class LeanModel:
                                        proxy=self._proxy, proxy_auth=self._proxy_auth)
         try:
             response = await request.__aenter__()
-        except TimeoutError:  # aiohttp's ServerTimeoutError and its kinds too
-            raise ModelError("CONNECTION", TIMED_OUT, error_type="APITimeoutError") from None
-        except aiohttp.ClientError:
-            raise ModelError("CONNECTION", "Connection error.",
-                             error_type="APIConnectionError") from None
+        except (TimeoutError, aiohttp.ClientError) as exc:  # ServerTimeoutError is a TimeoutError
+            raise _no_answer(isinstance(exc, TimeoutError)) from None
         try:
             return await _answer(model, response.status, response.read,
                                  response.content.iter_any(), callbacks)
@@ -167,11 +164,8 @@ class LeanModel:
         try:
             response = await http.send(http.build_request(
                 "POST", self._url, content=content, headers=self._headers), stream=True)
-        except httpx.TimeoutException:
-            raise ModelError("CONNECTION", TIMED_OUT, error_type="APITimeoutError") from None
-        except httpx.TransportError:
-            raise ModelError("CONNECTION", "Connection error.",
-                             error_type="APIConnectionError") from None
+        except httpx.TransportError as exc:
+            raise _no_answer(isinstance(exc, httpx.TimeoutException)) from None
         try:
             return await _answer(model, response.status_code, response.aread,
                                  response.aiter_bytes(), callbacks)
@@ -236,6 +230,14 @@ def _classified(model: str, status: int, body: object, message: str) -> ModelErr
         return ModelError("OVERLOADED", message, error_type="OverloadedError", fallback=True,
                           status=status)
     return ModelError("MODEL_ERROR", message, error_type=name, status=status)
+
+
+def _no_answer(timed_out: bool) -> ModelError:
+    """A request that got no response, named and worded as the SDK names it over either
+    client: a timeout, or a connection error (refused, closed, unknown host, bad proxy)."""
+    if timed_out:
+        return ModelError("CONNECTION", TIMED_OUT, error_type="APITimeoutError")
+    return ModelError("CONNECTION", "Connection error.", error_type="APIConnectionError")
 
 
 def _malformed(exc: Exception) -> ModelError:
