@@ -156,7 +156,9 @@ def turn_history(sealer: Sealer, inp: dict[str, Any], conversation_log: list[Env
     """The history a turn's step read, rebuilt from its input: the records its reference
     names, found by seq in the conversation's log (or, for a turn started before inputs were
     references, its copied transcript). ``LookupError`` names a record that is not there."""
+    from consumers.conversations.transcript import reference_from
     from consumers.conversations.turns import history_of, open_transcript
+    from consumers.frame.logrefs import LogUnavailable
 
     conversation = inp["conversation"]
     if "transcript" in inp:
@@ -166,6 +168,15 @@ def turn_history(sealer: Sealer, inp: dict[str, Any], conversation_log: list[Env
     for env in conversation_log:
         if env.seq is not None:
             by_seq.setdefault(env.seq, env)
+    if "opened" in ref:  # the record that opened the turn names the positions
+        seq, offset = ref["opened"]
+        if seq not in by_seq:
+            raise LookupError(f"records [{seq}] of conversation {conversation!r} are not on "
+                              "its log")
+        try:
+            ref = reference_from(by_seq[seq], int(ref["partition"]), offset)
+        except LogUnavailable as exc:
+            raise LookupError(str(exc)) from None
     wanted = [p[0] for p in ([ref["summary"]] if ref.get("summary") else []) + ref["entries"]]
     missing = [seq for seq in wanted if seq not in by_seq]
     if missing:

@@ -15,16 +15,18 @@ from typing import Any
 import pytest
 
 from deploy.histories import Recorded, load_history, load_recorded
-from deploy.replay import rerun_recorded, rerun_turn
+from deploy.replay import rerun_recorded, rerun_turn, turn_history
 from schemas.agent import ModelCallRecorded
 from schemas.base import Sealed
-from schemas.conversation import TurnOpened, TurnRepliedWithProposal
+from schemas.conversation import TranscriptRef, TurnOpened, TurnRepliedWithProposal
 from schemas.staff import DevelopmentRecorded
+from schemas.workflow import WorkflowStarted
 from streams.envelope import Envelope
 from streams.settings import VoiceSettings
-from streams.topics import AGENT, CONVERSATIONS
+from streams.topics import AGENT, CONVERSATIONS, WORKFLOWS
 
 HISTORIES = sorted((Path(__file__).parent / "histories").glob("*.json"))
+HISTORIES_BY_STEM = {p.stem: p for p in HISTORIES}
 KINDS = {"conversation-turn", "assistant-turn", "research", "disclosure-review",
          "update-delivery"}
 
@@ -56,6 +58,29 @@ def test_a_history_holds_a_conversation_log_of_folded_records() -> None:
     assert folded and all(e.record.history is not None for log in folded for e in log
                           if isinstance(e.record, TurnOpened))
     assert any(isinstance(e.record, TurnRepliedWithProposal) for log in folded for e in log)
+
+
+def test_a_turn_named_by_its_opening_record_reads_what_that_record_names() -> None:
+    """A turn whose input names the record that opened it (09) reads the positions that record
+    names: drop the record and the re-run says so; empty its positions and the history read
+    holds the message alone."""
+    rec = load_recorded(HISTORIES_BY_STEM["09_second_turn_named_by_its_opening"])
+    [started] = [e.record for e in rec.of(WORKFLOWS) if isinstance(e.record, WorkflowStarted)]
+    assert set(started.input["history"]) == {"partition", "opened"}
+    seq = started.input["history"]["opened"][0]
+    log = rec.of(CONVERSATIONS)
+    [opened] = [e for e in log if e.seq == seq and isinstance(e.record, TurnOpened)]
+    assert opened.record.history is not None and opened.record.history.entries, \
+        "the second turn's opening record names the first message and its reply"
+    dropped = [e for e in log if e is not opened]
+    assert rerun(dataclasses.replace(rec, envs={**rec.envs, CONVERSATIONS.name: dropped})) == [
+        f"records [{seq}] of conversation {started.input['conversation']!r} are not on its log"]
+    read = turn_history(rec.sealer, started.input, log)
+    assert [m["role"] for m in read] == ["user", "assistant", "user"]
+    assert read[-1]["content"].startswith("And the bench there is broken")
+    emptied = opened.record.model_copy(update={"history": TranscriptRef()})
+    tampered = [dataclasses.replace(e, record=emptied) if e is opened else e for e in log]
+    assert turn_history(rec.sealer, started.input, tampered) == read[-1:]
 
 
 def test_a_tampered_conversation_turn_diverges() -> None:

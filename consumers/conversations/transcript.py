@@ -14,12 +14,13 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
-from consumers.frame.logrefs import Position, recent
+from consumers.frame.logrefs import LogUnavailable, Position, recent
 from schemas.conversation import (
     HistorySummarised,
     MessageRecorded,
     ReplyRecorded,
     TranscriptRef,
+    TurnOpened,
 )
 from streams.envelope import Envelope
 
@@ -114,8 +115,31 @@ class TranscriptIndex:
 
 def turn_reference(ref: TranscriptRef, message_seq: int, partition: int, offset: int
                    ) -> dict[str, Any]:
-    """A turn's input ``history`` from what its ``TurnOpened`` names and where it is itself."""
+    """The positions a turn reads (as ``TranscriptIndex.reference`` names them) from what its
+    ``TurnOpened`` names and where that record is itself."""
     return {"partition": partition,
             "summary": None if ref.summary is None else list(ref.summary),
             "entries": [*([s, o] for s, o in ref.entries), [message_seq, offset]],
             "omitted_through": ref.omitted_through}
+
+
+def opened_at(partition: int, seq: int, offset: int) -> dict[str, Any]:
+    """A turn's input ``history`` when its ``TurnOpened`` names the positions it reads: where
+    that record is, a few numbers however long the conversation.
+
+    The positions themselves (up to ``logrefs.MAX_ENTRIES`` pairs) in the input were copied,
+    written to the changelog and decoded with the workflow's state at every step of it: the
+    worker's CPU a turn grew by half over a 600-turn conversation (docs/benchmarks.md, issue
+    14, twenty-second pass, section 6). The step reads the record (``reference_from``), then
+    the records it names."""
+    return {"partition": partition, "opened": [seq, offset]}
+
+
+def reference_from(opened: Envelope, partition: int, offset: int) -> dict[str, Any]:
+    """The positions a turn reads, from the ``TurnOpened`` its input names (``opened_at``),
+    read back from ``partition``/``offset``; ``LogUnavailable`` if that record names none."""
+    rec = opened.record
+    if not isinstance(rec, TurnOpened) or rec.history is None or opened.seq is None:
+        raise LogUnavailable(f"the record at {partition}@{offset} names no positions "
+                             f"({type(rec).__name__})", retryable=False)
+    return turn_reference(rec.history, opened.seq, partition, offset)

@@ -1,13 +1,16 @@
 """The conversation-turn workflow (id ``{conversation}:turn-{seq}``) and what its step reads.
 
 The record that opens a turn (``TurnOpened``; on an older log, ``TurnRequested``) starts the
-workflow with a *reference* as its input: the conversation, the message seq, the log
-partition and the positions of the records the turn reads (the latest history summary, then
-the messages and replies after it, then the message) — named by the record itself, from the
-``TranscriptIndex`` its writer keeps (``consumers.conversations.transcript``). So a workflow's
-records stay small however long the conversation grows, and no table value holds a transcript.
+workflow with a *reference* as its input: the conversation, the message seq, and where on the
+log that record is. The record names the positions of the records the turn reads (the latest
+history summary, then the messages and replies after it), from the ``TranscriptIndex`` its
+writer keeps (``consumers.conversations.transcript``). So a workflow's records stay a few
+hundred bytes however long the conversation grows, and no table value holds a transcript. (A
+conversation begun before its writer kept positions names them in the input, from the
+worker's table.)
 
-The one step reads those records back from the log (``consumers.frame.logrefs``), opens them,
+The one step reads the opening record, then those it names, back from the log
+(``consumers.frame.logrefs``; on the worker that consumed them, from memory), opens them,
 hands them to the concern-extraction agent, and submits the summary (when the engine made one
 because the history was over its budget), reply, proposal and turn state to the
 conversation's sequencer as one command (``RecordTurnResults``) whose id is derived from the
@@ -23,7 +26,7 @@ from typing import Any
 
 from consumers.conversations.concern import ConcernReply
 from consumers.conversations.opened import OpenedTexts
-from consumers.conversations.transcript import TranscriptIndex, turn_reference
+from consumers.conversations.transcript import TranscriptIndex, opened_at, reference_from
 from consumers.engine.cancel import CancelToken
 from consumers.engine.history import lead_with_stored
 from consumers.frame.logrefs import LogReader, LogUnavailable, Position
@@ -191,8 +194,8 @@ class Turns:
             return
         if isinstance(rec, TurnOpened) and rec.history is not None:
             if env.seq is not None:
-                await self._start(env, rec.conversation, rec.turn, env.seq, turn_reference(
-                    rec.history, env.seq, partition, offset))
+                await self._start(env, rec.conversation, rec.turn, env.seq,
+                                  opened_at(partition, env.seq, offset))
             return
         stored = self.index.get(env.key)
         legacy = isinstance(rec, (MessageRecorded, TurnRequested))  # of a table-kept log
@@ -210,7 +213,9 @@ class Turns:
 
     async def _start(self, env: Envelope, conversation: str, turn: str, message_seq: int,
                      history: dict[str, Any]) -> None:
-        """Start the workflow of ``turn``, its input a reference to its history."""
+        """Start the workflow of ``turn``, its input a reference to its history: the record
+        that names its positions (``opened_at``) or, in a conversation begun before its writer
+        kept them, the positions."""
         started = WorkflowStarted(workflow=turn, kind=KIND, input={
             "conversation": conversation, "turn": turn, "message_seq": message_seq,
             "tenant": env.tenant, "history": history})
@@ -225,8 +230,13 @@ class Turns:
         if "transcript" in inp:  # started before a turn's input became a reference
             return open_entries(self.sealer, conversation, inp["transcript"])
         ref = inp["history"]
+        partition = int(ref["partition"])
+        if "opened" in ref:  # the record that opened the turn names the positions
+            at = Position.from_json(ref["opened"])
+            opened = await self.reader.read(CONVERSATIONS, partition, conversation, [at])
+            ref = reference_from(opened[0], partition, at.offset)
         refs = ([ref["summary"]] if ref.get("summary") else []) + list(ref["entries"])
-        records = await self.reader.read(CONVERSATIONS, int(ref["partition"]), conversation,
+        records = await self.reader.read(CONVERSATIONS, partition, conversation,
                                          [Position.from_json(p) for p in refs])
         return history_of(self.sealer, conversation, records, ref.get("omitted_through") or 0,
                           self.opened)

@@ -1,10 +1,12 @@
 """Re-record the histories in this folder: ``.venv/bin/python tests/histories/record.py
-[conversations] [products]`` (both when neither is named).
+[conversations] [products] [named]`` (the first two when none is named).
 
 Starts a local broker, the simulator, a worker and an edge. ``conversations`` plays three test
 conversations (``01``–``03``); ``products`` plays, through the edge, an assistant chat turn over
 an uploaded CSV (three tool calls: describe, query, map), a research run, a disclosure review
 of a flagged contribution (two reviewers) and an update delivery to a follower (``04``–``07``).
+``named`` plays a second turn whose input names the record that opened it, which names the
+positions the turn reads (``09``; earlier recordings carry the positions in the input).
 Each workflow is exported with ``deploy.histories.export_history``. The keys in these files
 open only these test aggregates.
 """
@@ -59,8 +61,8 @@ def main(parts: set[str]) -> None:
         wait_group_stable(s, worker_group(s))
         edge = f"http://127.0.0.1:{edge_port}"
         wait_http_ready(f"{edge}/readyz", proc=procs[-1])
-        if "conversations" in parts:
-            play(s)
+        if parts & {"conversations", "named"}:
+            play(s, parts)
         if "products" in parts:
             play_products(s, edge)
     finally:
@@ -69,7 +71,7 @@ def main(parts: set[str]) -> None:
         broker.stop()
 
 
-def play(s: VoiceSettings) -> None:
+def play(s: VoiceSettings, parts: set[str]) -> None:
     sealer = sealer_for(s)
 
     def send(*envs: Envelope) -> None:
@@ -107,6 +109,16 @@ def play(s: VoiceSettings) -> None:
     def next_turn(cnv: str) -> str:
         return f"{cnv}:turn-{max((e.seq or 0) for e in log(cnv)) + 1}"
 
+    if "named" in parts:
+        c = "cnv-c3c3c3c3c3c3c3c3"
+        send(start(c, "carol"), message(c, "m1", "The bus shelter on Elm Street has no roof."))
+        wait_turn(f"{c}:turn-2")
+        turn = next_turn(c)
+        send(message(c, "m2", "And the bench there is broken too. Please repair both."))
+        wait_turn(turn)
+        export_history(s, turn, OUT / "09_second_turn_named_by_its_opening.json")
+    if "conversations" not in parts:
+        return
     a, b = "cnv-a1a1a1a1a1a1a1a1", "cnv-b2b2b2b2b2b2b2b2"
     send(start(a, "alice"), message(a, "m1", "I am worried the crossing by the school is "
                                              "unsafe. Please add a traffic light."))

@@ -17,6 +17,7 @@ from collections.abc import Callable
 
 import pytest
 
+from consumers.conversations.transcript import reference_from
 from schemas.assistant import (
     AssistantChat,
     AssistantHistorySummarised,
@@ -31,6 +32,7 @@ from schemas.conversation import (
     ReplyRecorded,
     SendMessage,
     StartConversation,
+    TurnOpened,
     TurnRequested,
     TurnStateChanged,
 )
@@ -82,6 +84,17 @@ def started(settings: VoiceSettings, kind: str, conversation: str) -> list[dict]
                 and rec.input.get("conversation") == conversation):
             out[rec.workflow] = rec.input
     return [out[k] for k in sorted(out, key=lambda t: int(t.rsplit("-", 1)[1]))]
+
+
+def positions(log: list[Envelope], inp: dict) -> dict:
+    """What a turn of ``inp`` read: the positions its input names, or those its opening
+    record (which its input names) names."""
+    ref = inp["history"]
+    if "opened" not in ref:
+        return ref
+    seq, offset = ref["opened"]
+    [opened] = [e for e in log if e.seq == seq and isinstance(e.record, TurnOpened)]
+    return reference_from(opened, ref["partition"], offset)
 
 
 def compaction_calls(settings: VoiceSettings, conversation: str) -> int:
@@ -136,7 +149,7 @@ def test_participant_turns_store_reuse_and_update_summaries(
             and e.record.state != "Thinking"] == ["Replied"] * TURNS
     reads = [(h["summary"][0] if h["summary"] else None, [p[0] for p in h["entries"]],
               h["omitted_through"], inp["message_seq"] + 1)
-             for inp in started(settings, "conversation-turn", cnv) for h in [inp["history"]]]
+             for inp in started(settings, "conversation-turn", cnv) for h in [positions(log, inp)]]
     assert len(reads) == TURNS
     check(log, HistorySummarised, (MessageRecorded, ReplyRecorded), reads,
           compaction_calls(settings, cnv))

@@ -16,7 +16,7 @@ import pytest
 
 from consumers.conversations.concern import ConcernReply
 from consumers.conversations.sequencer import ConversationSequencer, ConversationState
-from consumers.conversations.transcript import TranscriptIndex
+from consumers.conversations.transcript import TranscriptIndex, reference_from
 from consumers.conversations.turns import KIND, Turns, history_of
 from consumers.engine import CancelToken, HistorySummary
 from consumers.frame.logrefs import (
@@ -162,6 +162,17 @@ class Conversation:
                     await self.append(rec)
         return result
 
+    def reads(self, started: WorkflowStarted) -> dict[str, Any]:
+        """The positions the turn's step reads: its input's, or those the record that
+        opened it names (read from the log here as the step reads it)."""
+        ref = started.input["history"]
+        if "opened" not in ref:
+            return ref
+        seq, offset = ref["opened"]
+        [opened] = self.log.logs[(CONVERSATIONS.name, ref["partition"])][offset:offset + 1]
+        assert opened.seq == seq
+        return reference_from(opened, ref["partition"], offset)
+
     def index(self) -> dict[str, Any]:
         """The conversation's transcript index, where this shape keeps it."""
         if self.shape == "writer":
@@ -175,8 +186,9 @@ async def test_a_turn_input_names_positions_and_the_step_reads_them() -> None:
     c = Conversation()
     started = await c.message("The crossing by the school is unsafe.")
     inp = started.input
-    assert inp["history"] == {"partition": PARTITION, "summary": None, "entries": [[1, 0]],
-                              "omitted_through": 0}
+    assert inp["history"] == {"partition": PARTITION, "opened": [1, 0]}
+    assert c.reads(started) == {"partition": PARTITION, "summary": None, "entries": [[1, 0]],
+                                "omitted_through": 0}
     assert "transcript" not in inp and "ciphertext" not in json.dumps(inp)
     assert "ciphertext" not in json.dumps(c.index()), "the table holds positions, not content"
     assert (await c.run(started))["state"] == "Replied"
@@ -184,7 +196,8 @@ async def test_a_turn_input_names_positions_and_the_step_reads_them() -> None:
                                       "content": "The crossing by the school is unsafe."}]
     # The second turn reads the first message and its reply back from the log.
     second = await c.message("And the bus stop too.")
-    assert [p[0] for p in second.input["history"]["entries"]] == [1, 4, 6]
+    assert second.input["history"] == {"partition": PARTITION, "opened": [6, 2]}
+    assert [p[0] for p in c.reads(second)["entries"]] == [1, 4, 6]
     await c.run(second)
     assert [m["role"] for m in c.agent.histories[-1]] == ["user", "assistant", "user"]
     assert c.agent.histories[-1][1]["content"] == f"reply to {turn_id(CNV, 1)}"
@@ -204,10 +217,10 @@ async def test_a_conversation_begun_before_starts_the_same_turns(shape: str) -> 
         second = await c.message("And the bus stop.")
         await c.run(second)
         seen.append((first.workflow, second.workflow, second.input["message_seq"],
-                     [p[0] for p in second.input["history"]["entries"]], c.agent.histories,
+                     [p[0] for p in c.reads(second)["entries"]], c.agent.histories,
                      [(e.seq, isinstance(e.record, MessageRecorded)) for e in await c.log.read(
                          CONVERSATIONS, PARTITION, CNV, [Position.from_json(p) for p in
-                                                         second.input["history"]["entries"]])]))
+                                                         c.reads(second)["entries"]])]))
         assert (CNV in c.table) == (kind != "writer"), "only a conversation begun before"
     assert seen[0] == seen[1]
     assert seen[1][:4] == (turn_id(CNV, 1), turn_id(CNV, 6), 6, [1, 4, 6])
@@ -222,20 +235,25 @@ async def test_the_turn_input_is_named_by_the_record_that_opens_it() -> None:
     opened = [env for env in c.log.logs[(CONVERSATIONS.name, PARTITION)]
               if isinstance(env.record, TurnOpened)]
     assert [e.record.history.entries for e in opened] == [[], [(1, 0), (4, 1)]]
-    assert second.input["history"]["entries"] == [[1, 0], [4, 1], [6, 2]]
+    assert second.input["history"] == {"partition": PARTITION, "opened": [6, 2]}
+    assert c.reads(second)["entries"] == [[1, 0], [4, 1], [6, 2]]
     assert c.table == {}
 
 
 async def test_a_long_conversation_keeps_every_value_and_input_small() -> None:
-    """Sixty 16 KB messages, all read by every turn: the table value and each turn's input
-    hold a few dozen bytes per record, where the copied transcript grew by 22 KB a turn."""
+    """Sixty 16 KB messages, all read by every turn: the writer's index holds a few dozen
+    bytes per record, where the copied transcript grew by 22 KB a turn, and each turn's input
+    stays the size of the first's: it names the record that opened the turn, which names the
+    positions (they were copied with the workflow's state at every hop)."""
     c = Conversation(read_bytes=4 * 1024 * 1024)
     sizes = []
     for n in range(60):
         started = await c.message(f"message {n}: " + "the road is broken. " * 800)
         await c.run(started)
         sizes.append((len(json.dumps(started.input)), len(json.dumps(c.index()))))
-    assert max(i for i, _ in sizes) < 4_000 and max(v for _, v in sizes) < 8_000
+        assert len(c.reads(started)["entries"]) == 2 * n + 1
+    assert max(i for i, _ in sizes) < 200, "only the digits of seqs and offsets grow"
+    assert max(v for _, v in sizes) < 8_000
     last = c.agent.histories[-1]
     assert len(last) == 2 * 60 - 1 and last[-1]["content"].startswith("message 59:")
 
@@ -261,7 +279,7 @@ async def test_a_summary_is_recorded_and_later_turns_read_it_instead() -> None:
     assert index["summary"]["through"] == 9
     assert all(e["seq"] > 9 for e in index["entries"])
     nxt = await c.message("concern number 4")
-    ref = nxt.input["history"]
+    ref = c.reads(nxt)
     assert ref["summary"] == [index["summary"]["seq"], index["summary"]["offset"]]
     assert all(seq > 9 for seq, _ in ref["entries"])
     await c.run(nxt)
@@ -298,6 +316,26 @@ async def test_records_that_are_not_where_the_index_says_fail_the_step_clearly()
     assert describe(err.value).startswith("HistoryUnreadable: the history of turn")  # plain words
     with pytest.raises(LogUnavailable, match="holds seq 2"):
         await c.log.read(CONVERSATIONS, PARTITION, CNV, [Position(1, 1)])
+
+
+@pytest.mark.parametrize(("opened", "words"), [
+    ([7, 0], "holds seq 1 of .*, not seq 7"),
+    ([1, 9], "no record at offset 9"),
+    ([4, 1], "names no positions \\(TurnReplied\\)"),
+])
+async def test_an_input_naming_the_wrong_opening_record_fails_the_step_clearly(
+        opened: list[int], words: str) -> None:
+    """The record a turn's input names must be the ``TurnOpened`` at that seq: anything else
+    fails the step for good (the log will not change), in plain words naming positions."""
+    c = Conversation()
+    await c.run(await c.message("hello there friends"))
+    started = await c.message("and again")
+    bad = dict(started.input, history={"partition": PARTITION, "opened": opened})
+    ctx = StepContext(workflow=started.workflow, kind=KIND, step="reply", attempt=1,
+                      input=bad, outputs={}, commands={})
+    with pytest.raises(StepError, match=f"cannot be read: .*{words}") as err:
+        await c.turns.reply_step(ctx)
+    assert err.value.retryable is False
 
 
 async def test_a_turn_started_with_a_copied_transcript_still_runs() -> None:
