@@ -142,9 +142,22 @@ class ConversationSequencer(Aggregate[ConversationState]):
         rec = cmd.record
         if isinstance(rec, RecordTurnResults) and _tracked(state, rec.turn):
             return
-        if isinstance(rec, SendMessage) and rec.idempotency_key:
-            return
+        if isinstance(rec, SendMessage):
+            if rec.idempotency_key:
+                return
+            seq = memo.get("seq")
+            if isinstance(seq, int) and memo == _message_memo(cmd, seq):
+                memo = {"seq": memo["seq"]}  # the rest is the command's: ``remembered``
         super().remember(state, cmd, memo)
+
+    def remembered(self, state: ConversationState | None, cmd: Envelope
+                   ) -> dict[str, Any] | None:
+        """The memo of a redelivered command; a message's, kept as its seq alone, as it was
+        answered (its turn and time are the redelivered command's own)."""
+        memo = super().remembered(state, cmd)
+        if memo is not None and isinstance(cmd.record, SendMessage) and memo.keys() == {"seq"}:
+            return _message_memo(cmd, memo["seq"])
+        return memo
 
     def overdue(self, key: str, stored: dict[str, Any], now: datetime) -> list[Record]:
         """``ExpireTurn`` for each open turn past its deadline at ``now``, read from the
@@ -229,6 +242,14 @@ class ConversationSequencer(Aggregate[ConversationState]):
             return Decision(state, records, Ack.accepted(state.seq))
 
         return Decision(state, ack=Ack.rejected(f"not a conversation command: {cmd.type}"))
+
+
+def _message_memo(cmd: Envelope, seq: Any) -> dict[str, Any]:
+    """What ``decide`` answers the message ``cmd`` when it gets ``seq``: its turn and time
+    follow from the command, so a state keeps only the seq (a memo of ~130 bytes a message
+    was two thirds of a 700-turn conversation's state, written twice a turn)."""
+    return {"seq": seq, "turn": turn_id(cmd.record.conversation, seq),  # type: ignore[attr-defined]
+            "at": cmd.time.isoformat()}
 
 
 def _tracked(state: ConversationState, turn: str) -> bool:

@@ -101,6 +101,38 @@ def test_a_redelivered_message_with_a_key_is_answered_by_its_key_and_remembered_
         "c1", "duplicate", original.seq, original.detail)
 
 
+def test_a_message_is_remembered_by_its_seq_alone_and_answered_again_in_full() -> None:
+    """A message sent without a key is remembered by its command id as its seq alone (its turn
+    and time follow from the command): a redelivery, the same record, is answered exactly as
+    the first time; a state that kept the whole memo (written before) is answered from it."""
+    state, _ = sequence(None, cmd(StartConversation(conversation=CNV, owner="alice"), "c0"))
+    message = send(id_="c1")
+    state, first = sequence(state, message)
+    assert state is not None and state.commands["c1"] == {"seq": 2}
+    original = first[-1][1].record
+    assert set(original.detail) == {"turn", "at"}
+    state, again = sequence(state, message)
+    assert state is not None and [s for s, _ in again] == [ACKS]
+    ack = again[0][1].record
+    assert (ack.outcome, ack.seq, ack.detail) == ("duplicate", original.seq, original.detail)
+    state.commands["c1"] = {"seq": 2, "turn": "as-it-was", "at": "then"}  # an older state
+    _, older = sequence(state, message)
+    assert older[0][1].record.detail == {"turn": "as-it-was", "at": "then"}
+
+
+def test_a_long_conversations_state_keeps_a_few_bytes_a_message() -> None:
+    """Six hundred messages: the memories of their commands stay ~50 bytes each (the whole
+    answer was ~130), and the state stays well under what it was (137 KB at 700 turns)."""
+    import json
+
+    state, _ = sequence(None, cmd(StartConversation(conversation=CNV, owner="alice"), "c0"))
+    for n in range(600):
+        state, _ = sequence(state, cmd(SendMessage(conversation=CNV, message_id=f"m{n}",
+                                                   text=SEALED), f"{n:032x}"))
+    assert state is not None
+    assert len(json.dumps(state.commands)) < 600 * 60
+
+
 def test_replay_from_older_state_gives_identical_seqs() -> None:
     """A crash before the table write replays the command: same records, same seqs."""
     state, _ = sequence(None, cmd(StartConversation(conversation=CNV, owner="alice")))
