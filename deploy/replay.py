@@ -168,21 +168,23 @@ def turn_history(sealer: Sealer, inp: dict[str, Any], conversation_log: list[Env
     for env in conversation_log:
         if env.seq is not None:
             by_seq.setdefault(env.seq, env)
+
+    def found(seqs: list[int]) -> list[Envelope]:
+        """The records of ``seqs``; ``LookupError`` naming those not on the log."""
+        missing = [seq for seq in seqs if seq not in by_seq]
+        if missing:
+            raise LookupError(f"records {missing} of conversation {conversation!r} are not on "
+                              "its log")
+        return [by_seq[seq] for seq in seqs]
+
     if "opened" in ref:  # the record that opened the turn names the positions
         seq, offset = ref["opened"]
-        if seq not in by_seq:
-            raise LookupError(f"records [{seq}] of conversation {conversation!r} are not on "
-                              "its log")
         try:
-            ref = reference_from(by_seq[seq], int(ref["partition"]), offset)
+            ref = reference_from(found([seq])[0], int(ref["partition"]), offset)
         except LogUnavailable as exc:
             raise LookupError(str(exc)) from None
     wanted = [p[0] for p in ([ref["summary"]] if ref.get("summary") else []) + ref["entries"]]
-    missing = [seq for seq in wanted if seq not in by_seq]
-    if missing:
-        raise LookupError(f"records {missing} of conversation {conversation!r} are not on "
-                          "its log")
-    return history_of(sealer, conversation, [by_seq[seq] for seq in wanted],
+    return history_of(sealer, conversation, found(wanted),
                       ref.get("omitted_through") or 0)[0]
 
 

@@ -147,7 +147,7 @@ class ConversationSequencer(Aggregate[ConversationState]):
                 return
             seq = memo.get("seq")
             if isinstance(seq, int) and memo == _message_memo(cmd, seq):
-                memo = {"seq": memo["seq"]}  # the rest is the command's: ``remembered``
+                memo = {"seq": seq}  # the rest is the command's: ``remembered``
         super().remember(state, cmd, memo)
 
     def remembered(self, state: ConversationState | None, cmd: Envelope
