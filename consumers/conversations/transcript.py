@@ -14,7 +14,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
-from consumers.frame.logrefs import LogUnavailable, Position, recent
+from consumers.frame.logrefs import MAX_ENTRIES, LogUnavailable, Position
 from schemas.conversation import (
     HistorySummarised,
     MessageRecorded,
@@ -33,19 +33,35 @@ class TranscriptIndex:
     Positions only, never content: the latest summary, then the messages and replies after
     it — the most recent whose sealed content fits the read budget, at most
     ``logrefs.MAX_ENTRIES`` of them — so the value stays a few kilobytes at most.
+
+    An entry is added, and the oldest ones it pushes out are dropped, in time that does not
+    grow with the index (``total`` is kept, not summed): a writer's index work was a quarter
+    of its loop at 1,000 entries when each add summed and bisected them all
+    (docs/benchmarks.md, issue 14, twenty-fourth pass).
     """
 
     partition: int | None = None
-    entries: list[dict[str, int]] = field(default_factory=list)
-    """``{"seq", "offset", "bytes"}`` of each message and reply after the summary."""
+    entries: list[list[int]] = field(default_factory=list)
+    """``[seq, offset, bytes]`` of each message and reply after the summary, oldest first (a
+    list, as JSON keeps it; ``{"seq", "offset", "bytes"}`` dicts of states written before
+    are read as such)."""
     summary: dict[str, int] | None = None
     """``{"seq", "offset", "through"}`` of the latest ``HistorySummarised``."""
     omitted_through: int = 0
     """The last seq left out of the index unsummarised (over the read budget); 0 if none."""
+    total: int | None = None
+    """The entries' bytes together; None until first needed in a state written before it was
+    kept."""
 
     @classmethod
     def from_dict(cls, d: dict[str, Any] | None) -> TranscriptIndex:
-        return cls() if not isinstance(d, dict) else cls(**d)
+        if not isinstance(d, dict):
+            return cls()
+        entries = d.get("entries") or []
+        if entries and isinstance(entries[0], dict):  # written before entries were triples
+            entries = [[e["seq"], e["offset"], e.get("bytes", 0)] for e in entries]
+        return cls(d.get("partition"), entries, d.get("summary"), d.get("omitted_through", 0),
+                   d.get("total"))
 
     def to_dict(self) -> dict[str, Any]:
         """Its fields as a dict, sharing their lists and dicts with it: nothing here changes
@@ -53,12 +69,34 @@ class TranscriptIndex:
         what it stores. ``asdict``'s deep copy was ~11 % of a busy worker's CPU once a
         conversation had a few hundred turns (``docs/benchmarks.md``, eleventh pass)."""
         return {"partition": self.partition, "entries": self.entries, "summary": self.summary,
-                "omitted_through": self.omitted_through}
+                "omitted_through": self.omitted_through, "total": self._total()}
 
     @property
     def covered(self) -> int:
         """The last seq the summary covers (0 without one)."""
         return self.summary["through"] if self.summary else 0
+
+    def _total(self) -> int:
+        if self.total is None:
+            self.total = sum(e[2] for e in self.entries)
+        return self.total
+
+    def _takes(self, seq: int) -> bool:
+        """Whether an entry at ``seq`` would be new (not covered, after the last one)."""
+        return seq > self.covered and not (self.entries and self.entries[-1][0] >= seq)
+
+    def _pushed_out(self, size: int, budget: int) -> tuple[int, int]:
+        """How many of the oldest entries a new entry of ``size`` bytes pushes out — while
+        together they are over ``budget`` bytes or ``MAX_ENTRIES`` entries; never the new
+        one — and the bytes of the entries left with it. As ``logrefs.recent`` keeps them."""
+        entries = self.entries
+        total = self._total() + size
+        count = len(entries) + 1
+        drop = 0
+        while drop < len(entries) and (count - drop > MAX_ENTRIES or total > budget):
+            total -= entries[drop][2]
+            drop += 1
+        return drop, total
 
     def apply(self, env: Envelope, partition: int, offset: int, budget: int) -> bool:
         """Index one log record; whether the index changed (a redelivery changes nothing)."""
@@ -70,7 +108,8 @@ class TranscriptIndex:
                 return False
             self.partition = partition
             self.summary = {"seq": seq, "offset": offset, "through": rec.through_seq}
-            self.entries = [e for e in self.entries if e["seq"] > rec.through_seq]
+            self.entries = [e for e in self.entries if e[0] > rec.through_seq]
+            self.total = None
             if self.omitted_through <= rec.through_seq:
                 self.omitted_through = 0
             return True
@@ -80,15 +119,14 @@ class TranscriptIndex:
 
     def add(self, seq: int, partition: int | None, offset: int, size: int, budget: int) -> bool:
         """Index one message or reply of ``size`` sealed bytes at ``seq``/``offset``."""
-        if seq <= self.covered or (self.entries and self.entries[-1]["seq"] >= seq):
+        if not self._takes(seq):
             return False
         if partition is not None:
             self.partition = partition
-        entries = [*self.entries, {"seq": seq, "offset": offset, "bytes": size}]
-        self.entries = recent(entries, budget)
-        if len(self.entries) < len(entries):
-            self.omitted_through = max(self.omitted_through,
-                                       entries[len(entries) - len(self.entries) - 1]["seq"])
+        drop, self.total = self._pushed_out(size, budget)
+        if drop:
+            self.omitted_through = max(self.omitted_through, self.entries[drop - 1][0])
+        self.entries = [*self.entries[drop:], [seq, offset, size]]
         return True
 
     def reference(self, message_seq: int, partition: int) -> dict[str, Any]:
@@ -96,21 +134,27 @@ class TranscriptIndex:
         return {"partition": self.partition if self.partition is not None else partition,
                 "summary": None if self.summary is None
                 else Position(self.summary["seq"], self.summary["offset"]).to_json(),
-                "entries": [Position(e["seq"], e["offset"]).to_json()
-                            for e in self.entries if e["seq"] <= message_seq],
+                "entries": [[e[0], e[1]] for e in self.entries if e[0] <= message_seq],
                 "omitted_through": self.omitted_through}
 
     def before(self, message: MessageRecorded, message_seq: int, budget: int) -> TranscriptRef:
         """What a turn of ``message`` (at ``message_seq``, not on the log yet) reads besides
         the message itself: the index as it will be once the message is in it, but for the
         message — the same positions ``reference`` gives once it is."""
-        after = TranscriptIndex(self.partition, self.entries, self.summary, self.omitted_through)
-        after.add(message_seq, None, -1, len(message.text.ciphertext), budget)
-        return TranscriptRef(
-            summary=None if after.summary is None
-            else (after.summary["seq"], after.summary["offset"]),
-            entries=[(e["seq"], e["offset"]) for e in after.entries if e["seq"] < message_seq],
-            omitted_through=after.omitted_through)
+        omitted, drop = self.omitted_through, 0
+        if self._takes(message_seq):
+            drop, _ = self._pushed_out(len(message.text.ciphertext), budget)
+            if drop:
+                omitted = max(omitted, self.entries[drop - 1][0])
+            entries = [(e[0], e[1]) for e in self.entries[drop:]]
+        else:
+            entries = [(e[0], e[1]) for e in self.entries if e[0] < message_seq]
+        # Built from the index's own integers: validating up to 1,000 pairs again cost more
+        # than the rest of a turn's index work together (~90 µs at 1,000).
+        return TranscriptRef.model_construct(
+            summary=None if self.summary is None
+            else (self.summary["seq"], self.summary["offset"]),
+            entries=entries, omitted_through=omitted)
 
 
 def turn_reference(ref: TranscriptRef, message_seq: int, partition: int, offset: int

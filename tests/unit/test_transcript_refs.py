@@ -277,7 +277,7 @@ async def test_a_summary_is_recorded_and_later_turns_read_it_instead() -> None:
         "SUMMARY: three concerns so far"
     index = c.index()
     assert index["summary"]["through"] == 9
-    assert all(e["seq"] > 9 for e in index["entries"])
+    assert all(seq > 9 for seq, _, _ in index["entries"])
     nxt = await c.message("concern number 4")
     ref = c.reads(nxt)
     assert ref["summary"] == [index["summary"]["seq"], index["summary"]["offset"]]
@@ -296,7 +296,7 @@ async def test_a_history_over_the_read_budget_is_cut_and_the_turn_told_so() -> N
         await c.run(await c.message(f"message {n} " + "x" * 15_000))
     index = c.index()
     assert index["omitted_through"] > 0
-    assert sum(e["bytes"] for e in index["entries"]) <= 64 * 1024
+    assert sum(size for _, _, size in index["entries"]) == index["total"] <= 64 * 1024
     history = c.agent.histories[-1]
     assert "are left out" in history[0]["content"] and "VOICE_HISTORY_READ_BYTES" in \
         history[0]["content"]
@@ -369,7 +369,7 @@ def test_the_index_ignores_redeliveries_and_other_records() -> None:
     state = Envelope(record=TurnStateChanged(conversation=CNV, turn="t", state="Thinking"),
                      key=CNV, source="/t", seq=2)
     assert index.apply(state, 0, 12, 1024) is False
-    assert index.entries == [{"seq": 1, "offset": 10, "bytes": len(msg.record.text.ciphertext)}]
+    assert index.entries == [[1, 10, len(msg.record.text.ciphertext)]]
 
 
 def test_recent_is_bounded_by_bytes_and_by_count() -> None:
@@ -442,3 +442,95 @@ def test_recent_takes_what_the_plain_loop_takes() -> None:
         assert recent(entries, budget, keep, bound) == _recent_by_loop(entries, budget, keep,
                                                                         bound)
 
+
+
+SEALED_SUMMARY = Sealer(MemoryKeyStore()).seal(CNV, "s", "a summary")
+
+
+class _DictIndex:
+    """The index as it was kept before entries were triples with a running total: dict
+    entries, ``recent`` over all of them at every add (the reference the new one must match)."""
+
+    def __init__(self) -> None:
+        self.entries: list[dict[str, int]] = []
+        self.covered = 0
+        self.omitted_through = 0
+
+    def add(self, seq: int, offset: int, size: int, budget: int) -> bool:
+        if seq <= self.covered or (self.entries and self.entries[-1]["seq"] >= seq):
+            return False
+        entries = [*self.entries, {"seq": seq, "offset": offset, "bytes": size}]
+        self.entries = recent(entries, budget)
+        if len(self.entries) < len(entries):
+            self.omitted_through = max(self.omitted_through,
+                                       entries[len(entries) - len(self.entries) - 1]["seq"])
+        return True
+
+    def summarise(self, through: int) -> None:
+        if through > self.covered:
+            self.covered = through
+            self.entries = [e for e in self.entries if e["seq"] > through]
+            if self.omitted_through <= through:
+                self.omitted_through = 0
+
+    def before(self, seq: int, size: int, budget: int) -> tuple[list[tuple[int, int]], int]:
+        after = _DictIndex()
+        after.entries, after.covered = self.entries, self.covered
+        after.omitted_through = self.omitted_through
+        after.add(seq, -1, size, budget)
+        return [(e["seq"], e["offset"]) for e in after.entries if e["seq"] < seq], \
+            after.omitted_through
+
+
+@pytest.mark.parametrize("budget", [50, 400, 10**9])
+def test_the_index_keeps_what_recent_kept_over_every_entry(budget: int) -> None:
+    """Each add drops the oldest entries a new one pushes out, from a running total, in time
+    that does not grow with the index: the same entries, omissions and turn references as
+    ``recent`` over the whole index at every add gave, through summaries, redeliveries,
+    oversized entries and ``MAX_ENTRIES``; and a state of the old shape (dict entries, no
+    total) reads and goes on the same."""
+    rng = random.Random(budget)
+    new, old = TranscriptIndex(), _DictIndex()
+    seq = 0
+    for step in range(3000):
+        if rng.random() < 0.01 and seq > 2:  # a summary through some recent seq
+            through = seq - rng.randrange(0, 3)
+            summary = HistorySummarised(conversation=CNV, turn="t", summary_id=f"s{step}",
+                                        through_seq=through, text=SEALED_SUMMARY)
+            seq += 1
+            new.apply(Envelope(record=summary, key=CNV, source="/t", seq=seq), 0, seq, budget)
+            old.summarise(through)
+            continue
+        seq += rng.choice([1, 1, 2, 3])
+        size = rng.choice([0, 1, 7, 20, 45, 400, 600]) if step % 500 else budget + 1
+        if rng.random() < 0.3:  # a turn's message: what its TurnOpened names, before it lands
+            ref = new.before(_message(size), seq, budget)
+            assert (ref.entries, ref.omitted_through) == old.before(seq, size, budget)
+        assert new.add(seq, 0, seq, size, budget) is old.add(seq, seq, size, budget)
+        assert new.add(seq, 0, seq, size, budget) is False, "a redelivery changes nothing"
+        assert new.entries == [[e["seq"], e["offset"], e["bytes"]] for e in old.entries]
+        assert new.omitted_through == old.omitted_through
+        assert new.total == sum(e["bytes"] for e in old.entries)
+        assert len(new.entries) <= MAX_ENTRIES
+        if step == 1500:  # from here on, go on from a state of the old shape
+            new = TranscriptIndex.from_dict({"partition": 0, "entries": old.entries,
+                                             "summary": new.summary,
+                                             "omitted_through": old.omitted_through})
+            assert new.total is None and new.to_dict()["total"] == new.total
+
+
+def _message(size: int) -> MessageRecorded:
+    return MessageRecorded(conversation=CNV, message_id="m", at="now",
+                           text=SEALED_SUMMARY.model_copy(update={"ciphertext": "x" * size}))
+
+
+def test_a_long_conversations_index_is_under_half_its_old_size() -> None:
+    """Entries are ``[seq, offset, bytes]``: the state's changelog value at 1,000 entries is
+    less than half of what ``{"seq", "offset", "bytes"}`` dicts made it."""
+    index = TranscriptIndex()
+    for n in range(1, 1001):
+        index.add(2 * n, 0, 10_000 + 3 * n, 300, 10**9)
+    as_dicts = [{"seq": s, "offset": o, "bytes": b} for s, o, b in index.entries]
+    size = len(json.dumps(index.to_dict()))
+    assert size < 0.5 * len(json.dumps({**index.to_dict(), "entries": as_dicts}))
+    assert TranscriptIndex.from_dict(json.loads(json.dumps(index.to_dict()))) == index

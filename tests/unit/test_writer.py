@@ -205,7 +205,7 @@ def test_the_aggregate_learns_where_its_records_landed_before_its_state_is_writt
         key=CNV, source="/test", id="r1", time=T0, tenant="t1")))
     state = ConversationState.from_dict(table[CNV])
     assert state is not None and state.transcript is not None
-    assert [(e["seq"], e["offset"]) for e in state.transcript["entries"]] == [(2, 1), (5, 2)]
+    assert [(seq, offset) for seq, offset, _ in state.transcript["entries"]] == [(2, 1), (5, 2)]
     run(writer.dispatch(send("c2")))
     opened = out.log()[-1].record
     assert opened.history.entries == [(2, 1), (5, 2)] and out.log()[-1].seq == 7
@@ -445,9 +445,9 @@ def test_a_long_conversations_command_copies_only_what_it_changes(parts) -> None
     assert after is not before and after["seq"] == before["seq"] + 3
     assert len(after["commands"]) == len(before["commands"]) + 1
     assert all(after["commands"][k] is v for k, v in before["commands"].items())
-    old_entries = {e["seq"]: e for e in before["transcript"]["entries"]}
-    kept = [e for e in after["transcript"]["entries"] if e["seq"] in old_entries]
-    assert len(kept) == 80 and all(old_entries[e["seq"]] is e for e in kept)
+    old_entries = {e[0]: e for e in before["transcript"]["entries"]}
+    kept = [e for e in after["transcript"]["entries"] if e[0] in old_entries]
+    assert len(kept) == 80 and all(old_entries[e[0]] is e for e in kept)
     # ... and the table's old value was not changed by deciding on the copy
     assert "c-next" not in before["commands"] and len(before["transcript"]["entries"]) == 80
     assert len(before["open_turns"]) == 0 and len(after["open_turns"]) == 1
