@@ -12,13 +12,22 @@ Erasure is obeyed as the sealer obeys it: ``open`` checks that the conversation'
 before serving a kept text (``Sealer.check_live``: an erasure learnt from any process is seen at
 the next read), and ``forget`` drops a conversation's texts when its erasure is read. It must
 never serve a text without that check, nor keep anything but what ``Sealer.open_text`` returned.
+
+Each conversation's last turn read is kept too (``LastRead``: the positions it read, their
+roles and opened texts), so the next turn of the conversation reads and opens only the
+positions after them. Finding 1,000 kept texts one by one, reading 1,000 held records and
+joining them was over half the step thread's Python time at 1,000 entries, though one message
+and one reply were new (docs/benchmarks.md, issue 14, twenty-fourth pass). The same check
+comes before a last read is served, and ``forget`` drops it with the texts.
 """
 
 from __future__ import annotations
 
 import threading
+from bisect import bisect_left
 from collections import OrderedDict
 from collections.abc import Sequence
+from dataclasses import dataclass
 
 from schemas.base import Sealed
 from streams.sealing import Sealer
@@ -26,7 +35,38 @@ from streams.sealing import Sealer
 MAX_CHARS = 8_000_000
 """At most this many characters of plaintext kept (a few tens of MB at the most)."""
 
+MAX_READS = 1024
+"""At most this many conversations' last reads kept (all of them within ``max_chars`` too)."""
+
 _Key = tuple[str, str, int, str]
+
+
+@dataclass(frozen=True)
+class LastRead:
+    """The messages and replies one turn of a conversation read: their positions on the
+    log's ``partition`` (``(seq, offset)``, oldest first), roles and opened texts."""
+
+    partition: int
+    positions: list[tuple[int, int]]
+    roles: list[str]
+    texts: list[str]
+
+    @property
+    def chars(self) -> int:
+        return sum(map(len, self.texts))
+
+    def reuse(self, partition: int, positions: list[tuple[int, int]]
+              ) -> tuple[list[str], list[str]]:
+        """The roles and texts of the first of ``positions`` that this read has read already
+        (as many as it has: the positions it ends with, or holds for an older turn's)."""
+        mine = self.positions
+        if partition != self.partition or not positions or not mine:
+            return [], []
+        at = bisect_left(mine, positions[0])  # positions only grow along a log
+        count = min(len(mine) - at, len(positions))
+        if not count or mine[at:at + count] != positions[:count]:
+            return [], []
+        return self.roles[at:at + count], self.texts[at:at + count]
 
 
 class OpenedTexts:
@@ -38,6 +78,9 @@ class OpenedTexts:
         self._texts: OrderedDict[_Key, str] = OrderedDict()
         self._chars = 0
         self._lock = threading.Lock()  # steps open on their loop; erasures are read on Faust's
+        self._reads: OrderedDict[str, LastRead] = OrderedDict()
+        self._read_sizes: dict[str, int] = {}
+        self._read_chars = 0
 
     def check(self, conversation: str) -> None:
         """``KeyErased`` if the conversation was erased: call it before a read that may use
@@ -72,11 +115,38 @@ class OpenedTexts:
                 self._chars -= len(dropped)
         return texts
 
+    def last_read(self, conversation: str) -> LastRead | None:
+        """What the last turn of ``conversation`` read (``keep_read``). Call ``check`` first."""
+        with self._lock:
+            read = self._reads.get(conversation)
+            if read is not None:
+                self._reads.move_to_end(conversation)
+            return read
+
+    def keep_read(self, conversation: str, read: LastRead) -> None:
+        """Keep ``read`` as the last of ``conversation`` (if it fits), instead of the one
+        before; the least recently used conversations' go first past ``MAX_READS``."""
+        chars = read.chars
+        with self._lock:
+            old = self._reads.pop(conversation, None)
+            if old is not None:
+                self._read_chars -= self._read_sizes.pop(conversation)
+            if chars > self.max_chars:
+                return
+            self._reads[conversation] = read
+            self._read_sizes[conversation] = chars
+            self._read_chars += chars
+            while self._read_chars > self.max_chars or len(self._reads) > MAX_READS:
+                dropped, _ = self._reads.popitem(last=False)
+                self._read_chars -= self._read_sizes.pop(dropped)
+
     def forget(self, conversation: str) -> None:
-        """Drop every text of ``conversation`` (its erasure was read)."""
+        """Drop every text of ``conversation``, and its last read (its erasure was read)."""
         with self._lock:
             for key in [k for k in self._texts if k[0] == conversation]:
                 self._chars -= len(self._texts.pop(key))
+            if self._reads.pop(conversation, None) is not None:
+                self._read_chars -= self._read_sizes.pop(conversation)
 
     def __len__(self) -> int:
         return len(self._texts)

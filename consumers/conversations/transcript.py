@@ -163,7 +163,7 @@ def turn_reference(ref: TranscriptRef, message_seq: int, partition: int, offset:
     ``TurnOpened`` names and where that record is itself."""
     return {"partition": partition,
             "summary": None if ref.summary is None else list(ref.summary),
-            "entries": [*([s, o] for s, o in ref.entries), [message_seq, offset]],
+            "entries": [*ref.entries, (message_seq, offset)],  # (seq, offset) pairs as read
             "omitted_through": ref.omitted_through}
 
 

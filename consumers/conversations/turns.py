@@ -25,7 +25,7 @@ from collections.abc import Awaitable, Callable, Sequence
 from typing import Any
 
 from consumers.conversations.concern import ConcernReply
-from consumers.conversations.opened import OpenedTexts
+from consumers.conversations.opened import LastRead, OpenedTexts
 from consumers.conversations.transcript import TranscriptIndex, opened_at, reference_from
 from consumers.engine.cancel import CancelToken
 from consumers.engine.history import lead_with_stored
@@ -125,36 +125,52 @@ def history_of(sealer: Sealer, conversation: str, records: Sequence[Envelope],
     """The history a turn hands the model, from the records its input refers to: the
     summary (if any) leads the first message, then the messages and replies after it; and the
     last seq each history message holds. A turn whose older records were left out unsummarised
-    is told so in the same place. ``opened``: as ``open_entries``.
+    is told so in the same place. ``opened``: as ``open_entries``."""
+    return _history(_Read.of(sealer, conversation, records, opened), omitted_through)
+
+
+class _Read:
+    """A turn's records, opened: the summary's seq and text, if any, then the messages' and
+    replies' roles, texts and seqs, in order.
 
     One pass over the records and one ``open_all`` for their blobs (the summary's among them):
     the entry dicts and a call per blob this replaces were ~7 % of the step thread's Python
     time at 60 turns a conversation (docs/benchmarks.md, issue 14, twenty-second pass)."""
-    summary: HistorySummarised | None = None
-    blobs: list[tuple[str, Sealed]] = []
-    roles: list[str] = []
-    seqs: list[int] = []
-    for env in records:
-        rec = env.record
-        if isinstance(rec, MessageRecorded):
-            blobs.append((rec.message_id, rec.text))
-            roles.append("user")
-        elif isinstance(rec, ReplyRecorded):
-            blobs.append((rec.reply_id, rec.text))
-            roles.append("assistant")
-        else:
-            if isinstance(rec, HistorySummarised):
-                summary = rec
-            continue
-        seqs.append(env.seq)  # type: ignore[arg-type]  # a conversation record has its seq
-    if summary is not None:
-        blobs.append((summary.summary_id, summary.text))
-    texts = _open_all(sealer, conversation, blobs, opened)
-    stored = None
-    if summary is not None:
-        stored = (summary.through_seq, texts.pop())
-    history, last = _joined(texts, roles, seqs)
-    return lead_with_stored(history, last, stored, omitted_through, READ_SETTING)
+
+    def __init__(self, stored: tuple[int, str] | None, roles: list[str], texts: list[str],
+                 seqs: list[int]) -> None:
+        self.stored, self.roles, self.texts, self.seqs = stored, roles, texts, seqs
+
+    @classmethod
+    def of(cls, sealer: Sealer, conversation: str, records: Sequence[Envelope],
+           opened: OpenedTexts | None) -> _Read:
+        summary: HistorySummarised | None = None
+        blobs: list[tuple[str, Sealed]] = []
+        roles: list[str] = []
+        seqs: list[int] = []
+        for env in records:
+            rec = env.record
+            if isinstance(rec, MessageRecorded):
+                blobs.append((rec.message_id, rec.text))
+                roles.append("user")
+            elif isinstance(rec, ReplyRecorded):
+                blobs.append((rec.reply_id, rec.text))
+                roles.append("assistant")
+            else:
+                if isinstance(rec, HistorySummarised):
+                    summary = rec
+                continue
+            seqs.append(env.seq)  # type: ignore[arg-type]  # a conversation record has its seq
+        if summary is not None:
+            blobs.append((summary.summary_id, summary.text))
+        texts = _open_all(sealer, conversation, blobs, opened)
+        stored = None if summary is None else (summary.through_seq, texts.pop())
+        return cls(stored, roles, texts, seqs)
+
+
+def _history(read: _Read, omitted_through: int) -> tuple[list[dict[str, Any]], list[int]]:
+    history, last = _joined(read.texts, read.roles, read.seqs)
+    return lead_with_stored(history, last, read.stored, omitted_through, READ_SETTING)
 
 
 class Turns:
@@ -231,15 +247,41 @@ class Turns:
             return open_entries(self.sealer, conversation, inp["transcript"])
         ref = inp["history"]
         partition = int(ref["partition"])
+        known: list[Envelope] = []  # records read already, by the positions they are at
         if "opened" in ref:  # the record that opened the turn names the positions
             at = Position.from_json(ref["opened"])
-            opened = await self.reader.read(CONVERSATIONS, partition, conversation, [at])
-            ref = reference_from(opened[0], partition, at.offset)
-        refs = ([ref["summary"]] if ref.get("summary") else []) + list(ref["entries"])
-        records = await self.reader.read(CONVERSATIONS, partition, conversation,
-                                         [Position.from_json(p) for p in refs])
-        return history_of(self.sealer, conversation, records, ref.get("omitted_through") or 0,
-                          self.opened)
+            known = await self.reader.read(CONVERSATIONS, partition, conversation, [at])
+            ref = reference_from(known[0], partition, at.offset)  # (seq, offset) pairs
+            positions = ref["entries"]
+        else:  # an input naming the positions, as JSON gives them
+            positions = [(int(p[0]), int(p[1])) for p in ref["entries"]]
+        summary = [Position.from_json(ref["summary"])] if ref.get("summary") else []
+        # What the conversation's last turn read (its key checked live first) is neither read
+        # nor opened again: only the positions after it, and the summary.
+        self.opened.check(conversation)
+        last = self.opened.last_read(conversation)
+        roles, texts = ([], []) if last is None else last.reuse(partition, positions)
+        read = _Read.of(self.sealer, conversation, await self._records(
+            conversation, partition, summary, positions[len(roles):], known), self.opened)
+        if len(roles) + len(read.roles) == len(positions):  # every position a message or reply
+            read = _Read(read.stored, roles + read.roles, texts + read.texts,
+                         [p[0] for p in positions])
+            self.opened.keep_read(conversation, LastRead(partition, positions, read.roles,
+                                                         read.texts))
+        elif roles:  # a position that is no message or reply: all read, as a fresh read would
+            read = _Read.of(self.sealer, conversation, await self._records(
+                conversation, partition, summary, positions, known), self.opened)
+        return _history(read, ref.get("omitted_through") or 0)
+
+    async def _records(self, conversation: str, partition: int, summary: list[Position],
+                       positions: list[tuple[int, int]], known: list[Envelope]
+                       ) -> list[Envelope]:
+        """The records at ``summary`` then ``positions``; the last of them from ``known`` when
+        it was read already (the record that opened the turn is its own last position)."""
+        last = known[-1] if known and positions and positions[-1][0] == known[-1].seq else None
+        wanted = summary + [Position(*p) for p in (positions[:-1] if last else positions)]
+        records = await self.reader.read(CONVERSATIONS, partition, conversation, wanted)
+        return [*records, last] if last is not None else records
 
     async def reply_step(self, ctx: StepContext) -> dict[str, Any]:
         """Read and open the history, run the agent, submit summary, reply, proposal, state."""

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import pytest
 
-from consumers.conversations.opened import OpenedTexts
+from consumers.conversations.opened import MAX_READS, LastRead, OpenedTexts
 from consumers.conversations.turns import history_of
 from schemas.base import Sealed
 from schemas.conversation import HistorySummarised, MessageRecorded, ReplyRecorded
@@ -148,3 +148,42 @@ def test_a_history_joins_one_role_s_consecutive_entries_as_before() -> None:
     assert history[0] == {"role": "user", "content":
                           "[CONVERSATION SUMMARY through seq 1]\nearlier\n\nask 0\n\nand again"}
     assert seqs == [4, 5, 13, 15]
+
+
+def _read(partition: int, first: int, count: int, text: str = "t") -> LastRead:
+    positions = [(seq, 100 + seq) for seq in range(first, first + count)]
+    return LastRead(partition, positions, ["user"] * count, [f"{text}{s}" for s, _ in positions])
+
+
+def test_a_last_read_serves_the_positions_it_read_and_only_those() -> None:
+    """What the next turn names (older positions dropped, new ones after) is served from
+    where it starts; an older turn's positions (a prefix) too; anything else is not."""
+    last = _read(0, 1, 5)  # seqs 1..5
+    assert last.reuse(0, [(3, 103), (4, 104), (5, 105), (6, 106)]) == (
+        ["user"] * 3, ["t3", "t4", "t5"])
+    assert last.reuse(0, [(1, 101), (2, 102)]) == (["user"] * 2, ["t1", "t2"])
+    assert last.reuse(0, [(6, 106), (7, 107)]) == ([], []), "nothing of it"
+    assert last.reuse(1, [(3, 103)]) == ([], []), "another partition"
+    assert last.reuse(0, [(3, 999), (4, 104)]) == ([], []), "another offset"
+    assert last.reuse(0, [(2, 102), (4, 104)]) == ([], []), "not the same run of positions"
+    assert last.reuse(0, []) == ([], [])
+
+
+def test_last_reads_are_bounded_and_forgotten_with_their_conversation() -> None:
+    texts = OpenedTexts(Sealer(MemoryKeyStore()), max_chars=100)
+    texts.keep_read("a", _read(0, 1, 3, "x" * 20))  # ~63 characters
+    texts.keep_read("b", _read(0, 1, 1, "y" * 20))
+    assert texts.last_read("a") is not None  # now the most recently used
+    texts.keep_read("c", _read(0, 1, 1, "z" * 20))
+    assert texts.last_read("b") is None, "the least recently used went first"
+    assert texts.last_read("a") is not None and texts.last_read("c") is not None
+    texts.keep_read("a", _read(0, 1, 1, "w"))  # replaces its own
+    assert texts.last_read("a").texts == ["w1"]  # type: ignore[union-attr]
+    texts.keep_read("d", _read(0, 1, 6, "v" * 20))  # over the bound alone: not kept
+    assert texts.last_read("d") is None
+    texts.forget("c")
+    assert texts.last_read("c") is None and texts.last_read("a") is not None
+    many = OpenedTexts(Sealer(MemoryKeyStore()))
+    for n in range(MAX_READS + 5):
+        many.keep_read(f"c{n}", _read(0, 1, 1))
+    assert many.last_read("c0") is None and many.last_read(f"c{MAX_READS + 4}") is not None

@@ -15,6 +15,7 @@ from typing import Any
 import pytest
 
 from consumers.conversations.concern import ConcernReply
+from consumers.conversations.opened import LastRead
 from consumers.conversations.sequencer import ConversationSequencer, ConversationState
 from consumers.conversations.transcript import TranscriptIndex, reference_from
 from consumers.conversations.turns import KIND, Turns, history_of
@@ -28,7 +29,7 @@ from consumers.frame.logrefs import (
 )
 from consumers.frame.writer import outputs
 from consumers.workflows.engine import StepContext
-from consumers.workflows.runtime import StepError
+from consumers.workflows.runtime import Erased, StepError
 from schemas.base import Record
 from schemas.conversation import (
     ConversationErased,
@@ -171,7 +172,8 @@ class Conversation:
         seq, offset = ref["opened"]
         [opened] = self.log.logs[(CONVERSATIONS.name, ref["partition"])][offset:offset + 1]
         assert opened.seq == seq
-        return reference_from(opened, ref["partition"], offset)
+        read = reference_from(opened, ref["partition"], offset)
+        return {**read, "entries": [list(p) for p in read["entries"]]}  # as an input names them
 
     def index(self) -> dict[str, Any]:
         """The conversation's transcript index, where this shape keeps it."""
@@ -534,3 +536,68 @@ def test_a_long_conversations_index_is_under_half_its_old_size() -> None:
     size = len(json.dumps(index.to_dict()))
     assert size < 0.5 * len(json.dumps({**index.to_dict(), "entries": as_dicts}))
     assert TranscriptIndex.from_dict(json.loads(json.dumps(index.to_dict()))) == index
+
+
+def _full_history(c: Conversation, started: WorkflowStarted) -> list[dict[str, Any]]:
+    """The history a step reading every position afresh gives (no last read kept)."""
+    ref = c.reads(started)
+    wanted = ([ref["summary"]] if ref["summary"] else []) + ref["entries"]
+    records = [c.log.logs[(CONVERSATIONS.name, PARTITION)][o] for _, o in wanted]
+    return history_of(c.sealer, CNV, records, ref["omitted_through"])[0]
+
+
+async def test_a_turn_reads_only_what_its_conversations_last_turn_did_not() -> None:
+    """The step keeps what a conversation's turn read (positions, roles, opened texts): the
+    next turn reads the record that opened it, the summary and the positions after the kept
+    ones; its history is the one a fresh read of every position gives, through a summary
+    and a history cut at the read budget."""
+    c = Conversation(read_bytes=12 * 1024)
+    for n in range(12):
+        started = await c.message(f"concern number {n} " + "x" * (3000 if n > 6 else 10))
+        if n == 5:
+            c.agent.summary = HistorySummary("SUMMARY: five concerns so far", 6)
+        c.log.reads.clear()
+        await c.run(started)
+        assert c.agent.histories[-1] == _full_history(c, started)
+        ref = c.reads(started)
+        opened, *summary_and_new = [[p.seq for p in read[3]] for read in c.log.reads]
+        assert opened == [started.input["history"]["opened"][0]]
+        if n == 0:
+            continue
+        new = summary_and_new[0][1:] if ref["summary"] else summary_and_new[0]
+        assert len(new) <= 1, f"turn {n} read {new} again, not only the last reply"
+        assert not ref["summary"] or summary_and_new[0][0] == ref["summary"][0]
+    assert c.index()["omitted_through"] > 0 and c.index()["summary"] is not None
+
+
+async def test_a_kept_read_is_not_served_once_the_conversation_is_erased() -> None:
+    """Its key is checked live before a kept read is served; the erasure record drops it."""
+    c = Conversation()
+    await c.run(await c.message("hello there friends"))
+    started = await c.message("and again")
+    assert c.turns.opened.last_read(CNV) is not None
+    c.sealer.erase(CNV)
+    ctx = StepContext(workflow=started.workflow, kind=KIND, step="reply", attempt=1,
+                      input=started.input, outputs={}, commands={})
+    with pytest.raises(Erased):
+        await c.turns.reply_step(ctx)
+    await c.append(ConversationErased(conversation=CNV))
+    assert c.turns.opened.last_read(CNV) is None
+
+
+async def test_a_kept_read_that_differs_from_what_a_turn_names_is_not_used() -> None:
+    """Positions kept for another partition, or for other offsets, are read afresh."""
+    c = Conversation()
+    await c.run(await c.message("hello there friends"))
+    await c.run(await c.message("and again"))
+    last = c.turns.opened.last_read(CNV)
+    assert last is not None and last.roles == ["user", "assistant", "user"]
+    roles = ["user", "assistant", "user"]
+    wrong = ["a text not on the log", "nor this one", "no"]
+    for kept in (LastRead(PARTITION + 1, last.positions, roles, wrong),
+                 LastRead(PARTITION, [(s, o + 100) for s, o in last.positions], roles, wrong)):
+        c.turns.opened.keep_read(CNV, kept)
+        started = await c.message("a third one")
+        await c.run(started)
+        assert c.agent.histories[-1] == _full_history(c, started)
+        assert "not on the log" not in json.dumps(c.agent.histories[-1])
