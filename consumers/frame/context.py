@@ -312,7 +312,8 @@ class WorkerContext:
             topic = topic_name(self.settings, WORKFLOWS)
             active = {tp.partition for tp in self.app.assignor.assigned_actives()
                       if tp.topic == topic}
-            for workflow in self.runtime.unheld(active, self.settings.topic_partitions):
+            for workflow in self.runtime.unheld(active, self.settings.topic_partitions,
+                                                faust_ready(self.app)):
                 await self.publisher.send(WORKFLOWS, Envelope(
                     record=LeaseCheck(workflow=workflow), key=workflow, source=SOURCE,
                     subject=workflow, correlation=workflow))

@@ -60,6 +60,18 @@ changelog."""
 
 PROBE_EVERY_S = 5.0
 """A running workflow with no task is probed at most this often."""
+FULL_LOOK_S = 60.0
+"""``unheld`` looks at every workflow of the table at least this often."""
+
+
+def _needs_owner(d: dict[str, Any] | None) -> bool:
+    """Whether a workflow's stored state needs its owner when no task of it runs: running,
+    or ended with its ``on_end`` not yet run."""
+    if not d:
+        return False
+    status = d.get("status")
+    return status == "running" or (d.get("settled") is False
+                                   and status in ("completed", "failed"))
 
 
 def address(env: Envelope) -> commands.Address:
@@ -138,6 +150,11 @@ class WorkflowRuntime:
         """workflow → (ack of the record holding its lease, its topic-partition, its offset)"""
         self._slots = asyncio.Semaphore(settings.worker_concurrency)
         self._probed: dict[str, float] = {}
+        self._unfinished: set[str] = set()
+        """Workflows last seen running or unsettled (``unheld`` looks at them each time)."""
+        self._looked_for: tuple[frozenset[int], bool] | None = None
+        self._looked_at = 0.0
+        """What ``unheld`` last looked at every workflow for, and when."""
         self.cancels: dict[str, CancelToken] = {}
         """The cancel token of each step running here."""
         self.topic = topic_name(settings, WORKFLOWS)
@@ -250,7 +267,7 @@ class WorkflowRuntime:
             futs.append(self._send(env))
         for f in futs:
             await f
-        self.table[s.workflow] = s.to_dict()
+        self._write(s)
         for where, answer in t.answers:
             self._answer(where, answer)
         if not s.settled:
@@ -274,7 +291,16 @@ class WorkflowRuntime:
         if wf.on_end is not None:
             await wf.on_end(state)
         state.settled = True
-        self.table[state.workflow] = state.to_dict()
+        self._write(state)
+
+    def _write(self, state: WorkflowState) -> None:
+        """Store ``state``, noting whether it may need an owner later (``unheld``)."""
+        d = state.to_dict()
+        self.table[state.workflow] = d
+        if _needs_owner(d):
+            self._unfinished.add(state.workflow)
+        else:
+            self._unfinished.discard(state.workflow)
 
     def _answer(self, where: commands.Address, answer: Ack) -> None:
         """Produce a command's ``CommandAcknowledged`` (its delivery is not awaited: a lost
@@ -380,7 +406,8 @@ class WorkflowRuntime:
                         state.workflow, describe(sealing))
             return {}
 
-    def unheld(self, active_partitions: set[int], partitions: int) -> list[str]:
+    def unheld(self, active_partitions: set[int], partitions: int, ready: bool = True
+               ) -> list[str]:
         """Workflows of this worker's partitions that need their owner: running with no local
         task holding them, or ended with their ``on_end`` not yet run (``settled`` false).
 
@@ -388,15 +415,27 @@ class WorkflowRuntime:
         past an unacknowledged record), so the owner also looks at its table: each of these gets
         a ``LeaseCheck`` record, and consuming it resumes the step (``worker_lost``) or runs
         the bookkeeping (``_settle``).
+
+        Every workflow's state stays in the table once it has ended, so looking at all of them
+        each second grew with every turn the partitions ever ran (12 ms a look in a worker
+        whose stack had run a few thousand turns: docs/benchmarks.md, issue 14, twenty-fourth
+        pass). It looks at all of them when what the table may hold changed since its last
+        look at all — other active partitions, or ``ready`` (tables read back: Faust not
+        recovering nor rebalancing) changed — and at least every ``FULL_LOOK_S``; in between
+        only at those it last saw needing an owner or wrote itself running or unsettled.
         """
         now = time.monotonic()
+        key = (frozenset(active_partitions), ready)
+        if key != self._looked_for or now - self._looked_at >= FULL_LOOK_S:
+            self._looked_for, self._looked_at = key, now
+            self._unfinished = {w for w, d in list(self.table.items()) if _needs_owner(d)}
         out = []
-        for workflow, d in list(self.table.items()):
-            if not d or workflow in self.tasks:
+        for workflow in sorted(self._unfinished):
+            d = self.table.get(workflow)
+            if not _needs_owner(d):
+                self._unfinished.discard(workflow)
                 continue
-            lost = d.get("status") == "running"
-            unsettled = d.get("settled") is False and d.get("status") in ("completed", "failed")
-            if not (lost or unsettled):
+            if workflow in self.tasks:
                 continue
             if partition_of(workflow, partitions) not in active_partitions:
                 continue  # a standby copy: another worker owns it

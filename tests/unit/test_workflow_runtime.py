@@ -6,7 +6,7 @@ from __future__ import annotations
 import asyncio
 from typing import Any
 
-from consumers.workflows.engine import StepContext, StepDef, WorkflowDef
+from consumers.workflows.engine import StepContext, StepDef, WorkflowDef, WorkflowState
 from consumers.workflows.runtime import WorkflowRuntime
 from schemas.workflow import StepStarted, WorkflowCommandReceived, WorkflowStarted
 from streams.envelope import Envelope, decode
@@ -294,3 +294,63 @@ async def test_an_end_its_on_end_does_not_act_on_is_settled_in_one_table_write()
     table, ended = await _run_to_end(False, ("completed", "failed"))  # the default
     assert table.writes == [("running", True), ("completed", False), ("completed", True)]
     assert ended == ["completed"]
+
+
+class LookedAt(dict):  # type: ignore[type-arg]
+    """A table that counts how often all of it, and each value, is looked at."""
+
+    def __init__(self, *args: Any) -> None:
+        super().__init__(*args)
+        self.walks = 0
+        self.gets: list[str] = []
+
+    def items(self) -> Any:
+        self.walks += 1
+        return super().items()
+
+    def get(self, key: Any, default: Any = None) -> Any:
+        self.gets.append(key)
+        return super().get(key, default)
+
+
+def test_between_looks_at_every_workflow_only_the_unfinished_are_looked_at(
+        monkeypatch: Any) -> None:
+    """Ended workflows stay in the table for good: the lease check looks at all of them only
+    when the active partitions or the tables' readiness changed, or ``FULL_LOOK_S`` passed;
+    otherwise at those last seen running or unsettled (and those it wrote so itself)."""
+    from consumers.workflows import runtime
+
+    table = LookedAt({f"w-done-{n}": {"status": "completed", "settled": True}
+                      for n in range(1000)})
+    table["w-run"] = {"status": "running"}
+    rt = WorkflowRuntime(VoiceSettings(), table, Publisher(VoiceSettings(), FakeProducer))  # type: ignore[arg-type]
+    everything = set(range(6))
+    assert rt.unheld(everything, 6) == ["w-run"]
+    assert table.walks == 1
+    table.gets.clear()
+    assert rt.unheld(everything, 6) == [], "probed a moment ago"
+    assert table.walks == 1 and table.gets == ["w-run"], "only the unfinished one"
+    # A workflow another worker ran, restored from the changelog meanwhile: found once what
+    # the table may hold has changed (readiness, partitions) or the full look is due.
+    table["w-restored"] = {"status": "failed", "settled": False}
+    assert rt.unheld(everything, 6) == []
+    assert rt.unheld(everything, 6, ready=False) == ["w-restored"] and table.walks == 2
+    table["w-restored-2"] = {"status": "running"}
+    assert rt.unheld(everything - {0}, 6, ready=False) in ([], ["w-restored-2"])
+    assert table.walks == 3
+    rt.unheld(everything, 6)
+    assert table.walks == 4
+    table["w-restored-3"] = {"status": "running"}
+    assert rt.unheld(everything, 6) == [] and table.walks == 4
+    monkeypatch.setattr(runtime, "FULL_LOOK_S", 0.0)
+    assert rt.unheld(everything, 6) == ["w-restored-3"] and table.walks == 5
+    # What it writes itself is looked at without a full look: ended and settled, never again.
+    monkeypatch.setattr(runtime, "FULL_LOOK_S", 3600.0)
+    state = WorkflowState(workflow="w-mine", kind="k", input={})
+    rt._write(state)
+    assert rt.unheld(everything, 6) == ["w-mine"] and table.walks == 5
+    state.status, state.settled = "completed", True
+    rt._write(state)
+    table.gets.clear()
+    assert rt.unheld(everything, 6) == [] and "w-mine" not in table.gets
+    assert table.walks == 5
