@@ -60,7 +60,8 @@ class LastRead:
         """The roles and texts of the first of ``positions`` that this read has read already
         (as many as it has: the positions it ends with, or holds for an older turn's)."""
         mine = self.positions
-        if partition != self.partition or not positions or not mine:
+        if (partition != self.partition or not positions or not mine
+                or type(positions[0]) is not tuple):  # pairs of another type never match
             return [], []
         at = bisect_left(mine, positions[0])  # positions only grow along a log
         count = min(len(mine) - at, len(positions))

@@ -167,6 +167,7 @@ def test_a_last_read_serves_the_positions_it_read_and_only_those() -> None:
     assert last.reuse(0, [(3, 999), (4, 104)]) == ([], []), "another offset"
     assert last.reuse(0, [(2, 102), (4, 104)]) == ([], []), "not the same run of positions"
     assert last.reuse(0, []) == ([], [])
+    assert last.reuse(0, [[3, 103]]) == ([], []), "a pair of another type (never compared)"  # type: ignore[list-item]
 
 
 def test_last_reads_are_bounded_and_forgotten_with_their_conversation() -> None:
