@@ -31,6 +31,7 @@ from schemas.conversation import (
     ProposalRecorded,
     ReplyDelta,
     ReplyRecorded,
+    TurnOpened,
     TurnRequested,
     TurnState,
     TurnStateChanged,
@@ -189,6 +190,17 @@ COLD_SCANS = 1
 COLD_WAIT_S = 120.0
 """Longest ``ensure`` waits for a read by default (the reader gives up at its own 60 s; a
 request passes what is left of its gateway bound)."""
+
+
+def _slim(env: Envelope) -> Envelope:
+    """``env`` without what no reader of the edge uses: the positions a ``TurnOpened`` names
+    for its turn's step (up to 1,000 pairs, ~120 KB decoded). Kept with every message of a
+    long conversation, they made its view on every edge grow with the square of its length
+    (~43 MB at 600 turns: docs/benchmarks.md, issue 14, twenty-fourth pass)."""
+    rec = env.record
+    if isinstance(rec, TurnOpened) and rec.history is not None:
+        return replace(env, record=rec.model_copy(update={"history": None}))
+    return env
 
 
 class ConversationViews(StreamProjection[ConversationView]):
@@ -356,9 +368,10 @@ class ConversationViews(StreamProjection[ConversationView]):
     def apply(self, env: Envelope) -> ConversationView | None:
         """Apply one record of the log — a folded one as the records it stands for, each at
         its seq (``streams.envelope.unfolded``); returns the view it changed, or None for a
-        duplicate/unknown."""
+        duplicate/unknown. A ``TurnOpened`` is kept without the positions it names (``_slim``)."""
         if env.record.seqs == 1:
             return self._apply(env)
+        env = _slim(env)
         changed = None
         for part in unfolded(env):
             changed = self._apply(part) or changed

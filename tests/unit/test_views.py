@@ -207,3 +207,27 @@ def test_a_conversation_is_read_only_in_its_tenant_even_by_the_same_sub() -> Non
     assert [v.conversation for v in views.list_for(who("alice", "t2"))] == [
         "cnv-0000000000000002"]
     assert views.in_tenant(CNV, "t2") is None and views.in_tenant(CNV, "t1") is views[CNV]
+
+
+def test_a_turn_opened_is_kept_without_the_positions_it_names_for_its_step() -> None:
+    """The positions (up to 1,000 pairs) are its step's alone: kept with every message of a
+    long conversation, the view grew with the square of its length. What the edge serves of
+    the record is unchanged: its message at its seq, its turn's request and Thinking."""
+    from schemas.conversation import TranscriptRef, TurnOpened
+
+    views = ConversationViews()
+    views.apply(started())
+    turn = turn_id(CNV, 2)
+    opened = TurnOpened(conversation=CNV, message_id="m2", text=SEALED, turn=turn,
+                        at="2025-01-01T00:00:00+00:00",
+                        history=TranscriptRef(entries=[(n, 10 * n) for n in range(1, 1000)]))
+    views.apply(env(opened, 2))
+    view = views.by_key[CNV]
+    kept = view.events_after(1)
+    assert [e.seq for e in kept] == [2, 3, 4]
+    message = kept[0].record
+    assert isinstance(message, TurnOpened) and message.history is None
+    assert view.content[2].record.history is None  # type: ignore[union-attr]
+    assert message.model_dump(exclude={"history"}) == opened.model_dump(exclude={"history"})
+    assert view.turn(turn).state == "Thinking" and view.turn(turn).message_seq == 2
+    assert opened.history is not None, "the record applied is not changed"
