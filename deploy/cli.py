@@ -348,19 +348,27 @@ def _rerun(settings: VoiceSettings, workflows: list[str]) -> None:
     from rich.progress import Progress
 
     from deploy.replay import rerun_workflow
+    from streams.sealing import KeyErased, KeyNotFound
 
-    diverged = 0
+    diverged = erased = 0
     with Progress(transient=True, console=__import__("rich.console").console.Console(
             stderr=True)) as progress:
         task = progress.add_task("re-running", total=len(workflows))
         for wf in workflows:
-            found = asyncio.run(rerun_workflow(settings, wf))
+            try:
+                found = asyncio.run(rerun_workflow(settings, wf))
+            except (KeyErased, KeyNotFound):  # erased: its key (or its tombstone) is all left
+                typer.echo(f"cannot re-run {wf}: its conversation was erased (its key is gone)")
+                erased += 1
+                progress.advance(task)
+                continue
             for line in found:
                 typer.echo(f"DIVERGENCE {wf}: {line}")
             diverged += bool(found)
             progress.advance(task)
-    typer.echo(f"re-ran {len(workflows)} turn(s): {diverged} diverged")
-    raise typer.Exit(1 if diverged else 0)
+    not_run = f"; {erased} not re-run (erased)" if erased else ""
+    typer.echo(f"re-ran {len(workflows) - erased} turn(s): {diverged} diverged{not_run}")
+    raise typer.Exit(1 if diverged or erased else 0)
 
 
 @kafka_app.command("fetch")

@@ -84,6 +84,13 @@ def test_replay_of_an_erased_conversation_shows_it_erased(settings: VoiceSetting
     assert "speed" not in shown.stdout
     assert not any(isinstance(e.record, TurnStateChanged) and e.record.state == "Thinking"
                    and "speed" in str(e.record) for e in log_of(settings, CONVERSATIONS, cnv))
+    # Its turns cannot be re-run (their key is gone): said plainly, no traceback, exit 1.
+    rerun = voice(settings, "replay", "conversation", cnv, "--rerun")
+    assert rerun.returncode == 1, rerun.stdout + rerun.stderr
+    assert "Traceback" not in rerun.stdout + rerun.stderr
+    assert (f"cannot re-run {cnv}:turn-2: its conversation was erased (its key is gone)"
+            in rerun.stdout)
+    assert "re-ran 0 turn(s): 0 diverged; 1 not re-run (erased)" in rerun.stdout
 
 
 def test_an_assistant_turn_and_a_research_run_rerun_without_divergence(
