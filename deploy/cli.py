@@ -360,11 +360,10 @@ def _rerun(settings: VoiceSettings, workflows: list[str]) -> None:
             except (KeyErased, KeyNotFound):  # erased: its key (or its tombstone) is all left
                 typer.echo(f"cannot re-run {wf}: its conversation was erased (its key is gone)")
                 erased += 1
-                progress.advance(task)
-                continue
-            for line in found:
-                typer.echo(f"DIVERGENCE {wf}: {line}")
-            diverged += bool(found)
+            else:
+                for line in found:
+                    typer.echo(f"DIVERGENCE {wf}: {line}")
+                diverged += bool(found)
             progress.advance(task)
     not_run = f"; {erased} not re-run (erased)" if erased else ""
     typer.echo(f"re-ran {len(workflows) - erased} turn(s): {diverged} diverged{not_run}")

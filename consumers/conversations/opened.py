@@ -79,8 +79,8 @@ class OpenedTexts:
         self._texts: OrderedDict[_Key, str] = OrderedDict()
         self._chars = 0
         self._lock = threading.Lock()  # steps open on their loop; erasures are read on Faust's
-        self._reads: OrderedDict[str, LastRead] = OrderedDict()
-        self._read_sizes: dict[str, int] = {}
+        self._reads: OrderedDict[str, tuple[LastRead, int]] = OrderedDict()
+        """conversation → its last read and that read's characters."""
         self._read_chars = 0
 
     def check(self, conversation: str) -> None:
@@ -119,35 +119,37 @@ class OpenedTexts:
     def last_read(self, conversation: str) -> LastRead | None:
         """What the last turn of ``conversation`` read (``keep_read``). Call ``check`` first."""
         with self._lock:
-            read = self._reads.get(conversation)
-            if read is not None:
-                self._reads.move_to_end(conversation)
-            return read
+            kept = self._reads.get(conversation)
+            if kept is None:
+                return None
+            self._reads.move_to_end(conversation)
+            return kept[0]
 
     def keep_read(self, conversation: str, read: LastRead) -> None:
         """Keep ``read`` as the last of ``conversation`` (if it fits), instead of the one
         before; the least recently used conversations' go first past ``MAX_READS``."""
         chars = read.chars
         with self._lock:
-            old = self._reads.pop(conversation, None)
-            if old is not None:
-                self._read_chars -= self._read_sizes.pop(conversation)
+            self._drop_read(conversation)
             if chars > self.max_chars:
                 return
-            self._reads[conversation] = read
-            self._read_sizes[conversation] = chars
+            self._reads[conversation] = (read, chars)
             self._read_chars += chars
             while self._read_chars > self.max_chars or len(self._reads) > MAX_READS:
-                dropped, _ = self._reads.popitem(last=False)
-                self._read_chars -= self._read_sizes.pop(dropped)
+                self._read_chars -= self._reads.popitem(last=False)[1][1]
+
+    def _drop_read(self, conversation: str) -> None:
+        """Drop ``conversation``'s last read, if kept (the lock held)."""
+        kept = self._reads.pop(conversation, None)
+        if kept is not None:
+            self._read_chars -= kept[1]
 
     def forget(self, conversation: str) -> None:
         """Drop every text of ``conversation``, and its last read (its erasure was read)."""
         with self._lock:
             for key in [k for k in self._texts if k[0] == conversation]:
                 self._chars -= len(self._texts.pop(key))
-            if self._reads.pop(conversation, None) is not None:
-                self._read_chars -= self._read_sizes.pop(conversation)
+            self._drop_read(conversation)
 
     def __len__(self) -> int:
         return len(self._texts)

@@ -247,11 +247,11 @@ class Turns:
             return open_entries(self.sealer, conversation, inp["transcript"])
         ref = inp["history"]
         partition = int(ref["partition"])
-        known: list[Envelope] = []  # records read already, by the positions they are at
+        opening: Envelope | None = None  # the record that opened the turn, once read
         if "opened" in ref:  # the record that opened the turn names the positions
             at = Position.from_json(ref["opened"])
-            known = await self.reader.read(CONVERSATIONS, partition, conversation, [at])
-            ref = reference_from(known[0], partition, at.offset)  # (seq, offset) pairs
+            [opening] = await self.reader.read(CONVERSATIONS, partition, conversation, [at])
+            ref = reference_from(opening, partition, at.offset)  # (seq, offset) pairs
             positions = ref["entries"]
         else:  # an input naming the positions, as JSON gives them
             positions = [(int(p[0]), int(p[1])) for p in ref["entries"]]
@@ -262,7 +262,7 @@ class Turns:
         last = self.opened.last_read(conversation)
         roles, texts = ([], []) if last is None else last.reuse(partition, positions)
         read = _Read.of(self.sealer, conversation, await self._records(
-            conversation, partition, summary, positions[len(roles):], known), self.opened)
+            conversation, partition, summary, positions[len(roles):], opening), self.opened)
         if len(roles) + len(read.roles) == len(positions):  # every position a message or reply
             read = _Read(read.stored, roles + read.roles, texts + read.texts,
                          [p[0] for p in positions])
@@ -270,15 +270,16 @@ class Turns:
                                                          read.texts))
         elif roles:  # a position that is no message or reply: all read, as a fresh read would
             read = _Read.of(self.sealer, conversation, await self._records(
-                conversation, partition, summary, positions, known), self.opened)
+                conversation, partition, summary, positions, opening), self.opened)
         return _history(read, ref.get("omitted_through") or 0)
 
     async def _records(self, conversation: str, partition: int, summary: list[Position],
-                       positions: list[tuple[int, int]], known: list[Envelope]
+                       positions: list[tuple[int, int]], opening: Envelope | None
                        ) -> list[Envelope]:
-        """The records at ``summary`` then ``positions``; the last of them from ``known`` when
-        it was read already (the record that opened the turn is its own last position)."""
-        last = known[-1] if known and positions and positions[-1][0] == known[-1].seq else None
+        """The records at ``summary`` then ``positions``; the last of them is ``opening``, not
+        read again, when it is that record (the record that opened the turn is its own last
+        position)."""
+        last = opening if opening and positions and positions[-1][0] == opening.seq else None
         wanted = summary + [Position(*p) for p in (positions[:-1] if last else positions)]
         records = await self.reader.read(CONVERSATIONS, partition, conversation, wanted)
         return [*records, last] if last is not None else records
