@@ -147,6 +147,25 @@ class LeaseCheck(Record):
     workflow: str
 
 
+FORGET_AT_MOST = 512
+"""The most workflows one ``WorkflowsForgotten`` names (~40 bytes each: well under a record's
+bound)."""
+
+
+@record_type("voice.workflow.forgotten.v1")
+class WorkflowsForgotten(Record):
+    """Housekeeping of one partition of ``voice.workflows`` (keyed by the first workflow it
+    names, so it lands in theirs): its owner forgets these ended, settled workflows, each
+    ended before ``ended_before`` (epoch seconds), dropping their state from its table (a
+    changelog tombstone). It names no tenant: it carries no one's words, only ids.
+
+    A forgotten workflow's later records change nothing, but a ``WorkflowStarted`` of it
+    would start it again: ``VOICE_WORKFLOW_RETAIN_S`` must outlast any redelivery of one."""
+
+    workflows: list[str] = Field(min_length=1, max_length=FORGET_AT_MOST)
+    ended_before: float
+
+
 def step_success(record: Record) -> StepSucceeded | None:
     """The step success a ``voice.workflows`` record reports, in either shape: a
     ``StepSucceeded``, or the one a ``LastStepSucceeded`` carries (else None)."""

@@ -197,6 +197,14 @@ class VoiceSettings(BaseSettings):
     """The same for an assistant turn: past it the turn ends ``Failed`` (``DEADLINE_EXCEEDED``)
     and the conversation takes the next message."""
 
+    workflow_retain_s: float = Field(default=8 * 24 * 3600.0, gt=0)
+    """How long a worker keeps an ended workflow's state once its ``on_end`` has run (8 days
+    by default). Past it the owner forgets it (``WorkflowsForgotten``), so its table holds what
+    ran lately, not all that ever ran. A ``WorkflowStarted`` of a forgotten workflow would start
+    it again: keep this above the longest any such record can be redelivered — above the
+    brokers' ``offsets.retention.minutes`` (7 days by default), after which a consumer group
+    down that long reads its topics from the start."""
+
     janitor_interval_s: float = Field(default=5.0, gt=0)
     """How often a worker looks for turns past their deadline on the partitions it owns."""
 

@@ -55,6 +55,7 @@ from schemas.workflow import (
     WorkflowFailed,
     WorkflowPaused,
     WorkflowResumed,
+    WorkflowsForgotten,
     WorkflowStarted,
 )
 from streams.envelope import Envelope
@@ -191,6 +192,8 @@ class Workflows(Projection[WorkflowView]):
 
     def apply(self, env: Envelope) -> None:
         rec = env.record
+        if isinstance(rec, WorkflowsForgotten):
+            return  # a worker's housekeeping of its table, of no workflow's story
         workflow = getattr(rec, "workflow", env.key)
         view = self.by_key.get(workflow)
         if view is None:

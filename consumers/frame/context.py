@@ -317,6 +317,12 @@ class WorkerContext:
                 await self.publisher.send(WORKFLOWS, Envelope(
                     record=LeaseCheck(workflow=workflow), key=workflow, source=SOURCE,
                     subject=workflow, correlation=workflow))
+            # Workflows ended long ago: forgotten through the log too, where only their
+            # partition's owner writes the table.
+            for forgotten in self.runtime.forgettable():
+                first = forgotten.workflows[0]
+                await self.publisher.send(WORKFLOWS, Envelope(
+                    record=forgotten, key=first, source=SOURCE, subject=first))
 
         @self.app.timer(self.settings.janitor_interval_s)
         async def _janitor() -> None:

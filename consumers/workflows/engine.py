@@ -123,6 +123,11 @@ class WorkflowState:
     """False from the moment it ended until its definition's ``on_end`` (the turn-over
     bookkeeping) has run: the runtime runs it again for an ended, unsettled workflow, so a
     worker dying in between never leaves a turn open."""
+    ended_at: float | None = None
+    """When it ended (epoch seconds, its owner's clock), and the offset of the record whose
+    handling ended it; None while it runs or waits, and in a state stored before they were
+    kept. What ``WorkflowsForgotten`` goes by."""
+    ended_offset: int | None = None
 
     def to_dict(self) -> dict[str, Any]:
         """The table's value: a deep copy (``json_copy``), never sharing structure."""

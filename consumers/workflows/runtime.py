@@ -36,7 +36,13 @@ from consumers.workflows import commands, engine
 from consumers.workflows.engine import Pause, StepContext, Transition, WorkflowDef, WorkflowState
 from consumers.workflows.steploop import StepLoop
 from schemas.base import Sealed
-from schemas.workflow import StepOutcome, WorkflowCommandReceived, WorkflowStarted
+from schemas.workflow import (
+    FORGET_AT_MOST,
+    StepOutcome,
+    WorkflowCommandReceived,
+    WorkflowsForgotten,
+    WorkflowStarted,
+)
 from streams.crashpoints import CrashPoints
 from streams.envelope import Envelope
 from streams.free_text import TextSealer, describe, open_text, seal_text
@@ -64,14 +70,29 @@ FULL_LOOK_S = 60.0
 """``unheld`` looks at every workflow of the table at least this often."""
 
 
+ENDED = ("completed", "failed")
+
+
 def _needs_owner(d: dict[str, Any] | None) -> bool:
     """Whether a workflow's stored state needs its owner when no task of it runs: running,
     or ended with its ``on_end`` not yet run."""
     if not d:
         return False
     status = d.get("status")
-    return status == "running" or (d.get("settled") is False
-                                   and status in ("completed", "failed"))
+    return status == "running" or (d.get("settled") is False and status in ENDED)
+
+
+def _may_forget(d: dict[str, Any] | None, ended_before: float, oldest_held: int | None
+                ) -> bool:
+    """Whether a ``WorkflowsForgotten`` of ``ended_before`` may drop this stored state: ended,
+    settled, ended before then, and by a record older than any this partition holds a lease
+    with (a worker dying now is redelivered from the oldest: no record of it is among them)."""
+    if not d or d.get("status") not in ENDED or d.get("settled") is False:
+        return False
+    ended_at, ended_offset = d.get("ended_at"), d.get("ended_offset")
+    if ended_at is not None and ended_at > ended_before:
+        return False
+    return oldest_held is None or ended_offset is None or ended_offset < oldest_held
 
 
 def address(env: Envelope) -> commands.Address:
@@ -107,6 +128,35 @@ def outcome_transition(wf: WorkflowDef, state: WorkflowState, rec: StepOutcome,
         t = engine.step_succeeded(wf, state, rec.output)
     commands.settle(wf, t)  # the commands that waited for this state
     return t
+
+
+class _Locked:
+    """A workflow's lock, dropped from its map once nobody holds or waits for it: the map
+    kept one for every workflow ever run (~210 bytes each), for good."""
+
+    __slots__ = ("_by", "_key", "_lock", "_users")
+
+    def __init__(self, by: dict[str, _Locked], key: str) -> None:
+        self._by, self._key = by, key
+        self._lock = asyncio.Lock()
+        self._users = 0
+
+    async def __aenter__(self) -> None:
+        self._users += 1
+        try:
+            await self._lock.acquire()
+        except BaseException:
+            self._leave()
+            raise
+
+    async def __aexit__(self, *exc: object) -> None:
+        self._lock.release()
+        self._leave()
+
+    def _leave(self) -> None:
+        self._users -= 1
+        if self._users == 0:
+            del self._by[self._key]
 
 
 class StepError(Exception):
@@ -145,7 +195,7 @@ class WorkflowRuntime:
         self.publisher = publisher
         self.defs: dict[str, WorkflowDef] = {}
         self.tasks: dict[str, asyncio.Task[None]] = {}
-        self._locks: dict[str, asyncio.Lock] = {}
+        self._locks: dict[str, _Locked] = {}
         self._held: dict[str, tuple[Callable[[], Any], Any, int | None]] = {}
         """workflow → (ack of the record holding its lease, its topic-partition, its offset)"""
         self._slots = asyncio.Semaphore(settings.worker_concurrency)
@@ -155,6 +205,13 @@ class WorkflowRuntime:
         self._looked_for: tuple[frozenset[int], bool] | None = None
         self._looked_at = 0.0
         """What ``unheld`` last looked at every workflow for, and when."""
+        self._forgettable: dict[int, list[str]] = {}
+        self._forget_before = 0.0
+        """Per partition: the ended, settled workflows that ended before ``_forget_before``
+        (``VOICE_WORKFLOW_RETAIN_S`` before the last look at every workflow)."""
+        self._ended_unstamped: dict[str, float] = {}
+        """Ended workflows stored without ``ended_at`` (before it was kept): when a look at
+        every workflow first saw them, which stands for it."""
         self.cancels: dict[str, CancelToken] = {}
         """The cancel token of each step running here."""
         self.topic = topic_name(settings, WORKFLOWS)
@@ -166,15 +223,24 @@ class WorkflowRuntime:
     def register(self, wf: WorkflowDef) -> None:
         self.defs[wf.kind] = wf
 
-    def _lock(self, workflow: str) -> asyncio.Lock:
-        return self._locks.setdefault(workflow, asyncio.Lock())
+    def _locked(self, workflow: str) -> _Locked:
+        """``workflow``'s lock, to hold (``async with``): its records are applied one at a
+        time."""
+        entry = self._locks.get(workflow)
+        if entry is None:
+            entry = self._locks[workflow] = _Locked(self._locks, workflow)
+        return entry
 
     async def handle(self, env: Envelope, ack: Callable[[], Any], tp: Any = None,
                      offset: int | None = None) -> None:
         """Apply one voice.workflows record; ``ack`` is called now or when the step ends."""
         rec = env.record
+        if isinstance(rec, WorkflowsForgotten):
+            await self._forget(rec, env.key, tp)
+            ack()
+            return
         workflow = getattr(rec, "workflow", env.key)
-        async with self._lock(workflow):
+        async with self._locked(workflow):
             state = WorkflowState.from_dict(self.table.get(workflow))
             t: Transition | None = None
             if isinstance(rec, WorkflowStarted):
@@ -205,7 +271,7 @@ class WorkflowRuntime:
             if t is not None and not t.emits:
                 # A command refused, queued or answered again: its state and answers only; the
                 # record is then treated like any other that changes no step.
-                await self._apply(t, env.correlation or workflow)
+                await self._apply(t, env.correlation or workflow, offset)
                 state, t = t.state, None
             if t is None and workflow in self.tasks:
                 held = self._held.get(workflow)
@@ -229,7 +295,7 @@ class WorkflowRuntime:
             if t is None:
                 ack()
                 return
-            await self._apply(t, env.correlation or workflow)
+            await self._apply(t, env.correlation or workflow, offset)
             if t.run_step:
                 previous = self._held.pop(workflow, None)
                 if previous is not None and (previous[1], previous[2]) != (tp, offset):
@@ -253,8 +319,15 @@ class WorkflowRuntime:
     def _outcome(self, state: WorkflowState, rec: StepOutcome) -> Transition | None:
         return outcome_transition(self.defs[state.kind], state, rec, self.settings.step_attempts)
 
-    async def _apply(self, t: Transition, correlation: str) -> None:
+    async def _apply(self, t: Transition, correlation: str, offset: int | None = None
+                     ) -> None:
+        """Make ``t``: its records, its state, its answers, and (ended) its ``on_end``;
+        ``offset``: of the record whose handling makes it."""
         s = t.state
+        if t.ended:
+            s.ended_at, s.ended_offset = time.time(), offset
+        elif s.status not in ENDED:
+            s.ended_at = s.ended_offset = None
         # Ended: unsettled until ``_settle`` has run its on_end (when it acts on this end).
         # Running again (a retried failure): its next end settles it.
         wf = self.defs[s.kind]
@@ -423,17 +496,21 @@ class WorkflowRuntime:
         look at all — other active partitions, or ``ready`` (tables read back: Faust not
         recovering nor rebalancing) changed — and at least every ``FULL_LOOK_S``; in between
         only at those it last saw needing an owner or wrote itself running or unsettled.
+
+        A look at all, once the tables are back, also notes what may be forgotten
+        (``forgettable``).
         """
         now = time.monotonic()
         key = (frozenset(active_partitions), ready)
         if key != self._looked_for or now - self._looked_at >= FULL_LOOK_S:
             self._looked_for, self._looked_at = key, now
-            self._unfinished = {w for w, d in list(self.table.items()) if _needs_owner(d)}
+            self._look_at_all(active_partitions, partitions, ready)
         out = []
         for workflow in sorted(self._unfinished):
             d = self.table.get(workflow)
             if not _needs_owner(d):
                 self._unfinished.discard(workflow)
+                self._probed.pop(workflow, None)
                 continue
             if workflow in self.tasks:
                 continue
@@ -444,6 +521,69 @@ class WorkflowRuntime:
             self._probed[workflow] = now
             out.append(workflow)
         return out
+
+    def _look_at_all(self, active_partitions: set[int], partitions: int, ready: bool) -> None:
+        """One pass over the table: the workflows needing an owner, and (tables back) those
+        of our partitions ended and settled longer than ``VOICE_WORKFLOW_RETAIN_S`` ago."""
+        wall = time.time()
+        before = wall - self.settings.workflow_retain_s
+        unfinished: set[str] = set()
+        forgettable: dict[int, list[str]] = {}
+        unstamped: dict[str, float] = {}
+        for workflow, d in list(self.table.items()):
+            if _needs_owner(d):
+                unfinished.add(workflow)
+                continue
+            if not ready or not d or d.get("status") not in ENDED:
+                continue
+            ended_at = d.get("ended_at")
+            if ended_at is None:
+                ended_at = unstamped[workflow] = self._ended_unstamped.get(workflow, wall)
+            if ended_at <= before and workflow not in self.tasks:
+                partition = partition_of(workflow, partitions)
+                if partition in active_partitions:
+                    forgettable.setdefault(partition, []).append(workflow)
+        self._unfinished = unfinished
+        if ready:
+            self._ended_unstamped = unstamped
+            self._forgettable, self._forget_before = forgettable, before
+
+    def forgettable(self) -> list[WorkflowsForgotten]:
+        """The records that make this worker's partitions forget their workflows ended and
+        settled longer than ``VOICE_WORKFLOW_RETAIN_S`` ago, as the last look at every
+        workflow found them (each once; keyed by their first workflow). Their owner checks
+        each again when it consumes them (``_forget``)."""
+        out = []
+        for partition in sorted(self._forgettable):
+            workflows = sorted(self._forgettable[partition])
+            for i in range(0, len(workflows), FORGET_AT_MOST):
+                out.append(WorkflowsForgotten(workflows=workflows[i:i + FORGET_AT_MOST],
+                                              ended_before=self._forget_before))
+        self._forgettable = {}
+        return out
+
+    async def _forget(self, rec: WorkflowsForgotten, key: str, tp: Any) -> None:
+        """Drop the stored state of each workflow ``rec`` names that is of its partition,
+        runs nowhere here, and may still be forgotten (``_may_forget``): a tombstone in the
+        table's changelog, so a worker reading the table back no longer reads it."""
+        partitions = self.settings.topic_partitions
+        here = partition_of(key, partitions)
+        oldest_held = min((o for _ack, t, o in self._held.values() if t == tp and o is not None),
+                          default=None)
+        forgotten = 0
+        for workflow in rec.workflows:
+            if partition_of(workflow, partitions) != here or workflow in self.tasks:
+                continue  # another partition's (its tombstone would land in this one's)
+            async with self._locked(workflow):
+                if not _may_forget(self.table.get(workflow), rec.ended_before, oldest_held):
+                    continue
+                del self.table[workflow]
+            self._unfinished.discard(workflow)
+            self._probed.pop(workflow, None)
+            self._ended_unstamped.pop(workflow, None)
+            forgotten += 1
+        log.info("forgot %d of %d ended workflows of partition %d", forgotten,
+                 len(rec.workflows), here)
 
     def release_leases(self) -> None:
         """Before this worker hands its partitions over (a rebalance, a shutdown): acknowledge

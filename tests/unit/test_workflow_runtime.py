@@ -315,7 +315,7 @@ class LookedAt(dict):  # type: ignore[type-arg]
 
 def test_between_looks_at_every_workflow_only_the_unfinished_are_looked_at(
         monkeypatch: Any) -> None:
-    """Ended workflows stay in the table for good: the lease check looks at all of them only
+    """Ended workflows stay in the table for days: the lease check looks at all of them only
     when the active partitions or the tables' readiness changed, or ``FULL_LOOK_S`` passed;
     otherwise at those last seen running or unsettled (and those it wrote so itself)."""
     from consumers.workflows import runtime
