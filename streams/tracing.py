@@ -25,6 +25,7 @@ propagator cannot parse is ignored (a fresh trace starts), as the specification 
 from __future__ import annotations
 
 import os
+import re
 from collections.abc import Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from typing import TYPE_CHECKING
@@ -56,6 +57,8 @@ TRACE_HEADERS = (TRACEPARENT, TRACESTATE)
 INSTRUMENTATION = "voice"
 
 _PROPAGATOR = TraceContextTextMapPropagator()
+_PLAIN_TRACEPARENT = re.compile(r"00-([0-9a-f]{32})-([0-9a-f]{16})-([0-9a-f]{2})")
+"""A version-00 ``traceparent`` and nothing more: the one Voice's own producers write."""
 _tracer: Tracer | None = None
 
 HeaderPairs = Sequence[tuple[str, bytes | str | None]]
@@ -164,13 +167,33 @@ def _carrier(headers: HeaderPairs | Mapping[str, str] | None) -> dict[str, str]:
 
 
 def extract(headers: HeaderPairs | Mapping[str, str] | None) -> otel_context.Context:
-    """The context the trace headers among ``headers`` carry (an empty one without them)."""
-    return _PROPAGATOR.extract(_carrier(headers), context=otel_context.Context())
+    """The context the trace headers among ``headers`` carry (an empty one without them).
+
+    A plain version-00 ``traceparent`` with no ``tracestate`` (what every record Voice
+    produces carries) is read here, as the W3C propagator reads it; anything else goes to the
+    propagator. A worker reads one with every record it consumes."""
+    carrier = _carrier(headers)
+    value = carrier.get(TRACEPARENT)
+    match = _PLAIN_TRACEPARENT.fullmatch(value) if value and len(carrier) == 1 else None
+    if match is None:
+        return _PROPAGATOR.extract(carrier, context=otel_context.Context())
+    trace_id, span_id = int(match[1], 16), int(match[2], 16)
+    if not trace_id or not span_id:
+        return otel_context.Context()
+    return trace.set_span_in_context(NonRecordingSpan(SpanContext(
+        trace_id, span_id, is_remote=True, trace_flags=TraceFlags(int(match[3], 16)))),
+        otel_context.Context())
+
+
+def carried(headers: HeaderPairs | Mapping[str, str] | None) -> otel_context.Context | None:
+    """The context of the valid ``traceparent`` among ``headers``; None without one."""
+    context = extract(headers)
+    return context if trace.get_current_span(context).get_span_context().is_valid else None
 
 
 def has_trace(headers: HeaderPairs | Mapping[str, str] | None) -> bool:
     """Whether ``headers`` carry a valid ``traceparent``."""
-    return trace.get_current_span(extract(headers)).get_span_context().is_valid
+    return carried(headers) is not None
 
 
 def inject() -> list[tuple[str, bytes]]:

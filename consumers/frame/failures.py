@@ -43,12 +43,14 @@ from collections.abc import AsyncIterable, Awaitable, Callable, Hashable, Iterat
 from contextlib import AbstractContextManager, nullcontext
 from typing import Any
 
+from opentelemetry.trace import SpanKind
+
 from consumers.frame.writer import Raw
 from streams.dead_letters import send_dead_letter
 from streams.free_text import describe, trace_of
 from streams.producer import RecordProducer
 from streams.retry import RetryPolicy, Sleep, attempt
-from streams.tracing import continued, has_trace
+from streams.tracing import carried, span
 
 log = logging.getLogger(__name__)
 
@@ -225,7 +227,8 @@ def by_key(raw: Raw) -> Hashable:
 
 def _span(raw: Raw) -> AbstractContextManager[object]:
     """The ``process`` span of a traced record (messaging semantic conventions)."""
-    if not has_trace(raw.headers):
+    context = carried(raw.headers)  # read once: a worker does it with every record
+    if context is None:
         return nullcontext()
     attributes: dict[str, str | int] = {
         "messaging.system": "kafka", "messaging.operation.type": "process",
@@ -234,4 +237,4 @@ def _span(raw: Raw) -> AbstractContextManager[object]:
         attributes["messaging.destination.partition.id"] = str(raw.partition)
     if raw.offset is not None:
         attributes["messaging.kafka.offset"] = raw.offset
-    return continued(f"process {raw.topic}", raw.headers, attributes=attributes)
+    return span(f"process {raw.topic}", SpanKind.CONSUMER, attributes, context)
