@@ -231,8 +231,21 @@ def span(name: str, kind: SpanKind = SpanKind.INTERNAL, attributes: Attributes |
 
     An exception out of the block marks it in error with ``error.type`` = the exception's
     class, and is not recorded as an event: an exception's message may quote someone's
-    words (``streams.free_text``), and a span must never carry them."""
-    with tracer().start_as_current_span(name, context=context, kind=kind,
+    words (``streams.free_text``), and a span must never carry them.
+
+    Under ``IdsOnly`` (no exporter) the span records nothing: it is made and made current
+    here, as ``start_as_current_span`` would, without its two nested generators (a worker
+    makes one for every record it consumes)."""
+    chosen = tracer()
+    if type(chosen) is IdsOnlyTracer:
+        current = chosen.start_span(name, context)
+        token = otel_context.attach(trace.set_span_in_context(current))
+        try:
+            yield current
+        finally:
+            otel_context.detach(token)
+        return
+    with chosen.start_as_current_span(name, context=context, kind=kind,
                                         attributes=attributes, record_exception=False,
                                         set_status_on_exception=False) as current:
         try:

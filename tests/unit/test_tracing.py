@@ -474,7 +474,9 @@ def test_without_an_exporter_nothing_is_recorded_and_a_failure_is_still_raised()
     try:
         with pytest.raises(ValueError), tracing.span("step") as current:
             assert not current.is_recording()
+            assert tracing.current_traceparent() is not None
             raise ValueError("words of someone")
+        assert tracing.current_traceparent() is None, "the span is no longer current"
     finally:
         tracing.install(None)
 
