@@ -42,8 +42,24 @@ SEEK_GAP = 100
 READ_WAIT_S = 0.2
 """How long a read waits for the next record to arrive (``take``) before it looks again."""
 
-RECENT_BYTES = 8 * 1024 * 1024
-"""Record bytes (key and value, as on the log) ``RecentRecords`` holds at most."""
+RECENT_BYTES = 32 * 1024 * 1024
+"""What ``RecentRecords`` holds at most, in bytes of memory as ``decoded_weight`` estimates
+them (until issue 14's twenty-fifth pass: 8 MiB of bytes on the log, the same records where
+a record holds no positions)."""
+
+DECODED_PER_LOG_BYTE = 4
+POSITION_BYTES = 80
+"""A decoded record takes about four times its key and value on the log, plus ~80 bytes for
+each (seq, offset) pair it names (a tuple of two ints, against ~12 bytes of JSON): measured,
+2,850 bytes for a 700-byte ``TurnOpened`` without positions, 128,629 for a 13,699-byte one
+with 1,000 (docs/benchmarks.md, issue 14, twenty-fifth pass)."""
+
+
+def decoded_weight(env: Envelope, size: int) -> int:
+    """The memory ``env``, ``size`` bytes on the log, takes decoded (an estimate)."""
+    history = getattr(env.record, "history", None)
+    positions = len(getattr(history, "entries", None) or ())
+    return size * DECODED_PER_LOG_BYTE + positions * POSITION_BYTES
 
 
 @dataclass(frozen=True)
@@ -250,7 +266,9 @@ class RecentRecords:
     thread hop for records already decoded in memory (~2 ms of a turn, docs/benchmarks.md,
     "Issue 14, fifth pass"). What is held is what the log holds at that offset (the log is
     never rewritten; sealed content stays sealed), and every position is checked as a fetched
-    one is (``checked``). The least recently used go first past ``budget`` bytes.
+    one is (``checked``). The least recently used go first past ``budget`` bytes of memory
+    (``decoded_weight``: a long conversation's ``TurnOpened``, ~15 KB on the log, is ~130 KB
+    decoded, so a budget of bytes on the log held up to ~9 times it).
     Thread-safe: consumers remember on the worker's loop, steps read on theirs.
     """
 
@@ -263,6 +281,7 @@ class RecentRecords:
     def remember(self, topic: str, partition: int, offset: int, env: Envelope,
                  size: int) -> None:
         """Hold ``env``, read at ``topic[partition]@offset`` (``size`` bytes on the log)."""
+        size = decoded_weight(env, size)
         if size > self.budget:
             return
         where = (topic, partition, offset)

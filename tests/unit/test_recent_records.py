@@ -46,10 +46,10 @@ def test_every_position_held_is_served_in_the_order_asked_and_checked() -> None:
 
 
 def test_the_least_recently_used_go_first_past_the_budget() -> None:
-    recent = RecentRecords(budget=1000)
+    recent = RecentRecords(budget=4000)  # of memory: a 400-byte record weighs 1,600 decoded
     for offset in range(3):
         recent.remember(TOPIC, 0, offset, record(offset + 1), 400)
-    assert len(recent) == 2  # 1200 > 1000: offset 0 went
+    assert len(recent) == 2  # 4800 > 4000: offset 0 went
     assert recent.held(TOPIC, 0, CNV, [Position(1, 0)]) is None
     assert recent.held(TOPIC, 0, CNV, [Position(2, 1)]) is not None  # now the most recent
     recent.remember(TOPIC, 0, 3, record(4), 400)
@@ -86,3 +86,38 @@ def test_the_worker_holds_the_log_records_its_consumer_decoded() -> None:
     other = event(5, record(1), topic="t.voice.workflows")
     run_agent(ctx, "staff_workflow_watch", other)
     assert ctx.log_reader.recent.held("t.voice.workflows", 0, CNV, [Position(1, 5)]) is None
+
+
+def test_a_record_weighs_what_it_takes_decoded_its_positions_included() -> None:
+    """A long conversation's ``TurnOpened`` names up to 1,000 (seq, offset) pairs: ~14 KB on
+    the log, ~130 KB decoded. A budget of bytes on the log held ~9 times its size of them."""
+    import datetime
+
+    from consumers.frame.logrefs import decoded_weight
+    from schemas.base import Sealed
+    from schemas.conversation import TranscriptRef, TurnOpened
+    from streams.envelope import decode, encode
+
+    def opened(n: int, seq: int) -> Envelope:
+        return Envelope(record=TurnOpened(
+            conversation=CNV, message_id=f"m{seq}", turn=f"{CNV}:turn-{seq}",
+            text=Sealed(ciphertext="x" * 400, nonce="n" * 16, key_version=1),
+            at=datetime.datetime.now(datetime.UTC).isoformat(),
+            history=TranscriptRef(entries=[(3 * i + 1, 50_000 + 7 * i) for i in range(n)])),
+            key=CNV, source="/test", seq=seq)
+
+    import tracemalloc
+    for n in (0, 400, 1000):
+        key, value, headers = encode(opened(n, 5))
+        size = len(key or b"") + len(value)
+        tracemalloc.start()
+        before = tracemalloc.get_traced_memory()[0]
+        kept = [decode(key, value, headers) for _ in range(20)]
+        taken = (tracemalloc.get_traced_memory()[0] - before) / 20
+        tracemalloc.stop()
+        assert 0.75 * taken < decoded_weight(kept[0], size) < 1.5 * taken, (n, size, taken)
+    recent = RecentRecords(budget=250_000)
+    for offset, seq in ((10, 5), (20, 8)):
+        recent.remember(TOPIC, 0, offset, opened(1000, seq), 14_000)
+    assert len(recent) == 1, "two of ~136 KB each do not fit in 250 KB"
+    assert recent.held(TOPIC, 0, CNV, [Position(8, 20)]) is not None
