@@ -21,24 +21,14 @@ from schemas.workflow import (
     WorkflowsForgotten,
     WorkflowStarted,
 )
-from streams.envelope import Envelope, decode
+from streams.envelope import Envelope
 from streams.producer import Publisher
 from streams.settings import VoiceSettings
 from streams.topics import partition_of
+from tests.unit.test_workflow_runtime import FakeProducer
 
 PARTITIONS = 6
 EVERY = set(range(PARTITIONS))
-
-
-class FakeProducer:
-    def __init__(self) -> None:
-        self.sent: list[Envelope] = []
-
-    def produce_raw(self, topic: str, key: bytes, value: bytes, headers: Any) -> Any:
-        self.sent.append(decode(key, value, headers))
-        fut = asyncio.get_running_loop().create_future()
-        fut.set_result(None)
-        return fut
 
 
 class Clock:
