@@ -72,10 +72,22 @@ class HeldConversations(BaseModel):
     """Conversations whose records are held while their read from the log runs."""
 
 
+class HeldWorkflows(BaseModel):
+    """What this edge holds of ``voice.workflows``."""
+
+    in_memory: int
+    """Workflows whose view is in memory."""
+    turns_let_go: int
+    """Ended workflows of turns let go of past ``VOICE_EDGE_TURN_WORKFLOWS_KEPT``, since start."""
+    left_before_window: int
+    """With a history window: records of turns' workflows older than it, left unread at start."""
+
+
 class EdgeState(BaseModel):
     """An edge process's own state, for its operators: deployment-wide counts, no ids."""
 
     conversations: HeldConversations
+    workflows: HeldWorkflows
     skipped: dict[str, dict[str, int]]
     """Per topic, the records the tail skipped by reason (undecodable, or a view raised on
     them): not a reason to be unready — the writer side dead-letters them — but worth seeing."""
@@ -116,13 +128,15 @@ def create_app(settings: VoiceSettings | None = None, bind_host: str | None = No
         app.state.views = views
         app.state.sealer = sealer
         app.state.producer = edge_producer(settings)
-        app.state.staff = StaffViews(kept=settings.edge_events_kept)
+        app.state.staff = StaffViews(kept=settings.edge_events_kept,
+                                     turn_workflows_kept=settings.edge_turn_workflows_kept)
         app.state.assistant = AssistantViews(chat_settings)
         app.state.tail = EdgeTail(settings, on_conversation=on_record(views),
                                   more=app.state.staff.handlers(),
                                   located={**app.state.assistant.tail_handlers(),
                                            **app.state.staff.located_handlers()},
-                                  live={DELTAS: views.apply_delta})
+                                  live={DELTAS: views.apply_delta},
+                                  before_window=app.state.staff.before_window())
         app.state.tail.start()
         evicting = (None if settings.edge_history_s is None else
                     asyncio.create_task(evict_unused(views, settings.edge_history_s)))
@@ -188,11 +202,16 @@ def create_app(settings: VoiceSettings | None = None, bind_host: str | None = No
 
     @app.get("/ops/edge", tags=["ops"], responses=EDGE_ERRORS)
     async def edge_state(_operator: InspectDep) -> EdgeState:
-        """This edge's own state: the conversations it holds, the records its tail skipped."""
+        """This edge's own state: the conversations and workflows it holds, the records its
+        tail skipped."""
         views: ConversationViews = app.state.views
         tail: EdgeTail = app.state.tail
+        workflows = app.state.staff.workflows
         return EdgeState(conversations=HeldConversations(in_memory=len(views),
                                                          held=len(views.pending)),
+                         workflows=HeldWorkflows(in_memory=len(workflows),
+                                                 turns_let_go=workflows.turns_let_go,
+                                                 left_before_window=tail.left_before_window),
                          skipped=tail.skipped_counts())
 
     return app

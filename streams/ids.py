@@ -82,3 +82,13 @@ def turn_conversation(turn: str) -> str | None:
     """The conversation of a turn id, or None when it is not one."""
     parsed = parse_turn(turn)
     return parsed[0] if parsed else None
+
+
+def workflow_turn(workflow: str) -> str | None:
+    """The turn a workflow serves, or None: a turn's own workflow has the turn's id, and one
+    made for a turn (the assistant's extraction) is ``{turn}:{part}``. Such a workflow's story
+    is its conversation's; each turn makes one or two, so they are most of the workflow log."""
+    if _TURN.match(workflow):
+        return workflow
+    head, sep, _part = workflow.rpartition(":")
+    return head if sep and _TURN.match(head) else None

@@ -175,6 +175,12 @@ class VoiceSettings(BaseSettings):
     edge_events_kept: int = Field(default=10_000, ge=10)
     """Events an edge keeps per conversation for SSE resume; older cursors answer 409."""
 
+    edge_turn_workflows_kept: int = Field(default=1000, ge=0)
+    """Ended workflows of turns an edge keeps for ``/staff/workflows`` (the most recently
+    ended, ``VOICE_EDGE_TURN_WORKFLOWS_KEPT``): each turn makes one, and its story is its
+    conversation's, so an edge does not keep them all (~9 KB each). Running and paused ones,
+    and every workflow not a turn's (research, reviews, deliveries), are always kept."""
+
     edge_history_s: float | None = Field(default=None, gt=0)
     """How far back an edge reads the conversation log at start (``VOICE_EDGE_HISTORY_S``):
     unset, from the beginning (every conversation in memory); set, only records of the last

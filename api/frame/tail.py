@@ -57,7 +57,9 @@ class EdgeTail:
     def __init__(self, settings: VoiceSettings, on_conversation: RecordHandler,
                  more: Mapping[TopicSpec, RecordHandler] | None = None,
                  located: Mapping[TopicSpec, LocatedHandler] | None = None,
-                 live: Mapping[TopicSpec, RecordHandler] | None = None) -> None:
+                 live: Mapping[TopicSpec, RecordHandler] | None = None,
+                 before_window: Mapping[TopicSpec, Callable[[bytes | None], bool]] | None = None
+                 ) -> None:
         self.settings = settings
         self.on_conversation = on_conversation
         self.acks_topic = topic_name(settings, ACKS)
@@ -68,6 +70,16 @@ class EdgeTail:
         """Like ``more``, for handlers that need each record's partition and offset."""
         self.live = {topic_name(settings, spec): h for spec, h in (live or {}).items()}
         """Transient topics (reply deltas), read from their end: only what happens now."""
+        self.before_window = ({} if settings.edge_history_s is None else
+                              {topic_name(settings, spec): test
+                               for spec, test in (before_window or {}).items()})
+        """With ``VOICE_EDGE_HISTORY_S``: topics read from the beginning of which a record
+        older than the window is not read (nor decoded) when its key passes the test — the
+        turns' workflows, whose conversations are cold there too."""
+        self.window_start_ms = 0
+        """With ``VOICE_EDGE_HISTORY_S``: the record time the window starts at."""
+        self.left_before_window = 0
+        """Records ``before_window`` left unread at start (counted on the tail's thread)."""
         self._waiters: dict[str, asyncio.Future[Envelope]] = {}
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
@@ -154,7 +166,8 @@ class EdgeTail:
         """``parts`` with the conversation log's partitions starting ``edge_history_s`` back
         (by record time); ``conv_starts`` notes where, for the cold reads below it."""
         assert self.settings.edge_history_s is not None
-        since_ms = int((time.time() - self.settings.edge_history_s) * 1000)
+        since_ms = self.window_start_ms = int((time.time() - self.settings.edge_history_s)
+                                              * 1000)
         conv = [TopicPartition(tp.topic, tp.partition, since_ms) for tp in parts
                 if tp.topic == self.conv_topic]
         found = consumer.offsets_for_times(conv, timeout=10)
@@ -193,12 +206,28 @@ class EdgeTail:
                     self._stop.wait(1.0)
             while not self._stop.is_set():
                 msgs = take(consumer, 0.1)
+                if self.before_window and not self.caught_up.is_set():
+                    msgs = self._within_window(msgs)
                 self._hand_over([(m.topic(), m.partition(), m.offset(), m.key(), m.value(),
                                   m.headers()) for m in msgs if not m.error()])
                 if not self.caught_up.is_set():
                     self._check_caught_up(consumer)
         finally:
             consumer.close()
+
+    def _within_window(self, msgs: list[Any]) -> list[Any]:
+        """Catching up: ``msgs`` without the records ``before_window`` leaves unread, told by
+        topic, time and key alone — ~1 µs a record, against ~20 to decode it."""
+        since, tests = self.window_start_ms, self.before_window
+        kept = []
+        for m in msgs:
+            test = tests.get(m.topic())
+            if test is not None and m.error() is None and m.timestamp()[1] < since \
+                    and test(m.key()):
+                self.left_before_window += 1
+                continue
+            kept.append(m)
+        return kept
 
     def _check_caught_up(self, consumer: Consumer) -> None:
         tps = [TopicPartition(t, p) for t, p in self._ends]

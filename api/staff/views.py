@@ -5,7 +5,9 @@
   evidence, followers, developments, investigations (also indexed by id: ``investigations``);
 - ``workflows``, from ``voice.workflows``: each workflow's records (deduped by seq, or by record
   id for the records without one) and their fold (status, step, what it waits for, outputs,
-  commands) — research runs, reviews waiting and operators' reads come from here;
+  commands) — research runs, reviews waiting and operators' reads come from here. A turn's
+  workflow is kept while it runs and among the last ``VOICE_EDGE_TURN_WORKFLOWS_KEPT`` ended,
+  not for ever: each turn makes one;
 - ``contributions``, from the compacted ``voice.contributions`` (the latest record is the
   state; a finished contribution never goes back to ``in_review``);
 - ``inboxes``, from ``voice.inbox``: a ``KeptEvents`` per recipient and tenant (deduped by
@@ -18,7 +20,8 @@ Sealed content stays sealed here; routes open it. Everything runs on the edge's 
 
 from __future__ import annotations
 
-from collections import deque
+from collections import OrderedDict, deque
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -59,11 +62,14 @@ from schemas.workflow import (
     WorkflowStarted,
 )
 from streams.envelope import Envelope
-from streams.ids import inbox_key
+from streams.ids import inbox_key, workflow_turn
+from streams.settings import VoiceSettings
 from streams.topics import CONTRIBUTIONS, INBOX, ISSUES, REVIEW_QUEUE, WORKFLOWS, TopicSpec
 
 MAX_WORKFLOW_RECORDS = 1000
 """Records kept per workflow for ``GET /staff/workflows/{id}`` (the log keeps them all)."""
+TURN_WORKFLOWS_KEPT: int = VoiceSettings.model_fields["edge_turn_workflows_kept"].default
+ENDED = frozenset({"completed", "failed"})
 
 
 @dataclass(kw_only=True)
@@ -110,6 +116,8 @@ class WorkflowView(AggregateView):
     commands: list[WorkflowCommandReceived] = field(default_factory=list)
     records: deque[Envelope] = field(default_factory=lambda: deque(maxlen=MAX_WORKFLOW_RECORDS))
     ids: set[str] = field(default_factory=set)
+    of_turn: bool = False
+    """A turn's workflow (``streams.ids.workflow_turn``): let go of some time after it ends."""
 
     def accept(self, env: Envelope) -> bool:
         # The engine's records carry the workflow's seq; the others (a command forwarded by a
@@ -188,7 +196,22 @@ class Issues(Projection[IssueView]):
 
 
 class Workflows(Projection[WorkflowView]):
-    """Workflows by id: their last records and where they stand."""
+    """Workflows by id: their last records and where they stand.
+
+    A turn's workflow is kept while it runs or waits, and once ended among the ``turns_kept``
+    that ended last (a failed one an operator may retry among them); then it is let go of, and
+    later records of it are not taken up again (its story is its conversation's). Each turn
+    makes one, so keeping them all grew an edge by ~9 KB a turn for ever. Every other workflow
+    (research runs, reviews, deliveries: few, long-lived, and named by other views) is kept.
+    """
+
+    def __init__(self, turns_kept: int = TURN_WORKFLOWS_KEPT) -> None:
+        super().__init__()
+        self.turns_kept = turns_kept
+        self._ended_turns: OrderedDict[str, None] = OrderedDict()
+        """Ended turn workflows held, the one that ended first first."""
+        self.turns_let_go = 0
+        """Ended turn workflows this edge let go of since it started."""
 
     def apply(self, env: Envelope) -> None:
         rec = env.record
@@ -197,15 +220,36 @@ class Workflows(Projection[WorkflowView]):
         workflow = getattr(rec, "workflow", env.key)
         view = self.by_key.get(workflow)
         if view is None:
+            of_turn = workflow_turn(workflow) is not None
+            if of_turn and not isinstance(rec, WorkflowStarted):
+                return  # a turn's workflow let go of: a late record does not bring it back
             kind = rec.kind if isinstance(rec, WorkflowStarted) else "unknown"
-            view = self.by_key[workflow] = WorkflowView(workflow=workflow, kind=kind)
+            view = self.by_key[workflow] = WorkflowView(workflow=workflow, kind=kind,
+                                                        of_turn=of_turn)
         if not view.accept(env):
             return
         if view.tenant is None and env.tenant is not None and isinstance(rec, WorkflowStarted):
             view.tenant = env.tenant
         view.records.append(env)
         self._fold(view, rec)
+        if view.of_turn:
+            self._keep_turns(view)
         self.notify(workflow)
+
+    def _keep_turns(self, view: WorkflowView) -> None:
+        """Note whether a turn's workflow has ended (a retried one runs again); let go of the
+        ended ones past ``turns_kept``, those that ended first."""
+        ended = self._ended_turns
+        if view.status not in ENDED:
+            ended.pop(view.workflow, None)
+            return
+        ended[view.workflow] = None
+        ended.move_to_end(view.workflow)
+        while len(ended) > self.turns_kept:
+            gone, _ = ended.popitem(last=False)
+            del self.by_key[gone]
+            self.turns_let_go += 1
+            self.notify(gone)
 
     def _fold(self, view: WorkflowView, rec: Any) -> None:
         if isinstance(rec, WorkflowStarted):
@@ -301,13 +345,19 @@ class Inboxes(StreamProjection[InboxView]):
                 or InboxView(recipient=recipient, tenant=tenant, kept=self.kept))
 
 
+def of_a_turn(key: bytes | None) -> bool:
+    """Whether a ``voice.workflows`` record's key is a turn's workflow (by key alone)."""
+    return key is not None and workflow_turn(key.decode("utf-8", "replace")) is not None
+
+
 class StaffViews:
     """Every issue, workflow, contribution, inbox and review queue this edge has seen."""
 
-    def __init__(self, kept: int = DEFAULT_KEPT) -> None:
+    def __init__(self, kept: int = DEFAULT_KEPT,
+                 turn_workflows_kept: int = TURN_WORKFLOWS_KEPT) -> None:
         self.issues = Issues()
         self.investigations = self.issues.investigations
-        self.workflows = Workflows()
+        self.workflows = Workflows(turn_workflows_kept)
         self.contributions = Contributions()
         self.inboxes = Inboxes(kept)
         self.queues = ReviewQueues(kept)
@@ -316,6 +366,12 @@ class StaffViews:
         """What the edge's tail feeds into these views, by topic."""
         return {WORKFLOWS: self.workflows.apply, CONTRIBUTIONS: self.contributions.apply,
                 INBOX: self.inboxes.apply, REVIEW_QUEUE: self.queues.apply}
+
+    def before_window(self) -> dict[TopicSpec, Callable[[bytes | None], bool]]:
+        """What a windowed edge leaves unread at start when older than its window
+        (``EdgeTail(before_window=…)``): the records of the turns' workflows, told by key — four
+        or so a turn, most of ``voice.workflows``; their conversations are cold there too."""
+        return {WORKFLOWS: of_a_turn}
 
     def located_handlers(self) -> dict[TopicSpec, LocatedHandler]:
         """Those that also need each record's partition and offset (``EdgeTail(located=…)``)."""

@@ -1,0 +1,157 @@
+"""The edge's view of ``voice.workflows``: a turn's workflow is let go of some time after it
+ends, every other workflow is kept (issue 14: an edge grew ~9 KB a turn for ever)."""
+
+from __future__ import annotations
+
+import asyncio
+import gc
+import tracemalloc
+from typing import Any
+
+import pytest
+
+from api.staff.views import StaffViews, Workflows
+from schemas.workflow import (
+    LastStepSucceeded,
+    StepFailed,
+    StepOutcome,
+    StepStarted,
+    WorkflowCommandReceived,
+    WorkflowFailed,
+    WorkflowResumed,
+    WorkflowStarted,
+)
+from streams.envelope import Envelope
+from streams.ids import turn_id, workflow_turn
+from streams.settings import VoiceSettings
+
+
+def rec(workflow: str, record: Any, seq: int | None, tenant: str = "t1") -> Envelope:
+    return Envelope(record=record, key=workflow, source="/test", seq=seq, tenant=tenant,
+                    id=f"{workflow}:{seq if seq is not None else type(record).__name__}")
+
+
+def turn_records(workflow: str, kind: str = "conversation-turn", fail: bool = False
+                 ) -> list[Envelope]:
+    """A turn's workflow as the runtime writes it: started, its step, the step's outcome
+    (no seq), and its end."""
+    out = [rec(workflow, WorkflowStarted(workflow=workflow, kind=kind,
+                                         input={"conversation": workflow.split(":")[0],
+                                                "tenant": "t1"}), 1),
+           rec(workflow, StepStarted(workflow=workflow, step="reply", attempt=1), 2),
+           rec(workflow, StepOutcome(workflow=workflow, step="reply", step_index=0, attempt=1,
+                                     status="failed" if fail else "succeeded",
+                                     output={"state": "Replied"}), None)]
+    if fail:
+        out += [rec(workflow, StepFailed(workflow=workflow, step="reply", attempt=1,
+                                         error_type="Boom"), 3),
+                rec(workflow, WorkflowFailed(workflow=workflow, step="reply", attempts=1,
+                                             error_type="Boom"), 4)]
+    else:
+        out.append(rec(workflow, LastStepSucceeded(workflow=workflow, step="reply", attempt=1,
+                                                   output={"state": "Replied"}), 3))
+    return out
+
+
+def apply_all(view: Workflows, envs: list[Envelope]) -> None:
+    for e in envs:
+        view.apply(e)
+
+
+def test_a_workflow_of_a_turn_is_told_by_its_id() -> None:
+    turn = turn_id("cnv-0190abcdef12aabbccddeeff", 5)
+    assert workflow_turn(turn) == turn
+    assert workflow_turn(f"{turn}:extract") == turn  # the assistant's extraction of a turn
+    for other in ("run-1", "ctb-9", "iss-1:dev-2", "iss-1:dev-2:alice", "cnv-1:turn-0",
+                  f"{turn}:extract:more", ":turn-5", ""):
+        assert workflow_turn(other) is None, other
+
+
+def test_ended_turn_workflows_past_the_bound_are_let_go_of_the_first_ended_first() -> None:
+    view = Workflows(turns_kept=3)
+    turns = [turn_id(f"cnv-{i}", 2) for i in range(5)]
+    apply_all(view, turn_records(turns[0]))
+    apply_all(view, turn_records(turns[1], fail=True))
+    running = turn_id("cnv-running", 2)
+    apply_all(view, turn_records(running)[:2])  # started, its step running
+    for t in turns[2:]:
+        apply_all(view, turn_records(t))
+    assert turns[0] not in view and turns[1] not in view
+    assert [t in view for t in turns[2:]] == [True, True, True]
+    assert view[running].status == "running", "a running turn's workflow is never let go of"
+    assert view.turns_let_go == 2
+    # A late record of one let go of (a redelivered outcome) does not bring it back.
+    view.apply(turn_records(turns[0])[2])
+    view.apply(turn_records(turns[0])[3])
+    assert turns[0] not in view
+
+
+def test_a_failed_turn_workflow_retried_runs_again_and_is_not_let_go_of_while_it_runs() -> None:
+    view = Workflows(turns_kept=1)
+    failed = turn_id("cnv-a", 2)
+    apply_all(view, turn_records(failed, fail=True))
+    assert view[failed].status == "failed"
+    view.apply(rec(failed, WorkflowCommandReceived(workflow=failed, command="retry",
+                                                   command_id="r1", by="op"), None))
+    view.apply(rec(failed, WorkflowResumed(workflow=failed, step="reply"), 5))
+    assert view[failed].status == "running"
+    apply_all(view, turn_records(turn_id("cnv-b", 2)))
+    apply_all(view, turn_records(turn_id("cnv-c", 2)))
+    assert failed in view and view[failed].status == "running"
+    assert turn_id("cnv-b", 2) not in view and turn_id("cnv-c", 2) in view
+    view.apply(rec(failed, LastStepSucceeded(workflow=failed, step="reply", attempt=2,
+                                             output={}), 6))
+    assert failed in view and turn_id("cnv-c", 2) not in view, \
+        "the retried one ended last, so it is the one kept"
+
+
+def test_workflows_not_of_a_turn_are_all_kept() -> None:
+    view = Workflows(turns_kept=0)
+    for i in range(50):
+        run = f"run-{i}"
+        apply_all(view, [rec(run, WorkflowStarted(workflow=run, kind="research",
+                                                  input={"issue": {"issue": "iss-1"}}), 1),
+                         rec(run, LastStepSucceeded(workflow=run, step="s", attempt=1,
+                                                    output={}), 2)])
+    apply_all(view, turn_records(turn_id("cnv-x", 2)))
+    assert len(view) == 50 and all(view[f"run-{i}"].status == "completed" for i in range(50))
+    assert view.turns_let_go == 1
+
+
+async def test_a_waiter_on_a_turn_workflow_let_go_of_is_woken() -> None:
+    view = Workflows(turns_kept=0)
+    turn = turn_id("cnv-w", 2)
+    apply_all(view, turn_records(turn)[:2])
+    waiting = asyncio.create_task(view.wait(turn, lambda w: w is None or w.status != "running",
+                                            5))
+    await asyncio.sleep(0)
+    apply_all(view, turn_records(turn)[2:])
+    assert await asyncio.wait_for(waiting, 1) is True
+    assert view.get(turn) is None
+
+
+def test_the_edge_takes_the_bound_from_its_settings() -> None:
+    assert Workflows().turns_kept == VoiceSettings().edge_turn_workflows_kept == 1000
+    assert StaffViews(turn_workflows_kept=7).workflows.turns_kept == 7
+
+
+@pytest.mark.parametrize("turns", [2000])
+def test_the_view_of_many_turns_stays_the_size_of_the_bound(turns: int) -> None:
+    """What the view holds after ``turns`` turns does not grow with them: 4,000 turns hold
+    what 2,000 do (within 10 %), at a bound of 200."""
+
+    def held(n: int) -> int:
+        view = Workflows(turns_kept=200)
+        gc.collect()
+        tracemalloc.start()
+        try:
+            before = tracemalloc.get_traced_memory()[0]
+            for i in range(n):
+                apply_all(view, turn_records(turn_id(f"cnv-{i}", 2)))
+            gc.collect()
+            return tracemalloc.get_traced_memory()[0] - before
+        finally:
+            tracemalloc.stop()
+
+    small, large = held(turns), held(2 * turns)
+    assert large < small * 1.1, (small, large)
