@@ -11,8 +11,9 @@
   0 lost and 0 duplicated replies are counted (``bench.turns.outcomes``), not assumed.
 * ``edge.start_empty`` (baseline) and ``edge.start_with_history``: an edge process started on
   topics with no records, then on topics holding ``VOICE_BENCH_HISTORY`` (default 1,000,000)
-  conversation records as the sequencer writes them; time from spawn to ``/readyz`` 200 and
-  the edge's RSS once ready. No worker runs: the edge only reads.
+  conversation records as the sequencer writes them, and each of their turns' workflow records
+  on ``voice.workflows`` as the workflow runtime writes them (four a turn); time from spawn to
+  ``/readyz`` 200 and the edge's RSS once ready. No worker runs: the edge only reads.
 * ``edge.start_windowed``: the same log, the edge started with ``VOICE_EDGE_HISTORY_S``
   (decision 0011: it reads only the recent part and an old conversation when asked for);
   beside the ready time and RSS, ``cold_open``: the first open of ``COLD_OPENS`` old
@@ -46,12 +47,13 @@ from schemas.conversation import (
     TurnRequested,
     TurnStateChanged,
 )
+from schemas.workflow import LastStepSucceeded, StepOutcome, StepStarted, WorkflowStarted
 from streams.envelope import Envelope, encode
 from streams.ids import new_conversation_id, turn_id
 from streams.producer import PRODUCER_CONFIG
 from streams.settings import VoiceSettings
 from streams.tokens import mint_token
-from streams.topics import CONVERSATIONS, create_topics, topic_name
+from streams.topics import CONVERSATIONS, WORKFLOWS, create_topics, topic_name
 
 PARTITIONS = 12
 WORKER_COUNTS = (2, 3)
@@ -187,12 +189,35 @@ def conversation_records(conversation: str, rng: random.Random) -> list[Record]:
     return out
 
 
-def produce_history(bootstrap: str, topic: str, records: int, seed: int = 14
-                    ) -> tuple[int, list[str]]:
+def turn_workflow_records(conversation: str) -> list[tuple[str, Record, int | None]]:
+    """(workflow, record, seq) of each turn's workflow of ``conversation_records``, as the
+    runtime writes a one-step workflow that replies: started, its step, the step's outcome
+    (no seq) and its end."""
+    out: list[tuple[str, Record, int | None]] = []
+    for t in range(TURNS_PER_CONVERSATION):
+        msg_seq = 2 + 5 * t
+        turn = turn_id(conversation, msg_seq)
+        done = {"state": "Replied", "reply_id": f"{turn}:reply"}
+        out += [
+            (turn, WorkflowStarted(workflow=turn, kind="conversation-turn", input={
+                "conversation": conversation, "turn": turn, "message_seq": msg_seq,
+                "tenant": TENANT, "history": {"partition": 0, "opened": [msg_seq, 0]}}), 1),
+            (turn, StepStarted(workflow=turn, step="reply", attempt=1,
+                               lease_until="2026-06-01T12:05:00+00:00", worker="bench"), 2),
+            (turn, StepOutcome(workflow=turn, step="reply", step_index=0, attempt=1,
+                               status="succeeded", output=done), None),
+            (turn, LastStepSucceeded(workflow=turn, step="reply", attempt=1, output=done), 3),
+        ]
+    return out
+
+
+def produce_history(bootstrap: str, topic: str, records: int, seed: int = 14,
+                    workflows_topic: str | None = None) -> tuple[int, list[str]]:
     """Produce about ``records`` conversation records (whole conversations, the real envelope
-    and encoder) onto ``topic``, made evenly over ``HISTORY_DAYS`` (ids and record times);
-    returns how many were produced (all acked) and a sample of the conversation ids, spread
-    over the history, then the ``COLD_OPENS`` most recent."""
+    and encoder) onto ``topic``, made evenly over ``HISTORY_DAYS`` (ids and record times), and
+    their turns' workflow records onto ``workflows_topic`` when given (not counted in
+    ``records``); returns how many conversation records were produced (all acked) and a sample
+    of the conversation ids, spread over the history, then the ``COLD_OPENS`` most recent."""
     rng = random.Random(seed)
     producer = Producer({**PRODUCER_CONFIG, "bootstrap.servers": bootstrap,
                          "linger.ms": 20, "batch.size": 1_000_000,
@@ -202,6 +227,16 @@ def produce_history(bootstrap: str, topic: str, records: int, seed: int = 14
     def on_delivery(err: Any, _msg: Any) -> None:
         if err is not None:
             failed.append(str(err))
+
+    def send(topic: str, env: Envelope, at_ms: int) -> None:
+        key, value, headers = encode(env)
+        while True:
+            try:
+                producer.produce(topic, value, key, headers=headers, timestamp=at_ms,
+                                 on_delivery=on_delivery)
+                return
+            except BufferError:  # the local queue is full: let it drain
+                producer.poll(0.05)
 
     produced = 0
     total = max(1, records // RECORDS_PER_CONVERSATION)
@@ -217,18 +252,15 @@ def produce_history(bootstrap: str, topic: str, records: int, seed: int = 14
         if i >= total - COLD_OPENS:
             sample.append(conversation)
         for seq, rec in enumerate(conversation_records(conversation, rng), start=1):
-            key, value, headers = encode(Envelope(
-                record=rec, key=conversation, source="/voice/sequencer", seq=seq,
-                tenant=TENANT, subject=conversation))
-            while True:
-                try:
-                    producer.produce(topic, value, key, headers=headers,
-                                     timestamp=int(made_s * 1000) + seq,
-                                     on_delivery=on_delivery)
-                    break
-                except BufferError:  # the local queue is full: let it drain
-                    producer.poll(0.05)
+            send(topic, Envelope(record=rec, key=conversation, source="/voice/sequencer",
+                                 seq=seq, tenant=TENANT, subject=conversation),
+                 int(made_s * 1000) + seq)
             produced += 1
+        if workflows_topic is not None:
+            for n, (workflow, rec, seq) in enumerate(turn_workflow_records(conversation)):
+                send(workflows_topic, Envelope(
+                    record=rec, key=workflow, source="/voice/worker", seq=seq, tenant=TENANT,
+                    subject=workflow, id=f"{workflow}:{n}"), int(made_s * 1000) + n)
         producer.poll(0)
     left = producer.flush(300)
     if left or failed:
@@ -247,8 +279,9 @@ def _history(ctx: Context) -> tuple[VoiceSettings, int, list[str], float]:
         settings = stack_settings(ctx, "history")
         create_topics(settings)
         t0 = time.perf_counter()
-        produced, sample = produce_history(settings.bootstrap,
-                                           topic_name(settings, CONVERSATIONS), HISTORY)
+        produced, sample = produce_history(
+            settings.bootstrap, topic_name(settings, CONVERSATIONS), HISTORY,
+            workflows_topic=topic_name(settings, WORKFLOWS))
         produce_s = time.perf_counter() - t0
         ctx.log(f"  {produced} history records produced in {produce_s:.1f} s")
         _HISTORY[ctx.run_id] = (settings, produced, sample, produce_s)
@@ -289,6 +322,9 @@ def _edge_start(ctx: Context, settings: VoiceSettings, open_cold: list[str] | No
         out["cpu_s_to_ready"] = round(cpu, 2) if cpu is not None else None
         out["in_memory"] = httpx.get(f"{url}/readyz", timeout=10).json()["checks"].get(
             "conversations")
+        ops = httpx.get(f"{url}/ops/edge", timeout=10, headers={
+            "Authorization": f"Bearer {mint_token(settings, 'ops', 'operator', TENANT)}"})
+        out["workflows"] = ops.json()["workflows"] if ops.status_code == 200 else None
         if open_cold:
             spread, recent = open_cold[:COLD_OPENS], open_cold[COLD_OPENS:]
             opened = _cold_open(settings, url, spread)
@@ -326,8 +362,10 @@ def _with_history(ctx: Context, windowed: bool) -> Result:
     settings, produced, sample, produce_s = _history(ctx)
     env = {"VOICE_EDGE_HISTORY_S": str(WINDOW_S)} if windowed else {}
     result = _edge_start(ctx, settings, sample, **env)
+    conversations = produced // RECORDS_PER_CONVERSATION
     return {**result, "history_records": produced,
-            "conversations": produced // RECORDS_PER_CONVERSATION,
+            "conversations": conversations,
+            "workflow_records": conversations * len(turn_workflow_records("c")),
             "history_produce_s": round(produce_s, 1),
             "topic_partitions": settings.topic_partitions,
             "edge_history_s": WINDOW_S if windowed else None}

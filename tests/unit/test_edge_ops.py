@@ -13,7 +13,9 @@ from fastapi.testclient import TestClient
 
 from api.app import create_app
 from api.conversations import ConversationViews
+from api.staff.views import StaffViews
 from schemas.conversation import ConversationStarted
+from schemas.workflow import WorkflowCompleted, WorkflowStarted
 from streams.envelope import Envelope
 from streams.sealing import MemoryKeyStore, Sealer
 from streams.settings import VoiceSettings
@@ -25,6 +27,7 @@ class Tail:
 
     def __init__(self) -> None:
         self.assigned, self.caught_up = asyncio.Event(), asyncio.Event()
+        self.left_before_window = 3
 
     def skipped_counts(self) -> dict[str, dict[str, int]]:
         return {"voice.conversations": {"undecodable": 2}}
@@ -38,6 +41,12 @@ def edge(tmp_path: Path) -> tuple[TestClient, VoiceSettings]:
     app.state.views = views = ConversationViews()
     app.state.sealer = Sealer(MemoryKeyStore())
     app.state.tail = Tail()
+    app.state.staff = staff = StaffViews(turn_workflows_kept=0)
+    for workflow, kind in (("run-1", "research"), ("cnv-0000aaaa:turn-2", "conversation-turn")):
+        for seq, rec in enumerate((WorkflowStarted(workflow=workflow, kind=kind),
+                                   WorkflowCompleted(workflow=workflow)), start=1):
+            staff.workflows.apply(Envelope(record=rec, key=workflow, source="/t", seq=seq,
+                                           tenant="default"))
     views.apply(Envelope(record=ConversationStarted(conversation="cnv-0000aaaa", owner="alice"),
                          key="cnv-0000aaaa", source="/t", seq=1, tenant="default"))
     return TestClient(app), settings
@@ -62,6 +71,8 @@ def test_an_operator_reads_what_the_edge_holds_and_skipped(
     r = client.get("/ops/edge", headers=bearer(settings, "operator"))
     assert r.status_code == 200, r.text
     assert r.json() == {"conversations": {"in_memory": 1, "held": 0},
+                        "workflows": {"in_memory": 1, "turns_let_go": 1,
+                                      "left_before_window": 3},
                         "skipped": {"voice.conversations": {"undecodable": 2}}}
 
 
