@@ -324,7 +324,7 @@ def _edge_start(ctx: Context, settings: VoiceSettings, open_cold: list[str] | No
             "conversations")
         ops = httpx.get(f"{url}/ops/edge", timeout=10, headers={
             "Authorization": f"Bearer {mint_token(settings, 'ops', 'operator', TENANT)}"})
-        out["workflows"] = ops.json()["workflows"] if ops.status_code == 200 else None
+        out["workflows"] = ops.json().get("workflows") if ops.status_code == 200 else None
         if open_cold:
             spread, recent = open_cold[:COLD_OPENS], open_cold[COLD_OPENS:]
             opened = _cold_open(settings, url, spread)
