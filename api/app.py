@@ -26,7 +26,7 @@ from api.assistant import AssistantViews
 from api.assistant.upload import UPLOAD_PATH, upload_body_limit
 from api.conversations import ConversationViews
 from api.frame.body import BodyGuard, BodyLimit
-from api.frame.cold import ColdLog, conversation_gap_reader, conversation_reader
+from api.frame.cold import ColdLog, conversation_gap_reader, conversation_reader, key_reader
 from api.frame.commands import edge_producer
 from api.frame.deadline import RequestDeadline
 from api.frame.deps import InspectDep
@@ -40,9 +40,10 @@ from api.staff import StaffViews
 from api.web import install_web
 from streams.assistant_settings import assistant_settings
 from streams.envelope import Envelope
+from streams.ids import workflow_since_ms
 from streams.sealing import sealer_for
 from streams.settings import VoiceSettings, load_settings
-from streams.topics import DELTAS, missing_topics
+from streams.topics import DELTAS, WORKFLOWS, missing_topics, topic_name
 
 GZIP_MIN_BYTES = 1024
 """Responses at least this large are gzipped for a client that accepts it (seed 000 §2)."""
@@ -128,8 +129,12 @@ def create_app(settings: VoiceSettings | None = None, bind_host: str | None = No
         app.state.views = views
         app.state.sealer = sealer
         app.state.producer = edge_producer(settings)
-        app.state.staff = StaffViews(kept=settings.edge_events_kept,
-                                     turn_workflows_kept=settings.edge_turn_workflows_kept)
+        app.state.staff = StaffViews(
+            kept=settings.edge_events_kept,
+            turn_workflows_kept=settings.edge_turn_workflows_kept,
+            cold_workflow=lambda key: key_reader(cold, app.state.tail,
+                                                 topic_name(settings, WORKFLOWS),
+                                                 workflow_since_ms)(key))
         app.state.assistant = AssistantViews(chat_settings)
         app.state.tail = EdgeTail(settings, on_conversation=on_record(views),
                                   more=app.state.staff.handlers(),

@@ -84,6 +84,14 @@ def turn_conversation(turn: str) -> str | None:
     return parsed[0] if parsed else None
 
 
+def workflow_since_ms(workflow: str) -> int | None:
+    """No record of a turn's workflow is older than this (ms): its conversation's time, from
+    the conversation's id; None for any other workflow, or a conversation id without time."""
+    turn = workflow_turn(workflow)
+    conversation = None if turn is None else turn_conversation(turn)
+    return None if conversation is None else conversation_since_ms(conversation)
+
+
 def workflow_turn(workflow: str) -> str | None:
     """The turn a workflow serves, or None: a turn's own workflow has the turn's id, and one
     made for a turn (the assistant's extraction) is ``{turn}:{part}``. Such a workflow's story

@@ -170,6 +170,20 @@ def conversation_reader(log_: ColdLog, tail: EdgeTail) -> Callable[[str], list[E
     return read
 
 
+def key_reader(log_: ColdLog, tail: EdgeTail, topic: str,
+               since_of: Callable[[str], int | None]) -> Callable[[str], list[Envelope]]:
+    """A blocking reader of one key's records on ``topic`` (one the tail reads), from the time
+    ``since_of`` gives for the key to the end the partition has when the read begins."""
+
+    def read(key: str) -> list[Envelope]:
+        if not tail.assigned.wait(SCAN_TIMEOUT_S):
+            raise ColdReadFailed("the edge's tail is not assigned yet")
+        partition = partition_of(key, tail.partitions[topic])
+        return log_.read_to_end(topic, partition, key, since_of(key))
+
+    return read
+
+
 def conversation_gap_reader(log_: ColdLog, tail: EdgeTail
                             ) -> Callable[..., list[Envelope]]:
     """A blocking reader of one conversation's records with seq in ``(after, upto]``, from

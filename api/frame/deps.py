@@ -151,8 +151,15 @@ async def known_or_behind(projection: Projection[V], key: str, what: str,
 
 
 async def known_or_404(projection: Projection[V], key: str, what: str, tenant: str) -> V:
-    """The view of ``key`` in ``tenant`` (waiting briefly for this edge to catch up); 404
-    naming ``what`` when unknown — or another tenant's, which must look the same."""
+    """The view of ``key`` in ``tenant`` (read from the log if the projection reads such a key
+    on demand, then waiting briefly for this edge to catch up); 404 naming ``what`` when
+    unknown — or another tenant's, which must look the same."""
+    try:
+        settled = await projection.ensure(key, remaining(COLD_READ_WAIT_S))
+    except ColdReadFailed:
+        settled = False
+    if not settled:  # the read goes on (or failed): a retry is answered from it, or tries again
+        raise behind(what, key)
     await known_or_behind(projection, key, what)
     view = projection.in_tenant(key, tenant)
     if view is None:

@@ -89,6 +89,8 @@ class EdgeTail:
         ``assigned``; empty when it reads from the beginning): older records are cold."""
         self.conv_partitions = 0
         """How many partitions the conversation log has (set before ``assigned``)."""
+        self.partitions: dict[str, int] = {}
+        """How many partitions each topic it reads has (set before ``assigned``)."""
         self.assigned = threading.Event()
         self.caught_up = threading.Event()
         """Set once the conversation log has been read up to its end at start."""
@@ -147,6 +149,7 @@ class EdgeTail:
                 raise RuntimeError(f"topic {topic!r} is missing: run `voice topics create`")
             parts += [TopicPartition(topic, p, start) for p in t.partitions]
         self.conv_partitions = len(md.topics[self.conv_topic].partitions)
+        self.partitions = {topic: len(md.topics[topic].partitions) for topic, _ in starts}
         # Where each log starts and ends now: the edge is caught up once it reaches the ends.
         marks = {(tp.topic, tp.partition): consumer.get_watermark_offsets(
             TopicPartition(tp.topic, tp.partition), 10) for tp in parts}

@@ -20,6 +20,7 @@ Sealed content stays sealed here; routes open it. Everything runs on the edge's 
 
 from __future__ import annotations
 
+import asyncio
 from collections import OrderedDict, deque
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -62,13 +63,15 @@ from schemas.workflow import (
     WorkflowStarted,
 )
 from streams.envelope import Envelope
-from streams.ids import inbox_key, workflow_turn
+from streams.ids import inbox_key, workflow_since_ms, workflow_turn
 from streams.settings import VoiceSettings
 from streams.topics import CONTRIBUTIONS, INBOX, ISSUES, REVIEW_QUEUE, WORKFLOWS, TopicSpec
 
 MAX_WORKFLOW_RECORDS = 1000
 """Records kept per workflow for ``GET /staff/workflows/{id}`` (the log keeps them all)."""
 TURN_WORKFLOWS_KEPT: int = VoiceSettings.model_fields["edge_turn_workflows_kept"].default
+ABSENT_KEPT = 1024
+"""Turn workflow ids a read from the log found nothing of, remembered (not read again)."""
 ENDED = frozenset({"completed", "failed"})
 
 
@@ -203,10 +206,17 @@ class Workflows(Projection[WorkflowView]):
     later records of it are not taken up again (its story is its conversation's). Each turn
     makes one, so keeping them all grew an edge by ~9 KB a turn for ever. Every other workflow
     (research runs, reviews, deliveries: few, long-lived, and named by other views) is kept.
+    Asked for (``ensure``), a turn's workflow this edge does not hold — let go of, or older
+    than its history window — is read from the log with ``cold``.
     """
 
-    def __init__(self, turns_kept: int = TURN_WORKFLOWS_KEPT) -> None:
+    def __init__(self, turns_kept: int = TURN_WORKFLOWS_KEPT,
+                 cold: Callable[[str], list[Envelope]] | None = None) -> None:
         super().__init__()
+        self.cold = cold
+        """A blocking reader of one workflow's records from the log (``api.frame.cold``)."""
+        self._reading: dict[str, asyncio.Future[None]] = {}
+        self._absent: OrderedDict[str, None] = OrderedDict()
         self.turns_kept = turns_kept
         self._ended_turns: OrderedDict[str, None] = OrderedDict()
         """Ended turn workflows held, the one that ended first first."""
@@ -226,6 +236,7 @@ class Workflows(Projection[WorkflowView]):
             kind = rec.kind if isinstance(rec, WorkflowStarted) else "unknown"
             view = self.by_key[workflow] = WorkflowView(workflow=workflow, kind=kind,
                                                         of_turn=of_turn)
+            self._absent.pop(workflow, None)
         if not view.accept(env):
             return
         if view.tenant is None and env.tenant is not None and isinstance(rec, WorkflowStarted):
@@ -235,6 +246,44 @@ class Workflows(Projection[WorkflowView]):
         if view.of_turn:
             self._keep_turns(view)
         self.notify(workflow)
+
+    async def ensure(self, key: str, timeout: float) -> bool:
+        """Read a turn's workflow this edge does not hold from the log, once (from its
+        conversation's time: a turn of a conversation whose id has none is not read); it is
+        then held as the last ended. Waits at most ``timeout``; whether that is settled
+        (False: still reading); ``ColdReadFailed`` when the read failed."""
+        if (self.cold is None or key in self.by_key or key in self._absent
+                or workflow_since_ms(key) is None):
+            return True
+        fut = self._reading.get(key)
+        if fut is None or fut.done():  # done: a failed read not yet cleared; try again
+            fut = self._reading[key] = asyncio.ensure_future(self._read(key))
+            fut.add_done_callback(lambda f: self._read_done(key, f))
+        # A caller that goes away cancels its wait, never the read others wait on.
+        settled = await self.wait(key, lambda v: v is not None or fut.done(), timeout)
+        if fut.done():
+            fut.result()  # ColdReadFailed, when the read failed
+        return settled
+
+    async def _read(self, key: str) -> None:
+        assert self.cold is not None
+        try:
+            found = await asyncio.to_thread(self.cold, key)
+            if key not in self.by_key:  # else the tail brought it meanwhile
+                for env in found:  # in log order: its WorkflowStarted first
+                    self.apply(env)
+            if key not in self.by_key:
+                self._absent[key] = None
+                while len(self._absent) > ABSENT_KEPT:
+                    self._absent.popitem(last=False)
+        finally:
+            self.notify(key)
+
+    def _read_done(self, key: str, fut: asyncio.Future[None]) -> None:
+        if self._reading.get(key) is fut:
+            del self._reading[key]
+        if not fut.cancelled():
+            fut.exception()  # retrieved here: a read nobody waits for any more
 
     def _keep_turns(self, view: WorkflowView) -> None:
         """Note whether a turn's workflow has ended (a retried one runs again); let go of the
@@ -354,10 +403,11 @@ class StaffViews:
     """Every issue, workflow, contribution, inbox and review queue this edge has seen."""
 
     def __init__(self, kept: int = DEFAULT_KEPT,
-                 turn_workflows_kept: int = TURN_WORKFLOWS_KEPT) -> None:
+                 turn_workflows_kept: int = TURN_WORKFLOWS_KEPT,
+                 cold_workflow: Callable[[str], list[Envelope]] | None = None) -> None:
         self.issues = Issues()
         self.investigations = self.issues.investigations
-        self.workflows = Workflows(turn_workflows_kept)
+        self.workflows = Workflows(turn_workflows_kept, cold_workflow)
         self.contributions = Contributions()
         self.inboxes = Inboxes(kept)
         self.queues = ReviewQueues(kept)

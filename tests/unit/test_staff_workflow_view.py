@@ -155,3 +155,69 @@ def test_the_view_of_many_turns_stays_the_size_of_the_bound(turns: int) -> None:
 
     small, large = held(turns), held(2 * turns)
     assert large < small * 1.1, (small, large)
+
+
+class Log:
+    """A fake of the log's reader: the records of each workflow, and the reads asked of it."""
+
+    def __init__(self, *workflows: list[Envelope]) -> None:
+        self.records = {envs[0].key: envs for envs in workflows}
+        self.reads: list[str] = []
+        self.fail = False
+
+    def __call__(self, key: str) -> list[Envelope]:
+        self.reads.append(key)
+        if self.fail:
+            from api.frame.cold import ColdReadFailed
+
+            raise ColdReadFailed("the partition could not be read")
+        return self.records.get(key, [])
+
+
+TIMED = "cnv-0190abcdef12aabbccddeeff"
+"""A conversation id that carries its time: its turns' workflows can be read from the log."""
+
+
+async def test_a_turn_workflow_let_go_of_is_read_from_the_log_when_asked_for() -> None:
+    first, second = turn_id(TIMED, 2), turn_id(TIMED, 7)
+    log = Log(turn_records(first, fail=True), turn_records(second))
+    view = Workflows(turns_kept=1, cold=log)
+    apply_all(view, log.records[first])
+    apply_all(view, log.records[second])
+    assert first not in view
+    assert await view.ensure(first, 5) is True
+    assert view[first].status == "failed" and view[first].tenant == "t1"
+    assert [e.seq for e in view[first].records] == [1, 2, None, 3, 4]
+    assert second not in view, "read back, it is the last ended: the bound still holds"
+    assert await view.ensure(first, 5) is True and log.reads == [first], "held: not read again"
+
+
+async def test_one_read_serves_every_asker_and_nothing_found_is_not_read_again() -> None:
+    turn = turn_id(TIMED, 2)
+    log = Log(turn_records(turn))
+    view = Workflows(turns_kept=1, cold=log)
+    assert await asyncio.gather(view.ensure(turn, 5), view.ensure(turn, 5)) == [True, True]
+    assert log.reads == [turn] and view[turn].status == "completed"
+    missing = turn_id(TIMED, 99)
+    assert await view.ensure(missing, 5) is True and missing not in view
+    assert await view.ensure(missing, 5) is True and log.reads == [turn, missing]
+    # It starts later after all: the tail brings it, as any live workflow.
+    apply_all(view, turn_records(missing)[:2])
+    assert view[missing].status == "running"
+
+
+async def test_only_a_turn_of_a_timed_conversation_is_read_and_a_failed_read_is_tried_again(
+) -> None:
+    log = Log()
+    view = Workflows(cold=log)
+    for key in ("run-1", "iss-1:dev-2:alice", turn_id("cnv-0011223344556677", 2)):
+        assert await view.ensure(key, 5) is True
+    assert log.reads == [], "not a turn's, or a conversation id without its time: no scan"
+    from api.frame.cold import ColdReadFailed
+
+    log.fail = True
+    turn = turn_id(TIMED, 2)
+    with pytest.raises(ColdReadFailed):
+        await view.ensure(turn, 5)
+    log.fail = False
+    assert await view.ensure(turn, 5) is True and log.reads == [turn, turn]
