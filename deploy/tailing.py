@@ -11,6 +11,7 @@ from typing import Any
 from confluent_kafka import OFFSET_BEGINNING, OFFSET_END, Consumer, TopicPartition
 
 from streams.envelope import DecodeError, decode
+from streams.fetch import READING
 from streams.settings import VoiceSettings
 
 
@@ -43,7 +44,7 @@ def tail_topic(settings: VoiceSettings, topic: str, from_beginning: bool = False
     """Yield formatted records of every partition of ``topic`` as they arrive."""
     consumer = Consumer({"bootstrap.servers": settings.bootstrap,
                          "group.id": f"voice-tail-{uuid.uuid4().hex[:8]}",
-                         "enable.auto.commit": False})
+                         "enable.auto.commit": False, **READING})
     try:
         md = consumer.list_topics(topic, timeout=10)
         t = md.topics.get(topic)

@@ -9,6 +9,13 @@ names every partition the consumer reads, so at 5 ms (the edge's tail) or 50 ms 
 stores) the broker spent much of its CPU answering "nothing new", more the more partitions
 (``docs/benchmarks.md``, "Writer, POST path and fetch settings"). It must never hold anything
 that changes what a consumer reads.
+
+``fetch.queue.backoff.ms`` is how long librdkafka puts off a partition's next fetch once the
+records it holds unread pass ``queued.min.messages`` or ``queued.max.messages.kbytes``: one
+second by default. A consumer reading through history passes them every few fetches, and then
+waits that second with its queue long drained: an edge reading 727,000 records to skip them took
+4.5 s at the default and 1.2 s at 10 ms (issue 14, twenty-sixth pass). Every consumer of Voice
+that reads more than it has just been sent sets it (``READING``).
 """
 
 from __future__ import annotations
@@ -23,9 +30,17 @@ from confluent_kafka.admin import AdminClient, OffsetSpec
 IDLE_FETCH_WAIT_MS = 500
 """The broker holds a fetch with nothing new at most this long (librdkafka's default)."""
 
+QUEUE_BACKOFF_MS = 10
+"""librdkafka puts off a partition's next fetch this long when its unread records are over the
+queue's bounds (its default: 1,000 ms, a second lost at each such pause)."""
+
+READING: dict[str, object] = {"fetch.queue.backoff.ms": QUEUE_BACKOFF_MS}
+"""The fetch setting of every consumer that may read more than its queue holds."""
+
 TAILING: dict[str, object] = {
     "fetch.wait.max.ms": IDLE_FETCH_WAIT_MS,
     "fetch.min.bytes": 1,  # any record ends the broker's wait: no latency from the above
+    **READING,  # a tail catching up reads through history first
 }
 """The fetch settings of a consumer that follows a topic's end."""
 

@@ -11,7 +11,7 @@ from typing import Any
 
 from confluent_kafka import OFFSET_BEGINNING, Consumer, KafkaError, KafkaException, TopicPartition
 
-from streams.fetch import take
+from streams.fetch import READING, take
 from streams.settings import VoiceSettings
 
 
@@ -20,7 +20,8 @@ def read_topic(settings: VoiceSettings, topic: str, key: bytes | None = None,
     """Every record now on ``topic`` (all partitions; only ``key``'s when given), in offset
     order per partition. Returns confluent-kafka ``Message`` objects."""
     c = Consumer({"bootstrap.servers": settings.bootstrap,
-                  "group.id": f"voice-read-{uuid.uuid4().hex}", "enable.auto.commit": False})
+                  "group.id": f"voice-read-{uuid.uuid4().hex}", "enable.auto.commit": False,
+                  **READING})
     try:
         md = c.list_topics(topic, timeout=10)
         if topic not in md.topics or md.topics[topic].error is not None:

@@ -49,7 +49,7 @@ from typing import Any
 import pyarrow as pa
 from confluent_kafka import Consumer, KafkaException, TopicPartition
 
-from streams.fetch import take
+from streams.fetch import READING, take
 from streams.heap import settle_heap
 from streams.retry import RetryPolicy
 from streams.settings import VoiceSettings
@@ -103,6 +103,7 @@ def consumer_config(settings: VoiceSettings) -> dict[str, object]:
         # A killed sink's partitions wait this long for a successor (the default is 45 s).
         # librdkafka heartbeats from its own thread, so a slow insert cannot trip it.
         "session.timeout.ms": 10_000,
+        **READING,  # catching up a backlog, a full queue costs ~10 ms, not a second
     }
 
 

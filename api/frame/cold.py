@@ -24,7 +24,7 @@ from confluent_kafka import Consumer, KafkaError, TopicPartition
 
 from api.frame.tail import EdgeTail
 from streams.envelope import DecodeError, Envelope, decode
-from streams.fetch import take
+from streams.fetch import READING, take
 from streams.ids import conversation_since_ms
 from streams.settings import VoiceSettings
 from streams.topics import partition_of
@@ -61,6 +61,7 @@ class ColdLog:
                 "enable.partition.eof": True,
                 # A scan reads through history once: a small prefetch buffer is enough.
                 "queued.max.messages.kbytes": PREFETCH_KIB,
+                **READING,  # so a full prefetch buffer costs ~10 ms, not a second
                 # A fetch at a partition's end waits this long on the broker, and the next
                 # scan's first fetch waits behind it (500 ms by default, paid by every read
                 # after the first); a scan's client is unassigned between scans, so it is
