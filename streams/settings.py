@@ -175,7 +175,7 @@ class VoiceSettings(BaseSettings):
     edge_events_kept: int = Field(default=10_000, ge=10)
     """Events an edge keeps per conversation for SSE resume; older cursors answer 409."""
 
-    edge_turn_workflows_kept: int = Field(default=1000, ge=0)
+    edge_turn_workflows_kept: int = Field(default=1000, ge=1)
     """Ended workflows of turns an edge keeps for ``/staff/workflows`` (the most recently
     ended, ``VOICE_EDGE_TURN_WORKFLOWS_KEPT``): each turn makes one, and its story is its
     conversation's, so an edge does not keep them all (~9 KB each). Running and paused ones,

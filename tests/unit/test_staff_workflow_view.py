@@ -9,6 +9,7 @@ import tracemalloc
 from typing import Any
 
 import pytest
+from pydantic import ValidationError
 
 from api.staff.views import StaffViews, Workflows
 from schemas.workflow import (
@@ -133,6 +134,8 @@ async def test_a_waiter_on_a_turn_workflow_let_go_of_is_woken() -> None:
 def test_the_edge_takes_the_bound_from_its_settings() -> None:
     assert Workflows().turns_kept == VoiceSettings().edge_turn_workflows_kept == 1000
     assert StaffViews(turn_workflows_kept=7).workflows.turns_kept == 7
+    with pytest.raises(ValidationError, match="edge_turn_workflows_kept"):
+        VoiceSettings(edge_turn_workflows_kept=0)  # one read back must outlive its request
 
 
 @pytest.mark.parametrize("turns", [2000])
