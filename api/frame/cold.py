@@ -159,16 +159,9 @@ def _scan(consumer: Consumer, topic: str, partition: int, wanted: bytes, timeout
 
 
 def conversation_reader(log_: ColdLog, tail: EdgeTail) -> Callable[[str], list[Envelope]]:
-    """A blocking reader of one conversation's records, from its partition's start to the end
-    it has when the read begins (the tail brings what comes after)."""
-
-    def read(key: str) -> list[Envelope]:
-        if not tail.assigned.wait(SCAN_TIMEOUT_S):
-            raise ColdReadFailed("the edge's tail is not assigned yet")
-        partition = partition_of(key, tail.conv_partitions)
-        return log_.read_to_end(tail.conv_topic, partition, key, conversation_since_ms(key))
-
-    return read
+    """A blocking reader of one conversation's records, from its partition's start (or its
+    id's time) to the end it has when the read begins (the tail brings what comes after)."""
+    return key_reader(log_, tail, tail.conv_topic, conversation_since_ms)
 
 
 def key_reader(log_: ColdLog, tail: EdgeTail, topic: str,

@@ -150,16 +150,23 @@ async def known_or_behind(projection: Projection[V], key: str, what: str,
     return view
 
 
-async def known_or_404(projection: Projection[V], key: str, what: str, tenant: str) -> V:
-    """The view of ``key`` in ``tenant`` (read from the log if the projection reads such a key
-    on demand, then waiting briefly for this edge to catch up); 404 naming ``what`` when
-    unknown — or another tenant's, which must look the same."""
+async def ensured(projection: Projection[V], key: str, what: str) -> None:
+    """Load what ``projection`` reads of ``key`` on demand (``Projection.ensure``: from before
+    the edge's history window, or let go of); 503 (``behind``) while that read goes on or
+    when it failed — a retry is answered from it, or tries again."""
     try:
         settled = await projection.ensure(key, remaining(COLD_READ_WAIT_S))
     except ColdReadFailed:
         settled = False
-    if not settled:  # the read goes on (or failed): a retry is answered from it, or tries again
+    if not settled:
         raise behind(what, key)
+
+
+async def known_or_404(projection: Projection[V], key: str, what: str, tenant: str) -> V:
+    """The view of ``key`` in ``tenant`` (read from the log if the projection reads such a key
+    on demand, then waiting briefly for this edge to catch up); 404 naming ``what`` when
+    unknown — or another tenant's, which must look the same."""
+    await ensured(projection, key, what)
     await known_or_behind(projection, key, what)
     view = projection.in_tenant(key, tenant)
     if view is None:
@@ -172,12 +179,7 @@ async def find_owned(projection: Projection[V], key: str, who: Principal,
     """The view of ``key`` if ``who`` may read it (its tenant's and its owner), waiting for
     this edge to catch up (503 when the request's bound cuts that short, or when its
     records before the edge's history window could not be read)."""
-    try:
-        settled = await projection.ensure(key, remaining(COLD_READ_WAIT_S))
-    except ColdReadFailed:
-        settled = False
-    if not settled:  # the read goes on (or failed): a retry is answered from it, or tries again
-        raise behind(what, key)
+    await ensured(projection, key, what)
     await known_or_behind(projection, key, what, timeout)
     return projection.owned(key, who)
 
