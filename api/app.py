@@ -14,6 +14,7 @@ from __future__ import annotations
 import asyncio
 from collections.abc import AsyncIterator, Callable
 from contextlib import asynccontextmanager
+from typing import Any
 
 from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse
@@ -33,6 +34,7 @@ from api.frame.deps import InspectDep
 from api.frame.errors import EDGE_ERRORS, EdgeErrors, install_error_handlers
 from api.frame.lane import StreamLane
 from api.frame.models import CursorTooOldOut
+from api.frame.on_demand import OnDemandViews
 from api.frame.projection import CursorTooOld
 from api.frame.tail import EdgeTail
 from api.frame.tracing import TraceRequests
@@ -40,10 +42,10 @@ from api.staff import StaffViews
 from api.web import install_web
 from streams.assistant_settings import assistant_settings
 from streams.envelope import Envelope
-from streams.ids import workflow_since_ms
+from streams.ids import conversation_since_ms, workflow_since_ms
 from streams.sealing import sealer_for
 from streams.settings import VoiceSettings, load_settings
-from streams.topics import DELTAS, WORKFLOWS, missing_topics, topic_name
+from streams.topics import ASSISTANT, DELTAS, WORKFLOWS, missing_topics, topic_name
 
 GZIP_MIN_BYTES = 1024
 """Responses at least this large are gzipped for a client that accepts it (seed 000 §2)."""
@@ -88,6 +90,8 @@ class EdgeState(BaseModel):
     """An edge process's own state, for its operators: deployment-wide counts, no ids."""
 
     conversations: HeldConversations
+    assistant: HeldConversations
+    """What it holds of the assistant's conversation log (``voice.assistant``), the same way."""
     workflows: HeldWorkflows
     skipped: dict[str, dict[str, int]]
     """Per topic, the records the tail skipped by reason (undecodable, or a view raised on
@@ -100,12 +104,13 @@ def on_record(views: ConversationViews) -> Callable[[Envelope], None]:
     return views.apply
 
 
-async def evict_unused(views: ConversationViews, window_s: float) -> None:
+async def evict_unused(projections: tuple[OnDemandViews[Any], ...], window_s: float) -> None:
     """Drop the conversation views unused for the history window, now and then, so an edge
     holds the conversations in use, not every one it was asked for (decision 0011, step 4)."""
     while True:
         await asyncio.sleep(max(1.0, window_s / 4))
-        views.evict_idle(window_s)
+        for views in projections:
+            views.evict_idle(window_s)
 
 
 def create_app(settings: VoiceSettings | None = None, bind_host: str | None = None) -> FastAPI:
@@ -135,16 +140,21 @@ def create_app(settings: VoiceSettings | None = None, bind_host: str | None = No
             cold_workflow=lambda key: key_reader(cold, app.state.tail,
                                                  topic_name(settings, WORKFLOWS),
                                                  workflow_since_ms)(key))
-        app.state.assistant = AssistantViews(chat_settings)
+        app.state.assistant = AssistantViews(chat_settings, cold=(
+            None if settings.edge_history_s is None
+            else lambda key: key_reader(cold, app.state.tail, topic_name(settings, ASSISTANT),
+                                        conversation_since_ms)(key)))
         app.state.tail = EdgeTail(settings, on_conversation=on_record(views),
                                   more=app.state.staff.handlers(),
                                   located={**app.state.assistant.tail_handlers(),
                                            **app.state.staff.located_handlers()},
                                   live={DELTAS: views.apply_delta},
-                                  before_window=app.state.staff.before_window())
+                                  before_window=app.state.staff.before_window(),
+                                  windowed=(ASSISTANT,))
         app.state.tail.start()
         evicting = (None if settings.edge_history_s is None else
-                    asyncio.create_task(evict_unused(views, settings.edge_history_s)))
+                    asyncio.create_task(evict_unused(
+                        (views, app.state.assistant.conversations), settings.edge_history_s)))
         try:
             yield
         finally:
@@ -207,13 +217,16 @@ def create_app(settings: VoiceSettings | None = None, bind_host: str | None = No
 
     @app.get("/ops/edge", tags=["ops"], responses=EDGE_ERRORS)
     async def edge_state(_operator: InspectDep) -> EdgeState:
-        """This edge's own state: the conversations and workflows it holds, the records its
-        tail skipped."""
+        """This edge's own state: the conversations (participants' and the assistant's) and
+        workflows it holds, the records its tail skipped."""
         views: ConversationViews = app.state.views
         tail: EdgeTail = app.state.tail
         workflows = app.state.staff.workflows
+        chats = app.state.assistant.conversations
         return EdgeState(conversations=HeldConversations(in_memory=len(views),
                                                          held=len(views.pending)),
+                         assistant=HeldConversations(in_memory=len(chats),
+                                                     held=len(chats.pending)),
                          workflows=HeldWorkflows(in_memory=len(workflows),
                                                  turns_let_go=workflows.turns_let_go,
                                                  left_before_window=tail.left_before_window),

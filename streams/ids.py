@@ -1,9 +1,10 @@
 """Ids that more than one side of Voice builds or reads: tenant ids, inbox and review-queue
 keys, and the one turn-id format.
 
-A conversation id starts with the millisecond it was made (``new_conversation_id``), so a
-reader that must find a conversation's records in its partition — which Kafka does not index by
-key — can start at that time (``conversation_since_ms``) instead of the partition's start.
+A conversation id starts with the millisecond it was made (``new_conversation_id``; an
+assistant conversation's is a version 7 UUID, ``new_assistant_conversation_id``), so a reader
+that must find a conversation's records in its partition — which Kafka does not index by key —
+can start at that time (``conversation_since_ms``) instead of the partition's start.
 
 A tenant id is short and plain (``TENANT_PATTERN``), so ``{tenant}/{sub}`` — the key of a
 principal's inbox — splits one way only. A turn of a conversation (participant or assistant)
@@ -15,8 +16,9 @@ from __future__ import annotations
 
 import re
 import time
+import uuid
 
-from streams.entropy import random_hex
+from streams.entropy import random_bytes, random_hex
 
 TENANT_PATTERN = r"^[A-Za-z0-9][A-Za-z0-9._-]{0,63}$"
 """What a tenant id looks like (in tokens, ``X-Tenant-ID`` and ``VOICE_DEFAULT_TENANT``)."""
@@ -26,6 +28,10 @@ CONVERSATION_ID = r"^cnv-[0-9a-f]{8,32}$"
 """What a conversation id looks like: ``cnv-`` and 8 to 32 hex digits (older ids are 16 random
 ones; new ones 12 of time and 12 random)."""
 _TIMED_CONVERSATION = re.compile(r"^cnv-(?P<ms>[0-9a-f]{12})[0-9a-f]{12}$")
+_TIMED_UUID = re.compile(r"^(?P<ms>[0-9a-f]{8}-[0-9a-f]{4})-7[0-9a-f]{3}-[89ab][0-9a-f]{3}-"
+                         r"[0-9a-f]{12}$")
+"""A version 7 UUID (RFC 9562) as ``str(uuid.UUID)`` writes it: its first 48 bits are the
+millisecond it was made."""
 
 CLOCK_SLACK_MS = 10 * 60 * 1000
 """How far a writer's clock (which stamps the conversation's first record) may run behind the
@@ -39,11 +45,23 @@ def new_conversation_id(now: float | None = None) -> str:
     return f"cnv-{ms:012x}{random_hex(6)}"
 
 
+def new_assistant_conversation_id(now: float | None = None) -> str:
+    """A fresh assistant conversation id: a version 7 UUID (the creation time in ms, then 74
+    random bits), so its records can be found from that time, as a ``cnv-`` id's are."""
+    ms = int((time.time() if now is None else now) * 1000) & ((1 << 48) - 1)
+    rand = int.from_bytes(random_bytes(10), "big") & ((1 << 80) - 1)
+    value = (ms << 80) | rand
+    value = (value & ~(0xF << 76)) | (0x7 << 76)  # version 7
+    value = (value & ~(0x3 << 62)) | (0x2 << 62)  # variant RFC 9562
+    return str(uuid.UUID(int=value))
+
+
 def conversation_since_ms(conversation: str) -> int | None:
     """The time (ms) from which a reader finds every record of ``conversation``: its id's
-    time less ``CLOCK_SLACK_MS``; None for an id without a time (read from the start)."""
-    m = _TIMED_CONVERSATION.match(conversation)
-    return None if m is None else max(0, int(m["ms"], 16) - CLOCK_SLACK_MS)
+    time (a ``cnv-`` id's, or a version 7 UUID's) less ``CLOCK_SLACK_MS``; None for an id
+    without a time (read from the start)."""
+    m = _TIMED_CONVERSATION.match(conversation) or _TIMED_UUID.match(conversation)
+    return None if m is None else max(0, int(m["ms"].replace("-", ""), 16) - CLOCK_SLACK_MS)
 
 
 def inbox_key(tenant: str | None, sub: str) -> str:

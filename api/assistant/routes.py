@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import asyncio
 import re
-import uuid
 from collections.abc import AsyncIterator
 from functools import partial
 from typing import Annotated, Any
@@ -51,6 +50,7 @@ from api.frame.quotas import TOO_MANY, AdmissionDep, quota, stream_slot
 from api.frame.sse import TOO_OLD, Feed, StreamEnd, event_stream, sse_stream
 from schemas.assistant import AssistantChat, AssistantDisplayRecorded, ChatOptions, DatasetRef
 from streams.envelope import new_id
+from streams.ids import new_assistant_conversation_id
 from streams.sealing import KeyErased, Sealer
 
 router = APIRouter(prefix="/api/v1/assistant", tags=["assistant"])
@@ -98,7 +98,8 @@ def display_stream(conversations: AssistantConversations, sealer: Sealer, conver
     feed = Feed(view=current, render=render,
                 wait=partial(conversations.changed, conversation),
                 gone=ERASED, ends_after=ends_after, idle=idle,
-                idle_end=Feed.idle_end if until_done is None else TURN_DONE)
+                idle_end=Feed.idle_end if until_done is None else TURN_DONE,
+                hold=partial(conversations.streaming, conversation))  # never evicted meanwhile
     return sse_stream(feed, cursor, bound_s)
 
 
@@ -195,7 +196,7 @@ async def chat(
             raise not_found("conversation", conversation)
     else:
         admission.charge("conversations")
-        conversation, create = str(uuid.uuid4()), True
+        conversation, create = new_assistant_conversation_id(), True
         await asyncio.to_thread(sealer.create, conversation, principal.tenant)
     attached, images = await _attach(views, sealer, principal, body)
     message_id = new_id()

@@ -1,4 +1,6 @@
-"""What the edge derives from ``voice.assistant`` and ``voice.datasets`` (rebuilt at start).
+"""What the edge derives from ``voice.assistant`` and ``voice.datasets`` (rebuilt at start: all
+of ``voice.assistant``, or with ``VOICE_EDGE_HISTORY_S`` the recent part, older conversations
+read when asked for).
 
 - Datasets: owner, counts, sealed metadata and the record's position (partition, offset), which
   a chat turn hands to the worker so it can fetch exactly that record. Deduped by id. An erased
@@ -14,11 +16,13 @@ Also here: how a display event looks to its owner (``display_event``).
 
 from __future__ import annotations
 
+import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
-from api.frame.projection import AggregateView, KeptEvents, Projection, StreamProjection
+from api.frame.on_demand import ColdRead, OnDemandViews
+from api.frame.projection import AggregateView, KeptEvents, Projection
 from schemas.assistant import (
     AssistantConversationErased,
     AssistantConversationStarted,
@@ -135,8 +139,12 @@ class Datasets(Projection[DatasetView]):
             self.notify(dataset_id)
 
 
-class AssistantConversations(StreamProjection[AssistantConversationView]):
-    """Every assistant conversation this edge has seen, by id."""
+class AssistantConversations(OnDemandViews[AssistantConversationView]):
+    """Every assistant conversation this edge has seen, by id — with a ``cold`` reader
+    (``VOICE_EDGE_HISTORY_S``), those in use: older ones are read from the log when asked
+    for (``api.frame.on_demand``; decision 0011)."""
+
+    FOUNDED_BY = AssistantConversationStarted
 
     def apply(self, env: Envelope) -> None:
         rec = env.record
@@ -149,9 +157,11 @@ class AssistantConversations(StreamProjection[AssistantConversationView]):
         else:
             view = self.by_key.get(env.key)
             if view is None:
+                self.held_back(env)
                 return
         if not view.accept(env):
             return
+        view.used_at = time.monotonic()
         if isinstance(rec, AssistantConversationErased):
             view.forget()
         elif view.erased:
@@ -182,9 +192,9 @@ class AssistantConversations(StreamProjection[AssistantConversationView]):
 class AssistantViews:
     """Every assistant conversation and dataset this edge has seen."""
 
-    def __init__(self, settings: AssistantSettings) -> None:
+    def __init__(self, settings: AssistantSettings, cold: ColdRead | None = None) -> None:
         self.settings = settings
-        self.conversations = AssistantConversations(settings.edge_events_kept)
+        self.conversations = AssistantConversations(settings.edge_events_kept, cold)
         self.datasets = Datasets()
 
     def tail_handlers(self) -> dict[TopicSpec, Callable[[Envelope, int, int], None]]:

@@ -15,14 +15,13 @@ import asyncio
 import math
 import time
 from bisect import bisect_right
-from collections import Counter, OrderedDict
-from collections.abc import Callable, Iterator
-from contextlib import contextmanager
+from collections import OrderedDict
 from dataclasses import dataclass, field, replace
 from typing import Protocol
 
 from api.frame.cold import ColdReadFailed
-from api.frame.projection import DEFAULT_KEPT, Caller, KeptEvents, StreamProjection
+from api.frame.on_demand import ColdRead, OnDemandViews
+from api.frame.projection import DEFAULT_KEPT, Caller, KeptEvents
 from schemas.base import registry
 from schemas.conversation import (
     ConversationErased,
@@ -78,9 +77,6 @@ class ConversationView(KeptEvents[Envelope]):
     marks: list[tuple[int, int]] = field(default_factory=list)
     """(seq, its record's time in ms) at each ``trim``: where a read of older seqs may start
     in the log (``since_ms``), not at the conversation's first record."""
-    used_at: float = 0.0
-    """``time.monotonic()`` when a request last asked for it or the log last changed it: a
-    view unused for the history window is evicted (``ConversationViews.evict_idle``)."""
 
     @property
     def stream_name(self) -> str:
@@ -163,11 +159,6 @@ class ConversationView(KeptEvents[Envelope]):
         self.turns.clear()
 
 
-ColdRead = Callable[[str], list[Envelope]]
-"""Blocking: every record of one conversation up to its partition's end when the read begins,
-in log order (``api.frame.cold.conversation_reader``)."""
-
-
 class ColdGap(Protocol):
     """Blocking: one conversation's records with seq in ``(after, upto]`` from anywhere in the
     log (``api.frame.cold.conversation_gap_reader``) — from ``since_ms`` on when given (no
@@ -183,13 +174,6 @@ read reconnects with the same cursor and gets its result, not a second scan."""
 
 FOLDED_SEQS = max(t.seqs for t in registry().values()) - 1
 """The most seqs a record holds after its own (a folded record's)."""
-ABSENT_KEPT = 10_000
-"""Ids found in no record before the window, remembered so that asking again scans nothing."""
-COLD_SCANS = 1
-"""Partition scans at once (the reader runs one at a time; more would only hold threads)."""
-COLD_WAIT_S = 120.0
-"""Longest ``ensure`` waits for a read by default (the reader gives up at its own 60 s; a
-request passes what is left of its gateway bound)."""
 
 
 def _slim(env: Envelope) -> Envelope:
@@ -203,55 +187,23 @@ def _slim(env: Envelope) -> Envelope:
     return env
 
 
-class ConversationViews(StreamProjection[ConversationView]):
+class ConversationViews(OnDemandViews[ConversationView]):
     """Every conversation this edge has seen, by id and by owner.
 
     With a ``cold`` reader (``VOICE_EDGE_HISTORY_S``), the tail starts inside the log, and
-    this holds only the conversations in use: one started before the window, or evicted after
-    a window unused (``evict_idle``), has no view until it is asked for (``ensure``); then its
-    records are read from its partition of the log, up to the partition's end, and applied,
-    then the records the tail brought meanwhile (held in ``pending`` while the read runs) —
-    each once, by seq, in order (decision 0011). Records of a conversation not in memory and
-    not being read are dropped: the read gets them from the log when it is asked for.
+    this holds only the conversations in use (``api.frame.on_demand``; decision 0011); with a
+    ``gap`` reader, events older than a view keeps are read from the log too.
     """
+
+    FOUNDED_BY = ConversationStarted
 
     def __init__(self, kept: int = DEFAULT_KEPT, cold: ColdRead | None = None,
                  gap: ColdGap | None = None) -> None:
-        super().__init__(kept)
-        self.cold = cold
+        super().__init__(kept, cold)
         self.gap = gap
         """Reads events older than a view keeps, for an old cursor (None: 409 instead)."""
         self._gaps: OrderedDict[tuple[str, int, int], asyncio.Future[list[Envelope]]] = (
             OrderedDict())
-        self.pending: dict[str, list[Envelope]] = {}
-        """Records the tail brought for a conversation while it is being read from the log
-        (``_loading``): applied after the read."""
-        self._absent: OrderedDict[str, None] = OrderedDict()
-        self._loading: dict[str, asyncio.Future[None]] = {}
-        self._streaming: Counter[str] = Counter()
-        self._scans = asyncio.Semaphore(COLD_SCANS)
-
-    async def ensure(self, key: str, timeout: float = COLD_WAIT_S) -> bool:
-        """Read ``key``'s records from before the window, once, if this edge has not; waits
-        at most ``timeout`` and says whether that is settled (False: still reading)."""
-        if self.cold is None or key in self._absent:
-            return True
-        view = self.by_key.get(key)
-        if view is not None:
-            view.used_at = time.monotonic()
-            return True
-        fut = self._loading.get(key)
-        if fut is None:
-            fut = asyncio.ensure_future(self._load(key))
-            self._loading[key] = fut
-            fut.add_done_callback(lambda f: self._read_done(key, f))
-        # Until the read is done — or the tail brings the view first (a conversation just
-        # started, on another edge): then the read ends on its own, nobody waits for it. A
-        # caller that goes away cancels its wait, never the read others wait on.
-        settled = await self.wait(key, lambda v: v is not None or fut.done(), timeout)
-        if fut.done():
-            fut.result()  # ColdReadFailed, when the read failed
-        return settled
 
     async def older(self, key: str, after: int, upto: int, share: bool = True,
                     since_ms: int | None = None) -> list[Envelope]:
@@ -339,32 +291,6 @@ class ConversationViews(StreamProjection[ConversationView]):
         return replace(tv, reply=tv.reply or found.get(tv.reply_seq),
                        proposal=tv.proposal or found.get(tv.proposal_seq))
 
-    def _read_done(self, key: str, fut: asyncio.Future[None]) -> None:
-        self._loading.pop(key, None)
-        if not fut.cancelled():
-            fut.exception()  # retrieved: a failure nobody waits for any more is no warning
-
-    async def _load(self, key: str) -> None:
-        assert self.cold is not None
-        try:
-            async with self._scans:
-                if key in self.by_key:
-                    return
-                older = await asyncio.to_thread(self.cold, key)
-            # Back on the loop, in one step: the tail applies nothing in between.
-            if key in self.by_key:
-                return
-            if not any(isinstance(env.record, ConversationStarted) for env in older):
-                self._absent[key] = None  # no conversation: what was held is orphaned
-                while len(self._absent) > ABSENT_KEPT:
-                    self._absent.popitem(last=False)
-                return
-            for env in (*older, *self.pending.pop(key, ())):
-                self.apply(env)
-        finally:
-            self.pending.pop(key, None)
-            self.notify(key)  # wake ``ensure``'s waiters, whatever the outcome
-
     def apply(self, env: Envelope) -> ConversationView | None:
         """Apply one record of the log — a folded one as the records it stands for, each at
         its seq (``streams.envelope.unfolded``); returns the view it changed, or None for a
@@ -388,8 +314,7 @@ class ConversationViews(StreamProjection[ConversationView]):
         else:
             view = self.by_key.get(env.key)
             if view is None:
-                if env.key in self._loading:  # being read from the log: applied after it
-                    self.pending.setdefault(env.key, []).append(env)
+                self.held_back(env)
                 return None
         if not view.accept(env):
             return None
@@ -442,35 +367,6 @@ class ConversationViews(StreamProjection[ConversationView]):
             return
         view.add_live(env)
         self.notify(env.key)
-
-    @contextmanager
-    def streaming(self, key: str) -> Iterator[None]:
-        """While a stream of ``key`` is open, its view is never evicted."""
-        self._streaming[key] += 1
-        try:
-            yield
-        finally:
-            self._streaming[key] -= 1
-            if self._streaming[key] <= 0:
-                del self._streaming[key]
-            view = self.by_key.get(key)
-            if view is not None:
-                view.used_at = time.monotonic()
-
-    def evict_idle(self, idle_s: float, now: float | None = None) -> int:
-        """Drop the views unused for ``idle_s`` — no request asked for them, no record changed
-        them, no stream is open, nobody waits — when this edge reads cold conversations from
-        the log (a later request reads them again); how many were dropped. Without a cold
-        reader nothing is dropped: the edge holds all history (decision 0011, step 4)."""
-        if self.cold is None:
-            return 0
-        before = (time.monotonic() if now is None else now) - idle_s
-        idle = [key for key, view in self.by_key.items()
-                if view.used_at < before and key not in self._streaming
-                and key not in self._loading and not self.waiting(key)]
-        for key in idle:
-            del self.by_key[key]
-        return len(idle)
 
     def mark_erased(self, conversation: str) -> None:
         """Forget a conversation's content now (its key is gone), before the log says so."""

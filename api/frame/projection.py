@@ -168,6 +168,10 @@ class KeptEvents(AggregateView, Generic[E]):
     kept: int = DEFAULT_KEPT
     events: deque[E] = field(default_factory=deque)
     """The last ``kept`` events, in cursor order."""
+    used_at: float = 0.0
+    """``time.monotonic()`` when a request last asked for it or the log last changed it: with
+    a history window, a view unused for the window is evicted
+    (``api.frame.on_demand.OnDemandViews.evict_idle``)."""
 
     @property
     def stream_name(self) -> str:

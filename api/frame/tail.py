@@ -3,7 +3,8 @@
 Every edge process reads all partitions of ``voice.acks`` (from the end: it only waits on its
 own commands) and of ``voice.conversations`` (from the beginning: the views it serves are
 derived from the log; or, with ``VOICE_EDGE_HISTORY_S``, from that far back by record time,
-older conversations being read on demand by ``api.frame.cold``: decision 0011). A thread
+older conversations being read on demand by ``api.frame.cold``: decision 0011; so too
+``voice.assistant``, a ``windowed`` topic). A thread
 polls with confluent-kafka and hands decoded records to the event loop, one hand-over per
 poll; nothing on a request path polls Kafka.
 
@@ -23,7 +24,7 @@ import logging
 import threading
 import time
 from collections import Counter
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from typing import Any
 
 from confluent_kafka import OFFSET_BEGINNING, OFFSET_END, Consumer, TopicPartition
@@ -58,8 +59,8 @@ class EdgeTail:
                  more: Mapping[TopicSpec, RecordHandler] | None = None,
                  located: Mapping[TopicSpec, LocatedHandler] | None = None,
                  live: Mapping[TopicSpec, RecordHandler] | None = None,
-                 before_window: Mapping[TopicSpec, Callable[[bytes | None], bool]] | None = None
-                 ) -> None:
+                 before_window: Mapping[TopicSpec, Callable[[bytes | None], bool]] | None = None,
+                 windowed: Iterable[TopicSpec] = ()) -> None:
         self.settings = settings
         self.on_conversation = on_conversation
         self.acks_topic = topic_name(settings, ACKS)
@@ -76,6 +77,11 @@ class EdgeTail:
         """With ``VOICE_EDGE_HISTORY_S``: topics read from the beginning of which a record
         older than the window is not read (nor decoded) when its key passes the test — the
         turns' workflows, whose conversations are cold there too."""
+        self.windowed = ({self.conv_topic} if settings.edge_history_s is None else
+                         {self.conv_topic, *(topic_name(settings, spec) for spec in windowed)})
+        """The topics read from the history window's start when there is one: the conversation
+        log, and each other log of conversations that the edge reads on demand (the
+        assistant's)."""
         self.window_start_ms = 0
         """With ``VOICE_EDGE_HISTORY_S``: the record time the window starts at."""
         self.left_before_window = 0
@@ -84,8 +90,8 @@ class EdgeTail:
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
         self._loop: asyncio.AbstractEventLoop | None = None
-        self.conv_starts: dict[int, int] = {}
-        """Per partition of the conversation log, the offset this tail started at (set before
+        self.starts: dict[tuple[str, int], int] = {}
+        """Per partition of a ``windowed`` topic, the offset this tail started at (set before
         ``assigned``; empty when it reads from the beginning): older records are cold."""
         self.conv_partitions = 0
         """How many partitions the conversation log has (set before ``assigned``)."""
@@ -164,26 +170,30 @@ class EdgeTail:
                       for p in md.topics[topic].partitions}
         self.assigned.set()
 
+    @property
+    def conv_starts(self) -> dict[int, int]:
+        """``starts`` of the conversation log, by partition."""
+        return {p: offset for (topic, p), offset in self.starts.items()
+                if topic == self.conv_topic}
+
     def _windowed(self, consumer: Consumer, parts: list[TopicPartition],
                   marks: Mapping[tuple[str, int], tuple[int, int]]) -> list[TopicPartition]:
-        """``parts`` with the conversation log's partitions starting ``edge_history_s`` back
-        (by record time); ``conv_starts`` notes where, for the cold reads below it."""
+        """``parts`` with the ``windowed`` topics' partitions starting ``edge_history_s`` back
+        (by record time); ``starts`` notes where, for the cold reads below it."""
         assert self.settings.edge_history_s is not None
         since_ms = self.window_start_ms = int((time.time() - self.settings.edge_history_s)
                                               * 1000)
-        conv = [TopicPartition(tp.topic, tp.partition, since_ms) for tp in parts
-                if tp.topic == self.conv_topic]
-        found = consumer.offsets_for_times(conv, timeout=10)
-        starts: dict[int, int] = {}
+        logs = [TopicPartition(tp.topic, tp.partition, since_ms) for tp in parts
+                if tp.topic in self.windowed]
+        found = consumer.offsets_for_times(logs, timeout=10)
         for tp in found:
             if tp.error is not None:
                 raise RuntimeError(f"no offset by time for {tp.topic}[{tp.partition}]: "
                                    f"{tp.error}")
             if tp.offset < 0:  # no record that recent: start at the end
                 tp.offset = marks[(tp.topic, tp.partition)][1]
-            starts[tp.partition] = tp.offset
-        self.conv_starts = starts
-        return [*(tp for tp in parts if tp.topic != self.conv_topic), *found]
+            self.starts[(tp.topic, tp.partition)] = tp.offset
+        return [*(tp for tp in parts if tp.topic not in self.windowed), *found]
 
     def _run(self) -> None:
         consumer = Consumer({
@@ -237,7 +247,7 @@ class EdgeTail:
         positions = {(tp.topic, tp.partition): tp.offset for tp in consumer.position(tps)}
         # A partition the window starts at its end has nothing to read (and no position yet).
         if all(end == 0 or positions[tp] >= end
-               or (tp[0] == self.conv_topic and self.conv_starts.get(tp[1], -1) >= end)
+               or self.starts.get(tp, -1) >= end
                for tp, end in self._ends.items()):
             self.caught_up.set()
 

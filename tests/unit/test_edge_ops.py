@@ -12,10 +12,13 @@ import pytest
 from fastapi.testclient import TestClient
 
 from api.app import create_app
+from api.assistant import AssistantViews
 from api.conversations import ConversationViews
 from api.staff.views import StaffViews
+from schemas.assistant import AssistantConversationStarted
 from schemas.conversation import ConversationStarted
 from schemas.workflow import WorkflowCompleted, WorkflowStarted
+from streams.assistant_settings import assistant_settings
 from streams.envelope import Envelope
 from streams.sealing import MemoryKeyStore, Sealer
 from streams.settings import VoiceSettings
@@ -49,6 +52,12 @@ def edge(tmp_path: Path) -> tuple[TestClient, VoiceSettings]:
                                            tenant="default"))
     views.apply(Envelope(record=ConversationStarted(conversation="cnv-0000aaaa", owner="alice"),
                          key="cnv-0000aaaa", source="/t", seq=1, tenant="default"))
+    app.state.assistant = chats = AssistantViews(assistant_settings(settings))
+    for n in (1, 2):
+        chat = f"00000000-0000-7000-8000-00000000000{n}"
+        chats.conversations.apply(Envelope(
+            record=AssistantConversationStarted(conversation=chat, owner="alice"), key=chat,
+            source="/t", seq=1, tenant="default"))
     return TestClient(app), settings
 
 
@@ -71,6 +80,7 @@ def test_an_operator_reads_what_the_edge_holds_and_skipped(
     r = client.get("/ops/edge", headers=bearer(settings, "operator"))
     assert r.status_code == 200, r.text
     assert r.json() == {"conversations": {"in_memory": 1, "held": 0},
+                        "assistant": {"in_memory": 2, "held": 0},
                         "workflows": {"in_memory": 1, "turns_let_go": 1,
                                       "left_before_window": 3},
                         "skipped": {"voice.conversations": {"undecodable": 2}}}

@@ -15,7 +15,7 @@ from api.frame.tail import EdgeTail
 from schemas.conversation import ConversationStarted
 from streams.envelope import Envelope, encode
 from streams.settings import VoiceSettings
-from streams.topics import ISSUES
+from streams.topics import ASSISTANT, ISSUES, topic_name
 
 SETTINGS = VoiceSettings(env="test", kafka_bootstrap="127.0.0.1:1", topic_prefix="t.")
 
@@ -95,6 +95,23 @@ def test_a_window_starts_the_conversation_log_by_time_and_is_caught_up_at_its_en
     tail._ends = {(conv, 1): 90}
     tail._check_caught_up(consumer)  # type: ignore[arg-type]
     assert tail.caught_up.is_set()
+
+
+def test_a_window_starts_the_assistant_log_by_time_too_and_only_with_a_window() -> None:
+    settings = SETTINGS.model_copy(update={"edge_history_s": 60.0})
+    tail = EdgeTail(settings, on_conversation=lambda env: None, windowed=(ASSISTANT,))
+    conv, chats = tail.conv_topic, topic_name(settings, ASSISTANT)
+    consumer = WindowConsumer({0: 40}, high=90)
+    parts = [TopicPartition(conv, 0, 0), TopicPartition(chats, 0, 0),
+             TopicPartition("t.voice.workflows", 0, 0)]
+    marks = {(conv, 0): (0, 90), (chats, 0): (0, 90)}
+    assigned = tail._windowed(consumer, parts, marks)  # type: ignore[arg-type]
+    assert {(tp.topic, tp.partition): tp.offset for tp in assigned} == {
+        (conv, 0): 40, (chats, 0): 40, ("t.voice.workflows", 0): 0}
+    assert tail.starts == {(conv, 0): 40, (chats, 0): 40} and tail.conv_starts == {0: 40}
+    # Without a window, the assistant's log is read from its start like any other.
+    assert EdgeTail(SETTINGS, on_conversation=lambda env: None,
+                    windowed=(ASSISTANT,)).windowed == {tail.conv_topic}
 
 
 class AssignConsumer:
