@@ -11,13 +11,16 @@
   0 lost and 0 duplicated replies are counted (``bench.turns.outcomes``), not assumed.
 * ``edge.start_empty`` (baseline) and ``edge.start_with_history``: an edge process started on
   topics with no records, then on topics holding ``VOICE_BENCH_HISTORY`` (default 1,000,000)
-  conversation records as the sequencer writes them, and each of their turns' workflow records
-  on ``voice.workflows`` as the workflow runtime writes them (four a turn); time from spawn to
-  ``/readyz`` 200 and the edge's RSS once ready. No worker runs: the edge only reads.
+  conversation records as the sequencer writes them, each of their turns' workflow records
+  on ``voice.workflows`` as the workflow runtime writes them (four a turn), and an assistant
+  chat for every ``CHAT_EVERY``-th conversation on ``voice.assistant`` (not counted in the
+  conversation records); time from spawn to ``/readyz`` 200 and the edge's RSS once ready. No
+  worker runs: the edge only reads.
 * ``edge.start_windowed``: the same log, the edge started with ``VOICE_EDGE_HISTORY_S``
   (decision 0011: it reads only the recent part and an old conversation when asked for);
   beside the ready time and RSS, ``cold_open``: the first open of ``COLD_OPENS`` old
-  conversations' streams, each read from the log then.
+  conversations' streams, each read from the log then, and ``chat_cold_open``: the same for
+  old assistant chats.
 """
 
 from __future__ import annotations
@@ -28,6 +31,7 @@ import os
 import random
 import shutil
 import time
+from dataclasses import dataclass
 from typing import Any
 
 import httpx
@@ -39,6 +43,14 @@ from bench.stack import BENCH_QUOTAS, Stack, cpu_seconds, rss_kib, stack_setting
 from bench.turns import _cpu_delta, _headers, _sustained_run, outcomes
 from deploy.kafka_local import free_port
 from deploy.processes import spawn_voice, stop, wait_http_ready
+from schemas.assistant import (
+    AssistantConversationStarted,
+    AssistantDisplayRecorded,
+    AssistantReplyRecorded,
+    AssistantTurnEnded,
+    AssistantTurnRequested,
+    DisplayPayload,
+)
 from schemas.base import Record, Sealed
 from schemas.conversation import (
     ConversationStarted,
@@ -49,11 +61,11 @@ from schemas.conversation import (
 )
 from schemas.workflow import LastStepSucceeded, StepOutcome, StepStarted, WorkflowStarted
 from streams.envelope import Envelope, encode
-from streams.ids import new_conversation_id, turn_id
+from streams.ids import new_assistant_conversation_id, new_conversation_id, turn_id
 from streams.producer import PRODUCER_CONFIG
 from streams.settings import VoiceSettings
 from streams.tokens import mint_token
-from streams.topics import CONVERSATIONS, WORKFLOWS, create_topics, topic_name
+from streams.topics import ASSISTANT, CONVERSATIONS, WORKFLOWS, create_topics, topic_name
 
 PARTITIONS = 12
 WORKER_COUNTS = (2, 3)
@@ -81,6 +93,10 @@ EDGE_READY_TIMEOUT_S = 600.0
 """Generous: the edge reads the whole log before it is ready (the thing measured)."""
 TENANT = "default"
 OWNER = "bench-history"
+CHAT_EVERY = 4
+"""Every this-many-th conversation of the history comes with an assistant chat."""
+CHAT_DISPLAY_EVENTS = 8
+"""Display events an assistant turn of the history records (busy, text, cost, idle, done…)."""
 
 
 # --- scale.one_worker / scale.workers ---------------------------------------------------------
@@ -211,13 +227,40 @@ def turn_workflow_records(conversation: str) -> list[tuple[str, Record, int | No
     return out
 
 
+def chat_records(chat: str, rng: random.Random) -> list[Record]:
+    """One assistant chat's log as its sequencer appends it (seq = position + 1): started,
+    then ``TURNS_PER_CONVERSATION`` turns of a request, ``CHAT_DISPLAY_EVENTS`` display
+    events, the reply and the turn's end."""
+    out: list[Record] = [AssistantConversationStarted(conversation=chat, owner=OWNER)]
+    display = 0
+    for _ in range(TURNS_PER_CONVERSATION):
+        turn = turn_id(chat, len(out) + 1)
+        out.append(AssistantTurnRequested(
+            conversation=chat, turn=turn, message_id=rng.randbytes(16).hex(),
+            request=_sealed(rng), after=display, at="2026-06-01T12:00:00.000000+00:00"))
+        for n in range(CHAT_DISPLAY_EVENTS):
+            display += 1
+            out.append(AssistantDisplayRecorded(
+                conversation=chat, turn=turn, display_seq=display, event=DisplayPayload(
+                    event_id=f"{turn}/a1/d{n + 1}", type="text_delta", channel="chat",
+                    message_id=turn, ts=1.78e9, data=_sealed(rng))))
+        out += [AssistantReplyRecorded(conversation=chat, turn=turn,
+                                       reply_id=rng.randbytes(16).hex(), chain=_sealed(rng),
+                                       cards=_sealed(rng)),
+                AssistantTurnEnded(conversation=chat, turn=turn, state="Replied")]
+    return out
+
+
 def produce_history(bootstrap: str, topic: str, records: int, seed: int = 14,
-                    workflows_topic: str | None = None) -> tuple[int, list[str]]:
+                    workflows_topic: str | None = None, chats_topic: str | None = None
+                    ) -> tuple[int, list[str], int, list[str]]:
     """Produce about ``records`` conversation records (whole conversations, the real envelope
     and encoder) onto ``topic``, made evenly over ``HISTORY_DAYS`` (ids and record times), and
-    their turns' workflow records onto ``workflows_topic`` when given (not counted in
-    ``records``); returns how many conversation records were produced (all acked) and a sample
-    of the conversation ids, spread over the history, then the ``COLD_OPENS`` most recent."""
+    their turns' workflow records onto ``workflows_topic`` and an assistant chat for every
+    ``CHAT_EVERY``-th onto ``chats_topic`` when given (neither counted in ``records``);
+    returns how many conversation records were produced (all acked) and a sample of the
+    conversation ids, spread over the history, then the ``COLD_OPENS`` most recent; then the
+    same of the chats (records, sample spread over the history)."""
     rng = random.Random(seed)
     producer = Producer({**PRODUCER_CONFIG, "bootstrap.servers": bootstrap,
                          "linger.ms": 20, "batch.size": 1_000_000,
@@ -238,10 +281,11 @@ def produce_history(bootstrap: str, topic: str, records: int, seed: int = 14,
             except BufferError:  # the local queue is full: let it drain
                 producer.poll(0.05)
 
-    produced = 0
+    produced = chats = 0
     total = max(1, records // RECORDS_PER_CONVERSATION)
     every = max(1, total // COLD_OPENS)
     sample: list[str] = []
+    chat_sample: list[str] = []
     end_s = time.time() - 3600
     step_s = HISTORY_DAYS * 86400 / total
     for i in range(total):
@@ -261,53 +305,88 @@ def produce_history(bootstrap: str, topic: str, records: int, seed: int = 14,
                 send(workflows_topic, Envelope(
                     record=rec, key=workflow, source="/voice/worker", seq=seq, tenant=TENANT,
                     subject=workflow, id=f"{workflow}:{n}"), int(made_s * 1000) + n)
+        if chats_topic is not None and i % CHAT_EVERY == 0:
+            chat = new_assistant_conversation_id(now=made_s)
+            if (i // CHAT_EVERY) % max(1, total // CHAT_EVERY // COLD_OPENS) == 0 \
+                    and len(chat_sample) < COLD_OPENS:
+                chat_sample.append(chat)
+            for seq, rec in enumerate(chat_records(chat, rng), start=1):
+                send(chats_topic, Envelope(record=rec, key=chat, source="/voice/assistant",
+                                           seq=seq, tenant=TENANT, subject=chat),
+                     int(made_s * 1000) + seq)
+                chats += 1
         producer.poll(0)
     left = producer.flush(300)
     if left or failed:
         raise RuntimeError(f"history: {left} records unsent, {len(failed)} failed "
                            f"({failed[:3]})")
-    return produced, sample
+    return produced, sample, chats, chat_sample
 
 
-_HISTORY: dict[str, tuple[VoiceSettings, int, list[str], float]] = {}
-"""The run's history topics (settings, records, some conversation ids, produce seconds), made
-once and read by both history figures."""
+@dataclass(frozen=True)
+class History:
+    """The run's history topics, made once and read by both history figures."""
+
+    settings: VoiceSettings
+    records: int
+    sample: list[str]
+    """Some conversation ids: spread over the history, then the most recent."""
+    produce_s: float
+    chat_records: int
+    chat_sample: list[str]
+    """Some assistant chat ids, spread over the history."""
 
 
-def _history(ctx: Context) -> tuple[VoiceSettings, int, list[str], float]:
+_HISTORY: dict[str, History] = {}
+
+
+def _history(ctx: Context) -> History:
     if ctx.run_id not in _HISTORY:
         settings = stack_settings(ctx, "history")
         create_topics(settings)
         t0 = time.perf_counter()
-        produced, sample = produce_history(
+        produced, sample, chats, chat_sample = produce_history(
             settings.bootstrap, topic_name(settings, CONVERSATIONS), HISTORY,
-            workflows_topic=topic_name(settings, WORKFLOWS))
+            workflows_topic=topic_name(settings, WORKFLOWS),
+            chats_topic=topic_name(settings, ASSISTANT))
         produce_s = time.perf_counter() - t0
-        ctx.log(f"  {produced} history records produced in {produce_s:.1f} s")
-        _HISTORY[ctx.run_id] = (settings, produced, sample, produce_s)
+        ctx.log(f"  {produced} history records (and {chats} of chats) produced in "
+                f"{produce_s:.1f} s")
+        _HISTORY[ctx.run_id] = History(settings, produced, sample, produce_s, chats,
+                                       chat_sample)
     return _HISTORY[ctx.run_id]
 
 
-def _cold_open(settings: VoiceSettings, url: str, conversations: list[str]) -> list[float]:
-    """Seconds to the answer's head of each conversation's stream (from its last seq: the
+def _cold_open(settings: VoiceSettings, url: str, streams: list[tuple[str, int]]) -> list[float]:
+    """Seconds to the answer's head of each stream (path, cursor: its last event — the
     ownership check, and on a windowed edge the conversation's read from the log)."""
     token = mint_token(settings, OWNER, "participant", TENANT)
     out: list[float] = []
     with httpx.Client(timeout=120, headers={"Authorization": f"Bearer {token}"}) as client:
-        for cnv in conversations:
+        for path, after in streams:
             t0 = time.perf_counter()
-            with client.stream("GET", f"{url}/me/conversations/{cnv}/stream",
-                               params={"after": RECORDS_PER_CONVERSATION}) as r:
+            with client.stream("GET", f"{url}{path}", params={"after": after}) as r:
                 if r.status_code != 200:
-                    raise RuntimeError(f"stream of {cnv} answered {r.status_code}")
+                    raise RuntimeError(f"{path} answered {r.status_code}")
                 out.append(time.perf_counter() - t0)
     return out
 
 
+def _conversation_streams(conversations: list[str]) -> list[tuple[str, int]]:
+    return [(f"/me/conversations/{cnv}/stream", RECORDS_PER_CONVERSATION)
+            for cnv in conversations]
+
+
+def _chat_streams(chats: list[str]) -> list[tuple[str, int]]:
+    return [(f"/api/v1/assistant/conversations/{chat}/stream",
+             TURNS_PER_CONVERSATION * CHAT_DISPLAY_EVENTS) for chat in chats]
+
+
 def _edge_start(ctx: Context, settings: VoiceSettings, open_cold: list[str] | None = None,
-                **env: str) -> Result:
+                open_chats: list[str] | None = None, **env: str) -> Result:
     """An edge spawned on ``settings``' topics: seconds to ``/readyz`` 200 and its RSS once
-    ready; then, for ``open_cold``, each conversation's stream opened and the RSS after."""
+    ready; then, for ``open_cold``, each conversation's stream opened, for ``open_chats``
+    each chat's, and the RSS after."""
     port = free_port()
     url = f"http://127.0.0.1:{port}"
     t0 = time.perf_counter()
@@ -325,16 +404,23 @@ def _edge_start(ctx: Context, settings: VoiceSettings, open_cold: list[str] | No
         ops = httpx.get(f"{url}/ops/edge", timeout=10, headers={
             "Authorization": f"Bearer {mint_token(settings, 'ops', 'operator', TENANT)}"})
         out["workflows"] = ops.json().get("workflows") if ops.status_code == 200 else None
+        out["chats_in_memory"] = (ops.json().get("assistant", {}).get("in_memory")
+                                  if ops.status_code == 200 else None)
         if open_cold:
             spread, recent = open_cold[:COLD_OPENS], open_cold[COLD_OPENS:]
-            opened = _cold_open(settings, url, spread)
+            opened = _cold_open(settings, url, _conversation_streams(spread))
             out["cold_open"] = {**latency_summary(opened), "conversations": len(opened)}
             if recent:  # made in the last quarter hour of the history: a short read each
-                opened = _cold_open(settings, url, recent)
+                opened = _cold_open(settings, url, _conversation_streams(recent))
                 out["cold_open_recent"] = {**latency_summary(opened),
                                            "conversations": len(opened)}
             # The same conversations again: in memory now, whichever edge this is.
-            out["open_again"] = latency_summary(_cold_open(settings, url, spread))
+            out["open_again"] = latency_summary(_cold_open(settings, url,
+                                                           _conversation_streams(spread)))
+        if open_chats:
+            opened = _cold_open(settings, url, _chat_streams(open_chats))
+            out["chat_cold_open"] = {**latency_summary(opened), "chats": len(opened)}
+        if open_cold or open_chats:
             out["rss_after_cold_opens_mib"] = round(rss_kib(edge.pid) / 1024, 1)
     finally:
         stop(edge)
@@ -359,14 +445,16 @@ def _drop_state(settings: VoiceSettings) -> None:
 
 
 def _with_history(ctx: Context, windowed: bool) -> Result:
-    settings, produced, sample, produce_s = _history(ctx)
+    history = _history(ctx)
+    settings, produced = history.settings, history.records
     env = {"VOICE_EDGE_HISTORY_S": str(WINDOW_S)} if windowed else {}
-    result = _edge_start(ctx, settings, sample, **env)
+    result = _edge_start(ctx, settings, history.sample, history.chat_sample, **env)
     conversations = produced // RECORDS_PER_CONVERSATION
     return {**result, "history_records": produced,
             "conversations": conversations,
             "workflow_records": conversations * len(turn_workflow_records("c")),
-            "history_produce_s": round(produce_s, 1),
+            "chat_records": history.chat_records,
+            "history_produce_s": round(history.produce_s, 1),
             "topic_partitions": settings.topic_partitions,
             "edge_history_s": WINDOW_S if windowed else None}
 
@@ -386,6 +474,6 @@ def start_windowed(ctx: Context) -> Result:
     try:
         return _with_history(ctx, windowed=True)
     finally:
-        settings = _HISTORY.pop(ctx.run_id, (None,))[0]
-        if settings is not None:
-            _drop_state(settings)
+        history = _HISTORY.pop(ctx.run_id, None)
+        if history is not None:
+            _drop_state(history.settings)
