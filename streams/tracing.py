@@ -191,11 +191,6 @@ def carried(headers: HeaderPairs | Mapping[str, str] | None) -> otel_context.Con
     return context if trace.get_current_span(context).get_span_context().is_valid else None
 
 
-def has_trace(headers: HeaderPairs | Mapping[str, str] | None) -> bool:
-    """Whether ``headers`` carry a valid ``traceparent``."""
-    return carried(headers) is not None
-
-
 def inject() -> list[tuple[str, bytes]]:
     """The trace headers of the current span, as Kafka record headers ([] outside a trace)."""
     carrier: dict[str, str] = {}
