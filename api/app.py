@@ -25,9 +25,16 @@ from starlette.middleware.gzip import DEFAULT_EXCLUDED_CONTENT_TYPES, GZipMiddle
 from api import assistant, conversations, staff
 from api.assistant import AssistantViews
 from api.assistant.upload import UPLOAD_PATH, upload_body_limit
+from api.assistant.views import display_seq_of
 from api.conversations import ConversationViews
 from api.frame.body import BodyGuard, BodyLimit
-from api.frame.cold import ColdLog, conversation_gap_reader, conversation_reader, key_reader
+from api.frame.cold import (
+    ColdLog,
+    conversation_gap_reader,
+    conversation_reader,
+    gap_reader,
+    key_reader,
+)
 from api.frame.commands import edge_producer
 from api.frame.deadline import RequestDeadline
 from api.frame.deps import InspectDep
@@ -140,10 +147,13 @@ def create_app(settings: VoiceSettings | None = None, bind_host: str | None = No
             cold_workflow=lambda key: key_reader(cold, app.state.tail,
                                                  topic_name(settings, WORKFLOWS),
                                                  workflow_since_ms)(key))
+        chats = topic_name(settings, ASSISTANT)
         app.state.assistant = AssistantViews(chat_settings, cold=(
             None if settings.edge_history_s is None
-            else lambda key: key_reader(cold, app.state.tail, topic_name(settings, ASSISTANT),
-                                        conversation_since_ms)(key)))
+            else lambda key: key_reader(cold, app.state.tail, chats,
+                                        conversation_since_ms)(key)),
+            gap=lambda key, after, upto, since_ms=None: gap_reader(
+                cold, app.state.tail, chats, display_seq_of)(key, after, upto, since_ms))
         app.state.tail = EdgeTail(settings, on_conversation=on_record(views),
                                   more=app.state.staff.handlers(),
                                   located={**app.state.assistant.tail_handlers(),

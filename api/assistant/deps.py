@@ -1,5 +1,5 @@
 """Dependencies of the assistant routes: its views, the caller's own conversation (404 for
-anyone else's), and where a conversation's display stream resumes."""
+anyone else's), and where a conversation's display stream resumes (any cursor)."""
 
 from __future__ import annotations
 
@@ -36,4 +36,5 @@ owned_conversation = owned_dependency(get_conversations, valid=is_uuid,
 
 AssistantDep = Annotated[AssistantViews, Depends(get_assistant)]
 OwnedDep = Annotated[AssistantConversationView, Depends(owned_conversation)]
-CursorDep = Annotated[int, Depends(cursor_dependency(owned_conversation))]
+CursorDep = Annotated[int, Depends(cursor_dependency(owned_conversation, reads_older=True))]
+"""Any cursor: one older than the display events the edge keeps is read from the log."""

@@ -29,6 +29,7 @@ from api.assistant.views import (
     display_event,
 )
 from api.frame.auth import Principal
+from api.frame.cold import ColdReadFailed
 from api.frame.commands import CommandsDep, conversation_refused
 from api.frame.deadline import remaining
 from api.frame.deps import (
@@ -95,9 +96,21 @@ def display_stream(conversations: AssistantConversations, sealer: Sealer, conver
             return False
         return v.running is None if until_done is None else v.ended(until_done)
 
+    async def older(after: int, upto: int) -> list[tuple[int, ServerSentEvent | None]]:
+        try:
+            envs = await conversations.older(conversation, after, upto)
+        except ColdReadFailed as exc:
+            raise StreamEnd(f"end; cursor {after} is too old to serve: {exc}") from None
+        out: list[tuple[int, ServerSentEvent | None]] = []
+        for env in envs:
+            rec = env.record
+            assert isinstance(rec, AssistantDisplayRecorded)
+            out.append((rec.display_seq, render(rec)))
+        return out
+
     feed = Feed(view=current, render=render,
                 wait=partial(conversations.changed, conversation),
-                gone=ERASED, ends_after=ends_after, idle=idle,
+                gone=ERASED, ends_after=ends_after, idle=idle, older=older,
                 idle_end=Feed.idle_end if until_done is None else TURN_DONE,
                 hold=partial(conversations.streaming, conversation))  # never evicted meanwhile
     return sse_stream(feed, cursor, bound_s)

@@ -7,7 +7,8 @@ read when asked for).
   one (``DatasetErased``) keeps its identity only, and is nobody's.
 - Assistant conversations: ``KeptEvents`` of ``api.frame.projection`` whose cursor is the
   display seq (the SSE ``id:``): records are deduped by the conversation's seq, the last
-  ``kept`` display records are kept (sealed) for resume; besides, each turn's state and reply,
+  ``kept`` display records are kept (sealed) for resume, older ones read from the log for an
+  old cursor (``OnDemandViews.older``); besides, each turn's state and reply,
   and the turn in progress. An erased one (``AssistantConversationErased``, or this edge's
   own erasure before the log says so) keeps its identity only, and is nobody's.
 
@@ -21,7 +22,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
-from api.frame.on_demand import ColdRead, OnDemandViews
+from api.frame.on_demand import ColdGap, ColdRead, OnDemandViews
 from api.frame.projection import AggregateView, KeptEvents, Projection
 from schemas.assistant import (
     AssistantConversationErased,
@@ -145,6 +146,14 @@ class AssistantConversations(OnDemandViews[AssistantConversationView]):
     for (``api.frame.on_demand``; decision 0011)."""
 
     FOUNDED_BY = AssistantConversationStarted
+    POSITION = "display seq"
+
+    @staticmethod
+    def positions(env: Envelope) -> list[tuple[int, Envelope]]:
+        """A display event's display seq (a stream's cursor), with its record; none for any
+        other record."""
+        at = display_seq_of(env)
+        return [] if at is None else [(at, env)]
 
     def apply(self, env: Envelope) -> None:
         rec = env.record
@@ -192,15 +201,22 @@ class AssistantConversations(OnDemandViews[AssistantConversationView]):
 class AssistantViews:
     """Every assistant conversation and dataset this edge has seen."""
 
-    def __init__(self, settings: AssistantSettings, cold: ColdRead | None = None) -> None:
+    def __init__(self, settings: AssistantSettings, cold: ColdRead | None = None,
+                 gap: ColdGap | None = None) -> None:
         self.settings = settings
-        self.conversations = AssistantConversations(settings.edge_events_kept, cold)
+        self.conversations = AssistantConversations(settings.edge_events_kept, cold, gap)
         self.datasets = Datasets()
 
     def tail_handlers(self) -> dict[TopicSpec, Callable[[Envelope, int, int], None]]:
         """What the edge's tail feeds (``EdgeTail(located=…)``)."""
         return {ASSISTANT: lambda env, _p, _o: self.conversations.apply(env),
                 DATASETS: self.datasets.apply}
+
+
+def display_seq_of(env: Envelope) -> int | None:
+    """A chat record's position in its display stream: a display event's display seq."""
+    rec = env.record
+    return rec.display_seq if isinstance(rec, AssistantDisplayRecorded) else None
 
 
 def display_event(sealer: Sealer, conversation: str, payload: DisplayPayload) -> dict[str, Any]:

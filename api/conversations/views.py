@@ -11,17 +11,14 @@ Content stays sealed here; routes open it for the owner (``api.conversations.ren
 
 from __future__ import annotations
 
-import asyncio
 import math
 import time
 from bisect import bisect_right
-from collections import OrderedDict
+from collections.abc import Iterator
 from dataclasses import dataclass, field, replace
-from typing import Protocol
 
-from api.frame.cold import ColdReadFailed
-from api.frame.on_demand import ColdRead, OnDemandViews
-from api.frame.projection import DEFAULT_KEPT, Caller, KeptEvents
+from api.frame.on_demand import OnDemandViews
+from api.frame.projection import Caller, KeptEvents
 from schemas.base import registry
 from schemas.conversation import (
     ConversationErased,
@@ -159,19 +156,6 @@ class ConversationView(KeptEvents[Envelope]):
         self.turns.clear()
 
 
-class ColdGap(Protocol):
-    """Blocking: one conversation's records with seq in ``(after, upto]`` from anywhere in the
-    log (``api.frame.cold.conversation_gap_reader``) — from ``since_ms`` on when given (no
-    record of them is older) — what a cursor or page older than the kept events needs."""
-
-    def __call__(self, key: str, after: int, upto: int, since_ms: int | None = None
-                 ) -> list[Envelope]: ...
-
-
-GAPS_KEPT = 16
-"""Gap reads remembered (by conversation and range): a client whose stream ends while one is
-read reconnects with the same cursor and gets its result, not a second scan."""
-
 FOLDED_SEQS = max(t.seqs for t in registry().values()) - 1
 """The most seqs a record holds after its own (a folded record's)."""
 
@@ -196,66 +180,13 @@ class ConversationViews(OnDemandViews[ConversationView]):
     """
 
     FOUNDED_BY = ConversationStarted
+    FOLDED_BACK = FOLDED_SEQS
+    POSITION = "seq"
 
-    def __init__(self, kept: int = DEFAULT_KEPT, cold: ColdRead | None = None,
-                 gap: ColdGap | None = None) -> None:
-        super().__init__(kept, cold)
-        self.gap = gap
-        """Reads events older than a view keeps, for an old cursor (None: 409 instead)."""
-        self._gaps: OrderedDict[tuple[str, int, int], asyncio.Future[list[Envelope]]] = (
-            OrderedDict())
-
-    async def older(self, key: str, after: int, upto: int, share: bool = True,
-                    since_ms: int | None = None) -> list[Envelope]:
-        """The conversation's records with seq in ``(after, upto]`` — those before the oldest
-        its view keeps — read from the log: each seq exactly once, in order, or
-        ``ColdReadFailed`` (never a stream with a hole). One read per range, shared by every
-        asker and remembered for the next few (decision 0011, step 5) — unless not
-        ``share``: a transcript page's read is its own, never kept. ``since_ms``: no record
-        of the range is older (``ConversationView.since_ms``), the scan starts there."""
-        if self.gap is None:
-            raise ColdReadFailed("this edge reads no events older than it keeps")
-        view = self.by_key.get(key)
-        tenant = None if view is None else view.tenant
-        fut = (self._shared(key, after, upto) if share
-               else asyncio.ensure_future(self._read_gap(key, after, upto, since_ms)))
-        found = [env for env in await asyncio.shield(fut) if env.seq is not None
-                 and env.seq > after]
-        if any(env.tenant != tenant for env in found):
-            raise ColdReadFailed(f"conversation {key}: records of another tenant in the log")
-        return found
-
-    def _shared(self, key: str, after: int, upto: int) -> asyncio.Future[list[Envelope]]:
-        """The read of ``(after, upto]`` under way or remembered — a read of the same range,
-        or of a wider one (a lower ``after``), serves this one: clients resuming at
-        different old cursors of one conversation share one scan — else a new one."""
-        for (k, a, u), f in self._gaps.items():
-            if k == key and u == upto and a <= after and not (
-                    f.done() and (f.cancelled() or f.exception() is not None)):
-                return f
-        fut = asyncio.ensure_future(self._read_gap(key, after, upto))
-        self._gaps[(key, after, upto)] = fut
-        while len(self._gaps) > GAPS_KEPT:
-            self._gaps.popitem(last=False)
-        return fut
-
-    async def _read_gap(self, key: str, after: int, upto: int, since_ms: int | None = None
-                        ) -> list[Envelope]:
-        assert self.gap is not None
-        async with self._scans:
-            # From a few seqs earlier: a folded record before ``after`` may hold seqs after it.
-            found = await asyncio.to_thread(self.gap, key, max(0, after - FOLDED_SEQS), upto,
-                                            since_ms)
-        by_seq: dict[int, Envelope] = {}
-        for env in (part for record in found for part in unfolded(record)):
-            if env.seq is not None:
-                by_seq.setdefault(env.seq, env)  # a redelivered record: the first one
-        missing = [s for s in range(after + 1, upto + 1) if s not in by_seq]
-        if missing:
-            raise ColdReadFailed(f"conversation {key}: the log no longer holds seq "
-                                 f"{missing[0]}" + (f" and {len(missing) - 1} more"
-                                                    if len(missing) > 1 else ""))
-        return [by_seq[s] for s in range(after + 1, upto + 1)]
+    @staticmethod
+    def positions(env: Envelope) -> Iterator[tuple[int, Envelope]]:
+        """Each seq a record holds (a folded one holds several), with its record."""
+        return ((part.seq, part) for part in unfolded(env) if part.seq is not None)
 
     async def older_page(self, view: ConversationView, before: int, limit: int
                          ) -> tuple[list[tuple[int, Envelope]], int | None]:

@@ -39,6 +39,15 @@ SCAN_TIMEOUT_S = 60.0
 """A scan that has not reached its end offset by then fails (the caller answers 503)."""
 
 
+Position = Callable[[Envelope], int | None]
+"""A record's position in its stream (a stream's cursor), None for a record of no position."""
+
+
+def seq_of(env: Envelope) -> int | None:
+    """A conversation's position: the record's seq."""
+    return env.seq
+
+
 class ColdReadFailed(Exception):
     """The partition could not be read to the offset asked for in time (retryable)."""
 
@@ -79,18 +88,23 @@ class ColdLog:
         return self._read(topic, partition, key, since_ms, timeout)
 
     def read_seqs(self, topic: str, partition: int, key: str, after: int, upto: int,
-                  since_ms: int | None = None, timeout: float = SCAN_TIMEOUT_S
-                  ) -> list[Envelope]:
-        """The records of ``key`` in ``topic[partition]`` whose seq is in ``(after, upto]``, in
-        log order: the events a resumed stream needs from before what the edge keeps
-        (blocking: call it in a thread; scans wait for each other). Reads from the
-        partition's start (or ``since_ms``) until the record of seq ``upto`` (or the end the
-        partition had when the scan began)."""
+                  since_ms: int | None = None, timeout: float = SCAN_TIMEOUT_S,
+                  position: Position = seq_of) -> list[Envelope]:
+        """The records of ``key`` in ``topic[partition]`` whose position (``position``: its
+        seq, unless told otherwise) is in ``(after, upto]``, in log order: the events a resumed
+        stream needs from before what the edge keeps (blocking: call it in a thread; scans
+        wait for each other). Reads from the partition's start (or ``since_ms``) until the
+        record at ``upto`` (or the end the partition had when the scan began)."""
         if upto <= after:
             return []
-        found = self._read(topic, partition, key, since_ms, timeout,
-                           stop=lambda env: env.seq is not None and env.seq >= upto)
-        return [env for env in found if env.seq is not None and after < env.seq <= upto]
+
+        def stop(env: Envelope) -> bool:
+            at = position(env)
+            return at is not None and at >= upto
+
+        found = self._read(topic, partition, key, since_ms, timeout, stop=stop)
+        return [env for env in found
+                if (at := position(env)) is not None and after < at <= upto]
 
     def _read(self, topic: str, partition: int, key: str, since_ms: int | None,
               timeout: float, stop: Callable[[Envelope], bool] = lambda _env: False
@@ -183,14 +197,23 @@ def conversation_gap_reader(log_: ColdLog, tail: EdgeTail
     """A blocking reader of one conversation's records with seq in ``(after, upto]``, from
     anywhere in its partition: what a cursor older than the edge keeps needs (decision 0011,
     step 5)."""
+    return gap_reader(log_, tail, tail.conv_topic, seq_of)
+
+
+def gap_reader(log_: ColdLog, tail: EdgeTail, topic: str, position: Position
+               ) -> Callable[..., list[Envelope]]:
+    """A blocking reader of one conversation's records on ``topic`` (one the tail reads) at
+    positions in ``(after, upto]``, from its id's time (or a later ``since_ms`` the caller
+    knows no record of them is older than) to the end its partition has when the read
+    begins."""
 
     def read(key: str, after: int, upto: int, since_ms: int | None = None) -> list[Envelope]:
         if not tail.assigned.wait(SCAN_TIMEOUT_S):
             raise ColdReadFailed("the edge's tail is not assigned yet")
-        partition = partition_of(key, tail.conv_partitions)
+        partition = partition_of(key, tail.partitions[topic])
         start = conversation_since_ms(key)
         if since_ms is not None:  # a later start the caller knows (no record is older)
             start = since_ms if start is None else max(start, since_ms)
-        return log_.read_seqs(tail.conv_topic, partition, key, after, upto, start)
+        return log_.read_seqs(topic, partition, key, after, upto, start, position=position)
 
     return read

@@ -16,7 +16,14 @@ projection:
 - a view with an open stream (``streaming``), a waiter or a read under way is never evicted.
 
 Without a ``cold`` reader the projection holds all history: ``ensure`` has nothing to load and
-nothing is evicted. Everything runs on the edge's event loop; the read itself in a thread.
+nothing is evicted.
+
+With a ``gap`` reader (every edge, windowed or not), a stream's cursor older than the events a
+view keeps is served from the log (decision 0011, step 5): ``older`` reads the positions
+between it and the oldest kept one — each exactly once, in order, or ``ColdReadFailed``, never a
+stream with a hole — one read per range, shared by every asker and remembered for the next
+few. A position is a stream's cursor: a conversation's seq, an assistant chat's display seq
+(``positions``). Everything runs on the edge's event loop; the reads themselves in a thread.
 """
 
 from __future__ import annotations
@@ -24,16 +31,31 @@ from __future__ import annotations
 import asyncio
 import time
 from collections import Counter, OrderedDict
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from contextlib import contextmanager
-from typing import Any, ClassVar
+from typing import Any, ClassVar, Protocol
 
+from api.frame.cold import ColdReadFailed
 from api.frame.projection import DEFAULT_KEPT, K, StreamProjection
 from streams.envelope import Envelope
 
 ColdRead = Callable[[str], list[Envelope]]
 """Blocking: every record of one conversation up to its partition's end when the read begins,
 in log order (``api.frame.cold.key_reader``)."""
+
+
+class ColdGap(Protocol):
+    """Blocking: one conversation's records at positions in ``(after, upto]`` from anywhere in
+    the log (``api.frame.cold.gap_reader``) — from ``since_ms`` on when given (no record of
+    them is older) — what a cursor or page older than the kept events needs."""
+
+    def __call__(self, key: str, after: int, upto: int, since_ms: int | None = None
+                 ) -> list[Envelope]: ...
+
+
+GAPS_KEPT = 16
+"""Gap reads remembered (by key and range): a client whose stream ends while one is read
+reconnects with the same cursor and gets its result, not a second scan."""
 
 ABSENT_KEPT = 10_000
 """Ids found in no record before the window, remembered so that asking again scans nothing."""
@@ -50,10 +72,20 @@ class OnDemandViews(StreamProjection[K]):
     FOUNDED_BY: ClassVar[type]
     """The record that makes a view (a conversation's start): a read that finds none of it
     found no such aggregate."""
+    POSITION: ClassVar[str] = "position"
+    """What a position is called in an error (a conversation's seq)."""
+    FOLDED_BACK: ClassVar[int] = 0
+    """How many positions before a range a record holding some of it may start (a folded
+    record's): a gap read starts that much earlier."""
 
-    def __init__(self, kept: int = DEFAULT_KEPT, cold: ColdRead | None = None) -> None:
+    def __init__(self, kept: int = DEFAULT_KEPT, cold: ColdRead | None = None,
+                 gap: ColdGap | None = None) -> None:
         super().__init__(kept)
         self.cold = cold
+        self.gap = gap
+        """Reads events older than a view keeps, for an old cursor (None: 409 instead)."""
+        self._gaps: OrderedDict[tuple[str, int, int],
+                                asyncio.Future[list[tuple[int, Envelope]]]] = OrderedDict()
         self.pending: dict[str, list[Envelope]] = {}
         """Records the tail brought for a key while it is being read from the log
         (``_loading``): applied after the read."""
@@ -64,6 +96,11 @@ class OnDemandViews(StreamProjection[K]):
 
     def apply(self, env: Envelope) -> Any:
         """Apply one record of the log (each projection's own)."""
+        raise NotImplementedError
+
+    @staticmethod
+    def positions(env: Envelope) -> Iterable[tuple[int, Envelope]]:
+        """The stream positions a record holds, each with the record that stands there."""
         raise NotImplementedError
 
     def held_back(self, env: Envelope) -> None:
@@ -93,6 +130,58 @@ class OnDemandViews(StreamProjection[K]):
         if fut.done():
             fut.result()  # ColdReadFailed, when the read failed
         return settled
+
+    async def older(self, key: str, after: int, upto: int, share: bool = True,
+                    since_ms: int | None = None) -> list[Envelope]:
+        """The records at positions ``(after, upto]`` of ``key`` — those before the oldest its
+        view keeps — read from the log: each position exactly once, in order, or
+        ``ColdReadFailed``. One read per range, shared by every asker and remembered for the
+        next few — unless not ``share``: a transcript page's read is its own, never kept.
+        ``since_ms``: no record of the range is older, the scan starts there."""
+        if self.gap is None:
+            raise ColdReadFailed("this edge reads no events older than it keeps")
+        view = self.by_key.get(key)
+        tenant = None if view is None else view.tenant
+        fut = (self._shared(key, after, upto) if share
+               else asyncio.ensure_future(self._read_gap(key, after, upto, since_ms)))
+        found = [env for at, env in await asyncio.shield(fut) if at > after]
+        if any(env.tenant != tenant for env in found):
+            raise ColdReadFailed(f"conversation {key}: records of another tenant in the log")
+        return found
+
+    def _shared(self, key: str, after: int, upto: int
+                ) -> asyncio.Future[list[tuple[int, Envelope]]]:
+        """The read of ``(after, upto]`` under way or remembered — a read of the same range,
+        or of a wider one (a lower ``after``), serves this one: clients resuming at
+        different old cursors of one stream share one scan — else a new one."""
+        for (k, a, u), f in self._gaps.items():
+            if k == key and u == upto and a <= after and not (
+                    f.done() and (f.cancelled() or f.exception() is not None)):
+                return f
+        fut = asyncio.ensure_future(self._read_gap(key, after, upto))
+        self._gaps[(key, after, upto)] = fut
+        while len(self._gaps) > GAPS_KEPT:
+            self._gaps.popitem(last=False)
+        return fut
+
+    async def _read_gap(self, key: str, after: int, upto: int, since_ms: int | None = None
+                        ) -> list[tuple[int, Envelope]]:
+        assert self.gap is not None
+        async with self._scans:
+            # From a few positions earlier: a folded record before ``after`` may hold some after.
+            found = await asyncio.to_thread(self.gap, key, max(0, after - self.FOLDED_BACK),
+                                            upto, since_ms)
+        by_position: dict[int, Envelope] = {}
+        for env in found:
+            for at, part in self.positions(env):
+                by_position.setdefault(at, part)  # a redelivered record: the first one
+        missing = [at for at in range(after + 1, upto + 1) if at not in by_position]
+        if missing:
+            raise ColdReadFailed(f"conversation {key}: the log no longer holds {self.POSITION} "
+                                 f"{missing[0]}"
+                                 + (f" and {len(missing) - 1} more" if len(missing) > 1
+                                    else ""))
+        return [(at, by_position[at]) for at in range(after + 1, upto + 1)]
 
     def _read_done(self, key: str, fut: asyncio.Future[None]) -> None:
         self._loading.pop(key, None)

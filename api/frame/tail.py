@@ -93,8 +93,6 @@ class EdgeTail:
         self.starts: dict[tuple[str, int], int] = {}
         """Per partition of a ``windowed`` topic, the offset this tail started at (set before
         ``assigned``; empty when it reads from the beginning): older records are cold."""
-        self.conv_partitions = 0
-        """How many partitions the conversation log has (set before ``assigned``)."""
         self.partitions: dict[str, int] = {}
         """How many partitions each topic it reads has (set before ``assigned``)."""
         self.assigned = threading.Event()
@@ -154,7 +152,6 @@ class EdgeTail:
             if t is None or t.error is not None:
                 raise RuntimeError(f"topic {topic!r} is missing: run `voice topics create`")
             parts += [TopicPartition(topic, p, start) for p in t.partitions]
-        self.conv_partitions = len(md.topics[self.conv_topic].partitions)
         self.partitions = {topic: len(md.topics[topic].partitions) for topic, _ in starts}
         # Where each log starts and ends now: the edge is caught up once it reaches the ends.
         marks = {(tp.topic, tp.partition): consumer.get_watermark_offsets(

@@ -94,3 +94,28 @@ def test_an_edge_with_a_window_serves_assistant_chats_started_before_it(
              what="the unused chats evicted")
     for conversation in chats:
         assert display(windowed, settings, conversation) == display(full, settings, conversation)
+
+
+def test_a_cursor_older_than_the_edge_keeps_is_served_from_the_log(
+        settings: VoiceSettings, start_worker: Callable[..., object],
+        start_edge: Callable[..., str]) -> None:
+    start_worker()
+    keeps_all = start_edge()
+    keeps_ten = start_edge(VOICE_EDGE_EVENTS_KEPT="10")  # fewer than a chat of three turns has
+    r = chat(keeps_all, settings, {"message": "Hello, what can you do for me today?"})
+    assert r.status_code == 202, r.text
+    conversation = r.json()["conversation_id"]
+    replied(keeps_all, settings, conversation, r.json()["turn"])
+    for text in ("And what about rivers?", "And lakes, please?"):
+        r = chat(keeps_all, settings, {"message": text, "conversation_id": conversation})
+        assert r.status_code == 202, r.text
+        replied(keeps_all, settings, conversation, r.json()["turn"])
+    want = display(keeps_all, settings, conversation)
+    assert len(want) > 10 and [int(i) for i, _ in want] == list(range(1, len(want) + 1))
+    # From 0, and from inside what the edge no longer keeps: every event once, in order.
+    wait_for(lambda: display(keeps_ten, settings, conversation) == want, timeout=30,
+             what="the whole stream from the edge that keeps ten events")
+    later = resume(keeps_ten, settings, conversation, after=3)
+    assert later.status == 200 and [(f.id, f.data) for f in later.events] == want[3:]
+    by_header = resume(keeps_ten, settings, conversation, **{"Last-Event-ID": "1"})
+    assert [(f.id, f.data) for f in by_header.events] == want[1:]

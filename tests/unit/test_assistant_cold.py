@@ -11,6 +11,7 @@ import time
 import uuid
 
 from api.assistant.views import AssistantConversations
+from api.frame.cold import ColdReadFailed
 from schemas.assistant import (
     AssistantConversationErased,
     AssistantConversationStarted,
@@ -147,3 +148,51 @@ def test_an_id_with_no_chat_is_read_once_and_without_a_reader_nothing_is_evicted
         full_edge.apply(env)
     assert asyncio.run(full_edge.ensure(CONV))
     assert full_edge.evict_idle(0, now=time.monotonic() + 10) == 0 and CONV in full_edge
+
+
+class GapReader:
+    """A gap reader over a fixed list of records (as ``api.frame.cold.gap_reader``: the
+    records at display seqs in the range, and whatever else of the key a scan meets)."""
+
+    def __init__(self, records: list[Envelope]) -> None:
+        self.records, self.calls = records, 0
+
+    def __call__(self, key: str, after: int, upto: int, since_ms: int | None = None
+                 ) -> list[Envelope]:
+        self.calls += 1
+        return [e for e in self.records if e.key == key]
+
+
+def test_an_old_cursor_is_served_from_the_log_each_display_seq_once_in_order() -> None:
+    full = log(3)  # display seqs 1..6
+    redelivered = [*full[:6], full[3], *full[6:]]  # a display record twice on the log
+    gap = GapReader(redelivered)
+    views = AssistantConversations(kept=2, gap=gap)
+    for env in full:
+        views.apply(env)
+    view = views[CONV]
+    assert view.oldest_cursor() == 4  # keeps display seqs 5 and 6
+
+    async def main() -> None:
+        found = await views.older(CONV, 0, 4)
+        assert [e.record.display_seq for e in found] == [1, 2, 3, 4]
+        # A narrower range of the same end is the same read, shared (one scan).
+        assert [e.record.display_seq for e in await views.older(CONV, 2, 4)] == [3, 4]
+
+    asyncio.run(main())
+    assert gap.calls == 1
+
+
+def test_a_display_seq_the_log_no_longer_holds_fails_the_read_never_a_hole() -> None:
+    full = log(2)
+    views = AssistantConversations(kept=2, gap=GapReader([e for e in full if not (
+        isinstance(e.record, AssistantDisplayRecorded) and e.record.display_seq == 2)]))
+    for env in full:
+        views.apply(env)
+    try:
+        asyncio.run(views.older(CONV, 0, 2))
+    except ColdReadFailed as exc:
+        assert "no longer holds display seq 2" in str(exc)
+    else:
+        raise AssertionError("a read with a hole was served")
+    assert asyncio.run(AssistantConversations(gap=None).ensure(CONV))  # nothing to load
