@@ -53,6 +53,9 @@ class Batch:
         self.behind = False
         """Its first record was already older than a flush when taken: the sink is catching
         up (after a restart, an outage, a burst), not keeping pace."""
+        self.drained = False
+        """Catching up, a wait for records brought none: the backlog is read through (this is
+        its last batch)."""
         self.dead: list[tuple[RawRecord, str]] = []
         """Records to dead-letter before the commit, with the reason."""
         self.refusals = 0

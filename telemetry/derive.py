@@ -13,11 +13,11 @@ Only the non-content fields of a record are extracted: ``response``, ``arguments
 ``result``, sealed errors stay in the payload (sealed there) and nowhere else.
 
 Everything here is plain ClickHouse SQL documented for both a server and chDB: a ``Null``
-table, ``CREATE MATERIALIZED VIEW … TO``, ``JSONExtract*``, ``mapFilter``/``mapApply``,
-``parseDateTime64BestEffortOrNull``, ``toValidUTF8``, ``isValidUTF8``, ``base64Encode``,
-``SHA256``. A retried insert carries ``insert_deduplication_token`` with
-``deduplicate_blocks_in_dependent_materialized_views = 1`` (``telemetry.store``), so each
-target table drops the block it already has.
+table, ``CREATE MATERIALIZED VIEW … TO``, ``JSONExtract`` (into a named ``Tuple``),
+``mapFilter``/``mapApply``, ``parseDateTime64BestEffortOrNull``, ``toValidUTF8``,
+``isValidUTF8``, ``base64Encode``, ``SHA256``. A retried insert carries
+``insert_deduplication_token`` with ``deduplicate_blocks_in_dependent_materialized_views = 1``
+(``telemetry.store``), so each target table drops the block it already has.
 """
 
 from __future__ import annotations
@@ -83,10 +83,10 @@ _TRACEPARENT = r"""extractGroups(h['traceparent'],
 # One inner SELECT that every view reads from: header bytes as text (invalid UTF-8 replaced,
 # as Python's ``decode('utf-8', 'replace')``; NULL values dropped), the time and payload size.
 # A view that keeps few of the records filters them first, on the raw columns, so the rest
-# are never parsed.
-def _source(where: str = "1") -> str:
+# are never parsed; ``payload`` adds the parsed payload's tuple (``_Payload``).
+def _source(where: str = "1", payload: str = "") -> str:
     return f"""(
-  SELECT topic, partition, offset, value, decode_error, seq, kind,
+  SELECT topic, partition, offset, value, decode_error, seq, kind,{payload}
          CAST(mapApply((k, v) -> (k, toValidUTF8(assumeNotNull(v))),
                        mapFilter((k, v) -> v IS NOT NULL, headers)),
               'Map(String, String)') AS h,
@@ -140,67 +140,97 @@ SELECT blob_id, h['ce_id'] AS event_id, topic, partition, offset,
        encoding AS payload_encoding, text AS payload, size AS payload_bytes
 FROM {_source(f"length(value) >= {BLOB_THRESHOLD}")}"""
 
-def _facts(*models: type) -> str:
-    """The records of ``models`` (decoded, and not a dead-lettered copy: that is the same fact
-    as the original, counted once, in events only)."""
-    types = ", ".join(_q(m.ce_type) for m in models)
-    return _source(f"decode_error IS NULL AND NOT endsWith(topic, '.dlq') "
-                   f"AND headers['ce_type'] IN ({types})")
+class _Payload:
+    """The payload fields one view reads, parsed once a row: a single ``JSONExtract`` into a
+    named tuple (``p``), whose elements the view takes by name — not one ``JSONExtract`` (a
+    parse of the whole payload) per field: ~25 parses of a 1.3–5.5 KB model call's record
+    cost ~40 µs of its row (docs/benchmarks.md, issue 14, telemetry views' JSON).
+
+    ``field(name, type, default)``: the element; ``default`` stands in when the field is absent
+    (a pydantic default other than the type's zero value: its element is then Nullable, and a
+    null in the payload cannot reach here — the record would not be decodable)."""
+
+    def __init__(self) -> None:
+        self.types: dict[str, str] = {}
+
+    def field(self, name: str, ch_type: str, default: str | None = None) -> str:
+        if default is not None and not ch_type.startswith("Nullable("):
+            ch_type = f"Nullable({ch_type})"
+        assert self.types.setdefault(name, ch_type) == ch_type, name
+        element = f"tupleElement(p, {_q(name)})"
+        return f"ifNull({element}, {default})" if default is not None else element
+
+    def trace_ids(self) -> str:
+        """A call's record carries its own trace and span when it has them; else those of its
+        ``traceparent`` header (the engine produces each call's record inside its span)."""
+        own_trace = self.field("trace_id", "Nullable(String)")
+        own_span = self.field("span_id", "Nullable(String)")
+        return (f"if({own_trace} IS NULL AND {own_span} IS NULL, tp_trace_id, {own_trace}) "
+                "AS trace_id,\n       "
+                f"if({own_trace} IS NULL AND {own_span} IS NULL, tp_span_id, {own_span}) "
+                "AS span_id")
+
+    def facts(self, *models: type) -> str:
+        """The records of ``models`` (decoded, and not a dead-lettered copy: that is the same
+        fact as the original, counted once, in events only), each with its payload's tuple."""
+        types = ", ".join(_q(m.ce_type) for m in models)
+        spec = ", ".join(f"{n} {t}" for n, t in self.types.items())
+        return _source(f"decode_error IS NULL AND NOT endsWith(topic, '.dlq') "
+                       f"AND headers['ce_type'] IN ({types})",
+                       f"\n         JSONExtract(value, {_q(f'Tuple({spec})')}) AS p,")
 
 
-def _json(field: str, ch_type: str, default: str | None = None) -> str:
-    """A payload field; ``default`` stands in when the field is absent (a pydantic default
-    other than the type's zero value)."""
-    expr = f"JSONExtract(value, {_q(field)}, {_q(ch_type)})"
-    return f"if(JSONHas(value, {_q(field)}), {expr}, {default})" if default else expr
+def _model_calls() -> str:
+    pl = _Payload()
+    j = pl.field
+    columns = f"""h['ce_id'] AS event_id, ce_time AS time,
+       {j('operation_name', 'String', "'chat'")} AS operation_name,
+       {j('provider_name', 'String', "'anthropic'")} AS provider_name,
+       {j('request_model', 'String')} AS request_model,
+       {j('response_model', 'Nullable(String)')} AS response_model,
+       {j('input_tokens', 'UInt64')} AS input_tokens,
+       {j('output_tokens', 'UInt64')} AS output_tokens,
+       {j('cache_read_input_tokens', 'UInt64')} AS cache_read_input_tokens,
+       {j('cache_creation_input_tokens', 'UInt64')} AS cache_creation_input_tokens,
+       {j('finish_reasons', 'Array(String)')} AS finish_reasons,
+       {j('error_type', 'Nullable(String)')} AS error_type,
+       {j('conversation_id', 'Nullable(String)')} AS conversation_id,
+       {j('agent_name', 'String')} AS agent_name,
+       {pl.trace_ids()},
+       {j('latency_ms', 'Float64')} AS latency_ms,
+       {j('cost_usd', 'Float64')} AS cost_usd,
+       {j('fallback_used', 'Bool')} AS fallback_used,
+       {j('workflow', 'String')} AS workflow,
+       {j('call_id', 'String')} AS call_id,
+       {j('iteration', 'UInt32')} AS iteration,
+       {_opt('voice_tenant')} AS tenant"""
+    return f"""
+SELECT {columns}
+FROM {pl.facts(ModelCallRecorded, ModelCallWithDisplay)}"""
 
 
-# A call's record carries its own trace and span when it has them; else those of its
-# ``traceparent`` header (the engine produces each call's record inside its span).
-_OWN_TRACE, _OWN_SPAN = _json("trace_id", "Nullable(String)"), _json("span_id", "Nullable(String)")
-_TRACE_IDS = (f"if({_OWN_TRACE} IS NULL AND {_OWN_SPAN} IS NULL, tp_trace_id, {_OWN_TRACE}) "
-              "AS trace_id,\n       "
-              f"if({_OWN_TRACE} IS NULL AND {_OWN_SPAN} IS NULL, tp_span_id, {_OWN_SPAN}) "
-              "AS span_id")
+def _tool_calls() -> str:
+    pl = _Payload()
+    j = pl.field
+    columns = f"""h['ce_id'] AS event_id, ce_time AS time, 'execute_tool' AS operation_name,
+       {j('tool_name', 'String')} AS tool_name,
+       {j('tool_call_id', 'String')} AS tool_call_id,
+       {j('envelope', 'String')} AS envelope,
+       {j('hint_kind', 'Nullable(String)')} AS hint_kind,
+       {j('err_kind', 'Nullable(String)')} AS err_kind,
+       {j('duration_ms', 'Float64')} AS duration_ms,
+       {j('conversation_id', 'Nullable(String)')} AS conversation_id,
+       {j('agent_name', 'String')} AS agent_name,
+       {j('workflow', 'String')} AS workflow,
+       {pl.trace_ids()},
+       {_opt('voice_tenant')} AS tenant"""
+    return f"""
+SELECT {columns}
+FROM {pl.facts(ToolCallRecorded)}"""
 
-_MODEL_CALLS = f"""
-SELECT h['ce_id'] AS event_id, ce_time AS time,
-       {_json('operation_name', 'String', "'chat'")} AS operation_name,
-       {_json('provider_name', 'String', "'anthropic'")} AS provider_name,
-       {_json('request_model', 'String')} AS request_model,
-       {_json('response_model', 'Nullable(String)')} AS response_model,
-       {_json('input_tokens', 'UInt64')} AS input_tokens,
-       {_json('output_tokens', 'UInt64')} AS output_tokens,
-       {_json('cache_read_input_tokens', 'UInt64')} AS cache_read_input_tokens,
-       {_json('cache_creation_input_tokens', 'UInt64')} AS cache_creation_input_tokens,
-       {_json('finish_reasons', 'Array(String)')} AS finish_reasons,
-       {_json('error_type', 'Nullable(String)')} AS error_type,
-       {_json('conversation_id', 'Nullable(String)')} AS conversation_id,
-       {_json('agent_name', 'String')} AS agent_name,
-       {_TRACE_IDS},
-       {_json('latency_ms', 'Float64')} AS latency_ms,
-       {_json('cost_usd', 'Float64')} AS cost_usd,
-       {_json('fallback_used', 'Bool')} AS fallback_used,
-       {_json('workflow', 'String')} AS workflow,
-       {_json('call_id', 'String')} AS call_id,
-       {_json('iteration', 'UInt32')} AS iteration,
-       {_opt('voice_tenant')} AS tenant
-FROM {_facts(ModelCallRecorded, ModelCallWithDisplay)}"""
 
-_TOOL_CALLS = f"""
-SELECT h['ce_id'] AS event_id, ce_time AS time, 'execute_tool' AS operation_name,
-       {_json('tool_name', 'String')} AS tool_name,
-       {_json('tool_call_id', 'String')} AS tool_call_id,
-       {_json('envelope', 'String')} AS envelope,
-       {_json('hint_kind', 'Nullable(String)')} AS hint_kind,
-       {_json('err_kind', 'Nullable(String)')} AS err_kind,
-       {_json('duration_ms', 'Float64')} AS duration_ms,
-       {_json('conversation_id', 'Nullable(String)')} AS conversation_id,
-       {_json('agent_name', 'String')} AS agent_name,
-       {_json('workflow', 'String')} AS workflow,
-       {_TRACE_IDS},
-       {_opt('voice_tenant')} AS tenant
-FROM {_facts(ToolCallRecorded)}"""
+_MODEL_CALLS = _model_calls()
+_TOOL_CALLS = _tool_calls()
 
 
 _STARTED, _STEP_STARTED, _SUCCEEDED = (_q(m.ce_type) for m in
@@ -220,35 +250,42 @@ beside its step's ``succeeded`` row (the record's own id): the rows its two v1 r
 # ``error`` is plain (a code, Voice's own words); a message that may quote someone is sealed in
 # the payload (``sealed_error``) and never extracted. ``part`` is '' but for a
 # ``LastStepSucceeded``, which makes two rows: its step's ('step') and its workflow's ('end').
-_WORKFLOW_STEPS = f"""
-SELECT if(part = 'end', concat(h['ce_id'], {_q(COMPLETED_ROW)}), h['ce_id']) AS event_id,
+def _workflow_steps() -> str:
+    pl = _Payload()
+    j = pl.field
+    columns = f"""if(part = 'end', concat(h['ce_id'], {_q(COMPLETED_ROW)}), h['ce_id']) AS event_id,
        ce_time AS time,
-       {_json('workflow', 'String')} AS workflow,
+       {j('workflow', 'String')} AS workflow,
        kind,
        if(part = 'end' OR type IN ({_STARTED}, {_COMPLETED}, {_WF_FAILED}), 'workflow', 'step'
           ) AS scope,
-       if(part = 'end' OR type IN ({_STARTED}, {_COMPLETED}), '', {_json('step', 'String')}
+       if(part = 'end' OR type IN ({_STARTED}, {_COMPLETED}), '', {j('step', 'String')}
           ) AS step,
        multiIf(part = 'end', NULL,
                type IN ({_STEP_STARTED}, {_SUCCEEDED}, {_STEP_FAILED}, {_LAST}),
-               {_json('attempt', 'Nullable(UInt32)')},
-               type = {_WF_FAILED}, {_json('attempts', 'Nullable(UInt32)')},
+               {j('attempt', 'Nullable(UInt32)')},
+               type = {_WF_FAILED}, {j('attempts', 'Nullable(UInt32)')},
                NULL) AS attempt,
        multiIf(part = 'end', 'completed',
                type IN ({_STARTED}, {_STEP_STARTED}), 'started',
                type IN ({_SUCCEEDED}, {_LAST}), 'succeeded',
                type IN ({_STEP_FAILED}, {_WF_FAILED}), 'failed', type = {_PAUSED}, 'paused',
                type = {_RESUMED}, 'resumed', 'completed') AS status,
-       if(type IN ({_STEP_FAILED}, {_WF_FAILED}), {_json('error', 'Nullable(String)')}, NULL
+       if(type IN ({_STEP_FAILED}, {_WF_FAILED}), {j('error', 'Nullable(String)')}, NULL
           ) AS error,
-       if(type = {_STEP_FAILED}, {_json('error_type', 'Nullable(String)')}, NULL) AS error_type,
-       if(type = {_STEP_FAILED}, CAST({_json('retryable', 'Bool', 'true')}, 'Nullable(Bool)'),
+       if(type = {_STEP_FAILED}, {j('error_type', 'Nullable(String)')}, NULL) AS error_type,
+       if(type = {_STEP_FAILED}, CAST({j('retryable', 'Bool', 'true')}, 'Nullable(Bool)'),
           NULL) AS retryable,
-       if(type = {_PAUSED}, {_json('waiting_for', 'Nullable(String)')}, NULL) AS waiting_for,
-       if(type = {_STEP_STARTED}, {_json('worker', 'Nullable(String)')}, NULL) AS worker,
-       seq
-FROM {_facts(*WORKFLOW_TYPES)}
+       if(type = {_PAUSED}, {j('waiting_for', 'Nullable(String)')}, NULL) AS waiting_for,
+       if(type = {_STEP_STARTED}, {j('worker', 'Nullable(String)')}, NULL) AS worker,
+       seq"""
+    return f"""
+SELECT {columns}
+FROM {pl.facts(*WORKFLOW_TYPES)}
 ARRAY JOIN if(type = {_LAST}, ['step', 'end'], ['']) AS part"""
+
+
+_WORKFLOW_STEPS = _workflow_steps()
 
 DERIVATIONS: dict[str, str] = {
     "events": _EVENTS,

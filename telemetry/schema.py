@@ -243,6 +243,11 @@ MIGRATIONS: list[tuple[int, list[str]]] = [
     # sink inserts nothing until this has run.
     (4, [sql for table in ("workflow_steps", "model_calls")
          for sql in (f"DROP VIEW IF EXISTS {view_name(table)}", materialized_view_sql(table))]),
+    # Each fact view parses a payload once (one ``JSONExtract`` into a tuple), not once per
+    # field: the same rows. ``MODIFY QUERY`` swaps a view's SELECT in place, so a sink
+    # inserting meanwhile (a server's other sinks) loses no rows to a dropped view.
+    (5, [f"ALTER TABLE {view_name(table)} MODIFY QUERY {DERIVATIONS[table].strip()}"
+         for table in ("model_calls", "tool_calls", "workflow_steps")]),
 ]
 
 

@@ -9,9 +9,9 @@ Order, always: **flush batch → insert → commit offsets.**
 * The batch is handed to the inserter thread when it holds ``telemetry_batch_rows`` records,
   or when its oldest record has waited ``telemetry_flush_ms`` and the inserter is free (while
   it inserts the batch before, this one keeps growing); catching up through a backlog, as soon
-  as it holds ``telemetry_eager_rows`` and the inserter is free. Records are taken and checked while
-  the previous batch is inserted; that batch is settled — its dead letters sent, its offsets
-  committed — before the next is handed over.
+  as it holds ``telemetry_eager_rows`` (or the backlog is read through) and the inserter is
+  free. Records are taken and checked while the previous batch is inserted; that batch is
+  settled — its dead letters sent, its offsets committed — before the next is handed over.
 * Only after the insert (and with it every view's) succeeded does the sink commit the batch's
   offsets, in the sink's loop, synchronously (``enable.auto.commit`` is off). A crash anywhere
   before the commit means the records are read again — at least once, never lost.
@@ -176,19 +176,27 @@ class Sink:
         if self._future is not None and self._future.done():
             self._settle_pending(None)
         flush_s = self.settings.telemetry_flush_ms / 1000
-        if self._batch.started is not None:
-            left = self._batch.started + flush_s - self._clock()
-            # Overdue while the inserter works: take what comes, and look again soon.
-            timeout = max(0.0, min(timeout, left)) if left > 0 or not self._busy() else min(
-                timeout, BUSY_POLL_S)
-        room = max(1, min(1000, self.settings.telemetry_batch_rows - self._batch.records))
-        if self._batch.started is None:
+        b = self._batch
+        if b.started is not None:
+            left = b.started + flush_s - self._clock()
+            if left > 0 and not self._eager(b):
+                # Catching up, a short wait finds the backlog's end (``drained``) soon.
+                catching_up = b.behind and self.settings.telemetry_eager_rows > 0
+                timeout = min(timeout, left, BUSY_POLL_S if catching_up else timeout)
+            else:  # due, or due once the inserter is free: take what is there, look again soon
+                timeout = min(timeout, BUSY_POLL_S) if self._busy() else 0.0
+        room = max(1, min(1000, self.settings.telemetry_batch_rows - b.records))
+        if b.started is None:
             # Nothing waits yet: the first record starts its batch's age as it comes, not
             # once ``consume`` has waited out ``timeout`` (``take``) — that wait was up to
             # half a second more of every record's lag (docs/benchmarks.md, fifth pass).
             msgs = take(self.consumer, timeout, room)
         else:  # a batch fills until it is due: waiting for more is the point
             msgs = self.consumer.consume(num_messages=room, timeout=timeout)
+            # Catching up, and a wait brought nothing: the backlog is read through, and its
+            # last batch goes when the inserter is free, not a flush after its first record.
+            if msgs or timeout > 0:
+                b.drained = b.behind and not msgs
         taken = self._take(msgs)
         if self._due():
             self._hand_over()
@@ -205,16 +213,23 @@ class Sink:
         Catching up (the batch began with a record older than a flush), a batch goes as soon
         as it holds ``telemetry_eager_rows`` and the inserter is free: through a backlog the
         inserter never idles while the loop fills a batch (and the batches then size
-        themselves to the insert's pace). Keeping pace, it waits for its age: smaller inserts
-        would only add fixed costs."""
+        themselves to the insert's pace), and so does the backlog's last batch, however
+        small, once a wait for records brought none (``drained``): it waited a flush for its
+        age before. Keeping pace, it waits for its age: smaller inserts would only add fixed
+        costs."""
         b = self._batch
         if b.records >= self.settings.telemetry_batch_rows:
             return True
         if b.started is None or self._busy():
             return False
-        eager = self.settings.telemetry_eager_rows
-        return (b.behind and 0 < eager <= b.records
+        return (self._eager(b)
                 or self._clock() - b.started >= self.settings.telemetry_flush_ms / 1000)
+
+    def _eager(self, b: Batch) -> bool:
+        """Catching up, ``b`` goes without waiting for its age: it holds
+        ``telemetry_eager_rows``, or the backlog is read through (``drained``)."""
+        eager = self.settings.telemetry_eager_rows
+        return b.behind and 0 < eager and (eager <= b.records or b.drained)
 
     def _take(self, msgs: list[Any]) -> int:
         """Check each record and add it, raw, to the batch; returns the records taken."""

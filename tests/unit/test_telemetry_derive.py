@@ -254,3 +254,20 @@ def test_migration_4_gives_a_version_3_store_the_rows_of_the_new_workflow_record
     assert sorted((r["event_id"], r["status"]) for r in got["workflow_steps"]) == [
         ("wf-9:3", "succeeded"), ("wf-9:3/completed", "completed")]
     assert [r["event_id"] for r in got["model_calls"]] == ["wf-9/a1/c"]
+
+
+def test_migration_5_swaps_the_fact_views_in_place(store):
+    """A version-4 store's fact views (one ``JSONExtract`` a field) take the views of the code
+    (one parse a payload) in place: ``MODIFY QUERY``, no view dropped meanwhile."""
+    from telemetry.derive import DERIVATIONS, view_name
+
+    facts = ("model_calls", "tool_calls", "workflow_steps")
+    for table in facts:  # views that take none of the samples: the migration must replace them
+        old = DERIVATIONS[table].replace("decode_error IS NULL", "decode_error = 'never'")
+        store.command(f"ALTER TABLE {view_name(table)} MODIFY QUERY {old}")
+    store.command("ALTER TABLE voice.schema_migrations DELETE WHERE version = 5")
+    assert ensure_schema(store) == [5]
+    raws = samples()
+    expected, got = python_rows(raws), clickhouse_rows(store, raws)
+    for table in facts:
+        assert _sorted(table, got[table]) == _sorted(table, expected[table]), table

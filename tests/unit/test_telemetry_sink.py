@@ -237,7 +237,9 @@ def test_a_record_into_an_empty_batch_is_taken_as_it_comes(parts):
     _log, consumer, _, sink = parts
     now = [100.0]
     sink._clock = lambda: now[0]
-    consumer.arrivals = [msg(0)]
+    fresh = msg(0)
+    fresh.ts_ms = int(time.time() * 1000)  # keeping pace (catching up waits less: below)
+    consumer.arrivals = [fresh]
     assert sink.poll_once(timeout=0.5) == 1 and sink._batch.started == 100.0
     assert all(w == 0 for w in consumer.waits if not isinstance(w, tuple))  # never waited
     assert ("poll", 0.5) in consumer.waits  # the wait that a record ends
@@ -338,6 +340,32 @@ def test_catching_up_a_batch_of_eager_rows_goes_to_a_free_inserter_and_grows_beh
         sink.poll_once(timeout=0)
         assert [e for e in log if e.startswith("commit")] == ["commit voice.agent:0:3",
                                                               "commit voice.agent:0:7"]
+
+
+def test_catching_up_the_backlogs_last_batch_goes_once_a_wait_brings_nothing(tmp_path):
+    """Regression: the last batch of a backlog, fewer than ``telemetry_eager_rows``, waited a
+    whole flush for its age after its first record, with the inserter free (0.1–1 s of the
+    bench's ``telemetry.ingest``)."""
+    with sink_over(tmp_path, GatedStore, telemetry_eager_rows=3) as (log, consumer, store, sink):
+        sink._clock = lambda: 100.0  # no batch ever comes of age here
+        consumer.queue = [msg(0), msg(1)]
+        sink.poll_once(timeout=0.5)
+        assert log == [] and sink._batch.records == 2  # 2 < 3: more may come
+        assert sink.poll_once(timeout=0.5) == 0  # a wait that brought nothing: read through
+        until(lambda: "inserting" in log, "the insert to start")
+        assert consumer.waits[-1] == pytest.approx(0.02)  # catching up, the waits are short
+        consumer.queue = [msg(2), msg(3)]  # a backlog again, the inserter busy: they grow
+        sink.poll_once(timeout=0.5)
+        assert sink.poll_once(timeout=0.5) == 0 and sink._batch.drained
+        assert log == ["inserting"]
+        store.gate.set()
+        until(lambda: "insert voice.envelopes" in log, "the insert")
+        sink.poll_once(timeout=0.5)  # settles the first; the second goes at once
+        assert consumer.waits[-1] == 0  # due as soon as the inserter is free: no wait
+        until(lambda: log.count("insert voice.envelopes") == 2, "the second insert")
+        sink.poll_once(timeout=0)
+        assert [e for e in log if e.startswith("commit")] == ["commit voice.agent:0:2",
+                                                              "commit voice.agent:0:4"]
 
 
 def test_keeping_pace_a_batch_of_eager_rows_waits_for_its_age(tmp_path):

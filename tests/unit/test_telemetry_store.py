@@ -106,7 +106,7 @@ def test_migration_2_adds_the_trace_columns_to_a_version_1_events_table(store):
     store.insert("voice.schema_migrations", ["version"], [[1]])
     assert [d[0] for d in store.query("DESCRIBE TABLE voice.events").rows] == [n for n, _ in v1]
     # 3: the envelopes table and its views; 4: workflow_steps' view again (both idempotent)
-    assert ensure_schema(store) == [2, 3, 4]
+    assert ensure_schema(store) == [2, 3, 4, 5]
     desc = store.query("DESCRIBE TABLE voice.events").rows
     assert [(d[0], d[1]) for d in desc] == list(COLUMNS["events"])
     assert ensure_schema(store) == []  # once
