@@ -216,6 +216,9 @@ class Workflows(Projection[WorkflowView]):
         self.cold = cold
         """A blocking reader of one workflow's records from the log (``api.frame.cold``)."""
         self._reading: dict[str, asyncio.Future[None]] = {}
+        self.pending: dict[str, list[Envelope]] = {}
+        """Records the tail brought for a turn's workflow not held while its read from the
+        log runs: applied after the read (the read ends where the partition ended then)."""
         self._absent: OrderedDict[str, None] = OrderedDict()
         self.turns_kept = turns_kept
         self._ended_turns: OrderedDict[str, None] = OrderedDict()
@@ -232,6 +235,8 @@ class Workflows(Projection[WorkflowView]):
         if view is None:
             of_turn = workflow_turn(workflow) is not None
             if of_turn and not isinstance(rec, WorkflowStarted):
+                if workflow in self._reading:  # being read from the log: applied after it
+                    self.pending.setdefault(workflow, []).append(env)
                 return  # a turn's workflow let go of: a late record does not bring it back
             kind = rec.kind if isinstance(rec, WorkflowStarted) else "unknown"
             view = self.by_key[workflow] = WorkflowView(workflow=workflow, kind=kind,
@@ -270,13 +275,15 @@ class Workflows(Projection[WorkflowView]):
         try:
             found = await asyncio.to_thread(self.cold, key)
             if key not in self.by_key:  # else the tail brought it meanwhile
-                for env in found:  # in log order: its WorkflowStarted first
+                # In log order, its WorkflowStarted first; then what the tail brought since.
+                for env in (*found, *self.pending.pop(key, ())):
                     self.apply(env)
             if key not in self.by_key:
                 self._absent[key] = None
                 while len(self._absent) > ABSENT_KEPT:
                     self._absent.popitem(last=False)
         finally:
+            self.pending.pop(key, None)
             self.notify(key)
 
     def _read_done(self, key: str, fut: asyncio.Future[None]) -> None:

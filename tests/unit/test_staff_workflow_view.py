@@ -224,3 +224,33 @@ async def test_only_a_turn_of_a_timed_conversation_is_read_and_a_failed_read_is_
         await view.ensure(turn, 5)
     log.fail = False
     assert await view.ensure(turn, 5) is True and log.reads == [turn, turn]
+
+
+async def test_records_the_tail_brings_while_a_turn_workflow_is_read_apply_after_it() -> None:
+    """Regression: a record of a turn's workflow the tail brought while its read from the log
+    ran was dropped (not held: its ``WorkflowStarted`` had not been applied yet), so a retry's
+    records past the read's end were missing from the view for good."""
+    turn = turn_id(TIMED, 2)
+    failed = turn_records(turn, fail=True)  # seqs 1..4, ended failed
+    retried = [rec(turn, WorkflowResumed(workflow=turn, step="reply"), 5),
+               rec(turn, StepStarted(workflow=turn, step="reply", attempt=2), 6)]
+    gate = asyncio.Event()
+
+    class HeldLog(Log):
+        def __call__(self, key: str) -> list[Envelope]:
+            found = super().__call__(key)  # the partition's end when the read began …
+            asyncio.run_coroutine_threadsafe(gate.wait(), loop).result(5)
+            return found
+
+    loop = asyncio.get_running_loop()
+    view = Workflows(cold=HeldLog(failed))
+    asker = asyncio.create_task(view.ensure(turn, 5))
+    await asyncio.sleep(0.05)
+    apply_all(view, retried)  # … and the tail brings the retry while it runs
+    assert turn not in view
+    gate.set()
+    assert await asker is True
+    assert [e.seq for e in view[turn].records] == [1, 2, None, 3, 4, 5, 6]
+    assert view[turn].status == "running"
+    apply_all(view, retried)  # redelivered: nothing changes
+    assert [e.seq for e in view[turn].records][-2:] == [5, 6]
