@@ -167,12 +167,6 @@ class EdgeTail:
                       for p in md.topics[topic].partitions}
         self.assigned.set()
 
-    @property
-    def conv_starts(self) -> dict[int, int]:
-        """``starts`` of the conversation log, by partition."""
-        return {p: offset for (topic, p), offset in self.starts.items()
-                if topic == self.conv_topic}
-
     def _windowed(self, consumer: Consumer, parts: list[TopicPartition],
                   marks: Mapping[tuple[str, int], tuple[int, int]]) -> list[TopicPartition]:
         """``parts`` with the ``windowed`` topics' partitions starting ``edge_history_s`` back

@@ -85,7 +85,7 @@ def test_a_window_starts_the_conversation_log_by_time_and_is_caught_up_at_its_en
     assigned = tail._windowed(consumer, parts, marks)  # type: ignore[arg-type]
     assert {(tp.topic, tp.partition): tp.offset for tp in assigned} == {
         (conv, 0): 40, (conv, 1): 90, ("t.voice.acks", 0): -1}
-    assert tail.conv_starts == {0: 40, 1: 90}
+    assert tail.starts == {(conv, 0): 40, (conv, 1): 90}
     assert all(abs(ms / 1000 - (time.time() - 60)) < 5 for ms in consumer.asked_ms)
     # Caught up: partition 1 starts at its end (nothing to read, no position yet); partition
     # 0 has 50 records to read first.
@@ -108,7 +108,7 @@ def test_a_window_starts_the_assistant_log_by_time_too_and_only_with_a_window() 
     assigned = tail._windowed(consumer, parts, marks)  # type: ignore[arg-type]
     assert {(tp.topic, tp.partition): tp.offset for tp in assigned} == {
         (conv, 0): 40, (chats, 0): 40, ("t.voice.workflows", 0): 0}
-    assert tail.starts == {(conv, 0): 40, (chats, 0): 40} and tail.conv_starts == {0: 40}
+    assert tail.starts == {(conv, 0): 40, (chats, 0): 40}
     # Without a window, the assistant's log is read from its start like any other.
     assert EdgeTail(SETTINGS, on_conversation=lambda env: None,
                     windowed=(ASSISTANT,)).windowed == {tail.conv_topic}
