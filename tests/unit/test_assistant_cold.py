@@ -6,7 +6,6 @@ once; without a cold reader nothing changes. Their ids carry their time (version
 from __future__ import annotations
 
 import asyncio
-import threading
 import time
 import uuid
 
@@ -28,6 +27,7 @@ from streams.ids import (
     new_assistant_conversation_id,
     workflow_since_ms,
 )
+from tests.unit.test_edge_cold import Reader
 
 CONV = new_assistant_conversation_id(now=1_800_000_000.0)
 SEALED = Sealed(key_version=1, nonce="bm9uY2U=", ciphertext="Y2lwaGVy")
@@ -51,21 +51,6 @@ def log(n_turns: int) -> list[Envelope]:
         records.append(AssistantTurnEnded(conversation=CONV, turn=turn, state="Replied"))
     return [Envelope(record=r, key=CONV, source="/voice/assistant", seq=i, tenant="t1")
             for i, r in enumerate(records, start=1)]
-
-
-class Reader:
-    """A cold reader over a fixed list of records; counts its calls; can be held."""
-
-    def __init__(self, records: list[Envelope]) -> None:
-        self.records = records
-        self.calls = 0
-        self.gate = threading.Event()
-        self.gate.set()
-
-    def __call__(self, key: str) -> list[Envelope]:
-        self.calls += 1
-        self.gate.wait(10)
-        return [e for e in self.records if e.key == key]
 
 
 def test_a_new_chat_id_is_a_version_7_uuid_whose_time_starts_its_reads() -> None:
