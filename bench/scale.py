@@ -281,6 +281,15 @@ def produce_history(bootstrap: str, topic: str, records: int, seed: int = 14,
             except BufferError:  # the local queue is full: let it drain
                 producer.poll(0.05)
 
+    def send_log(topic: str, key: str, source: str, records: list[Record], made_s: float
+                 ) -> int:
+        """One aggregate's log as its sequencer appends it (seq = position + 1), each record
+        a millisecond after the one before from ``made_s``; how many were sent."""
+        for seq, rec in enumerate(records, start=1):
+            send(topic, Envelope(record=rec, key=key, source=source, seq=seq, tenant=TENANT,
+                                 subject=key), int(made_s * 1000) + seq)
+        return len(records)
+
     produced = chats = 0
     total = max(1, records // RECORDS_PER_CONVERSATION)
     every = max(1, total // COLD_OPENS)
@@ -295,11 +304,8 @@ def produce_history(bootstrap: str, topic: str, records: int, seed: int = 14,
             sample.append(conversation)
         if i >= total - COLD_OPENS:
             sample.append(conversation)
-        for seq, rec in enumerate(conversation_records(conversation, rng), start=1):
-            send(topic, Envelope(record=rec, key=conversation, source="/voice/sequencer",
-                                 seq=seq, tenant=TENANT, subject=conversation),
-                 int(made_s * 1000) + seq)
-            produced += 1
+        produced += send_log(topic, conversation, "/voice/sequencer",
+                             conversation_records(conversation, rng), made_s)
         if workflows_topic is not None:
             for n, (workflow, rec, seq) in enumerate(turn_workflow_records(conversation)):
                 send(workflows_topic, Envelope(
@@ -310,11 +316,8 @@ def produce_history(bootstrap: str, topic: str, records: int, seed: int = 14,
             if (i // CHAT_EVERY) % max(1, total // CHAT_EVERY // COLD_OPENS) == 0 \
                     and len(chat_sample) < COLD_OPENS:
                 chat_sample.append(chat)
-            for seq, rec in enumerate(chat_records(chat, rng), start=1):
-                send(chats_topic, Envelope(record=rec, key=chat, source="/voice/assistant",
-                                           seq=seq, tenant=TENANT, subject=chat),
-                     int(made_s * 1000) + seq)
-                chats += 1
+            chats += send_log(chats_topic, chat, "/voice/assistant", chat_records(chat, rng),
+                              made_s)
         producer.poll(0)
     left = producer.flush(300)
     if left or failed:
