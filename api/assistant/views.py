@@ -166,7 +166,7 @@ class AssistantConversations(OnDemandViews[AssistantConversationView]):
         else:
             view = self.by_key.get(env.key)
             if view is None:
-                self.held_back(env)
+                self.held_back(env.key, env)
                 return
         if not view.accept(env):
             return

@@ -245,7 +245,7 @@ class ConversationViews(OnDemandViews[ConversationView]):
         else:
             view = self.by_key.get(env.key)
             if view is None:
-                self.held_back(env)
+                self.held_back(env.key, env)
                 return None
         if not view.accept(env):
             return None

@@ -3,7 +3,7 @@
 An edge started with ``VOICE_EDGE_HISTORY_S`` reads its conversation logs (a participant's,
 ``voice.conversations``; an assistant's, ``voice.assistant``) only from that far back, and
 holds only the conversations in use. ``OnDemandViews`` is that holding, once for every such
-projection:
+projection (its read on demand, ``ReadOnDemand``, serves the staff view's turn workflows too):
 
 - one started before the window, or evicted after a window unused (``evict_idle``), has no view
   until it is asked for (``ensure``); then its records are read from its partition of the log,
@@ -36,7 +36,7 @@ from contextlib import contextmanager
 from typing import Any, ClassVar, Protocol
 
 from api.frame.cold import ColdReadFailed
-from api.frame.projection import DEFAULT_KEPT, K, StreamProjection
+from api.frame.projection import DEFAULT_KEPT, K, Projection, StreamProjection, V
 from streams.envelope import Envelope
 
 ColdRead = Callable[[str], list[Envelope]]
@@ -66,62 +66,66 @@ COLD_WAIT_S = 120.0
 request passes what is left of its gateway bound)."""
 
 
-class OnDemandViews(StreamProjection[K]):
-    """A ``StreamProjection`` that, with a ``cold`` reader, holds only the views in use."""
+class ReadOnDemand(Projection[V]):
+    """A ``Projection`` whose views, with a ``cold`` reader, are read from the log when asked
+    for (``ensure``) and not found in memory: once, by every asker at once, with the records the
+    tail brings meanwhile held (``held_back``) and applied after; an id no record founds is
+    remembered (``ABSENT_KEPT``). ``OnDemandViews`` (the conversation logs) and the staff
+    view's turn workflows (``api.staff.views.Workflows``) are such projections.
+
+    Cooperative: ``cold`` is a keyword, every other argument goes on to the next base."""
 
     FOUNDED_BY: ClassVar[type]
     """The record that makes a view (a conversation's start): a read that finds none of it
     found no such aggregate."""
-    POSITION: ClassVar[str] = "position"
-    """What a position is called in an error (a conversation's seq)."""
-    FOLDED_BACK: ClassVar[int] = 0
-    """How many positions before a range a record holding some of it may start (a folded
-    record's): a gap read starts that much earlier."""
 
-    def __init__(self, kept: int = DEFAULT_KEPT, cold: ColdRead | None = None,
-                 gap: ColdGap | None = None) -> None:
-        super().__init__(kept)
+    def __init__(self, *args: Any, cold: ColdRead | None = None, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
         self.cold = cold
-        self.gap = gap
-        """Reads events older than a view keeps, for an old cursor (None: 409 instead)."""
-        self._gaps: OrderedDict[tuple[str, int, int],
-                                asyncio.Future[list[tuple[int, Envelope]]]] = OrderedDict()
         self.pending: dict[str, list[Envelope]] = {}
         """Records the tail brought for a key while it is being read from the log
         (``_loading``): applied after the read."""
         self._absent: OrderedDict[str, None] = OrderedDict()
         self._loading: dict[str, asyncio.Future[None]] = {}
-        self._streaming: Counter[str] = Counter()
         self._scans = asyncio.Semaphore(COLD_SCANS)
 
     def apply(self, env: Envelope) -> Any:
         """Apply one record of the log (each projection's own)."""
         raise NotImplementedError
 
-    @staticmethod
-    def positions(env: Envelope) -> Iterable[tuple[int, Envelope]]:
-        """The stream positions a record holds, each with the record that stands there."""
-        raise NotImplementedError
+    def readable(self, key: str) -> bool:
+        """Whether a read from the log can find ``key`` (every key, unless a projection says
+        otherwise)."""
+        return True
 
-    def held_back(self, env: Envelope) -> None:
+    def used(self, view: V) -> None:
+        """``ensure`` found ``view`` in memory (a projection that evicts notes the use)."""
+
+    def held_back(self, key: str, env: Envelope) -> None:
         """What ``apply`` does with a record whose view is not in memory: held for the read
         of its key under way (applied after it), else dropped."""
-        if env.key in self._loading:
-            self.pending.setdefault(env.key, []).append(env)
+        if key in self._loading:
+            self.pending.setdefault(key, []).append(env)
+
+    def let_go(self, key: str) -> None:
+        """Drop ``key``'s view from memory (evicted, or ended and no longer kept): asked for
+        again, it is read again."""
+        del self.by_key[key]
+        self._absent.pop(key, None)  # founded since it was asked for: no longer absent
 
     async def ensure(self, key: str, timeout: float = COLD_WAIT_S) -> bool:
-        """Read ``key``'s records from before the window, once, if this edge has not; waits
-        at most ``timeout`` and says whether that is settled (False: still reading)."""
-        if self.cold is None or key in self._absent:
-            return True
+        """Read ``key``'s records from the log, once, if this edge does not hold its view;
+        waits at most ``timeout`` and says whether that is settled (False: still reading).
+        ``ColdReadFailed`` when the read failed (asked again, it is tried again)."""
         view = self.by_key.get(key)
         if view is not None:
-            view.used_at = time.monotonic()
+            self.used(view)
+            return True
+        if self.cold is None or key in self._absent or not self.readable(key):
             return True
         fut = self._loading.get(key)
-        if fut is None:
-            fut = asyncio.ensure_future(self._load(key))
-            self._loading[key] = fut
+        if fut is None or fut.done():  # done: a failed read not yet cleared; try again
+            fut = self._loading[key] = asyncio.ensure_future(self._load(key))
             fut.add_done_callback(lambda f: self._read_done(key, f))
         # Until the read is done — or the tail brings the view first (a conversation just
         # started, on another edge): then the read ends on its own, nobody waits for it. A
@@ -130,6 +134,61 @@ class OnDemandViews(StreamProjection[K]):
         if fut.done():
             fut.result()  # ColdReadFailed, when the read failed
         return settled
+
+    def _read_done(self, key: str, fut: asyncio.Future[None]) -> None:
+        if self._loading.get(key) is fut:
+            del self._loading[key]
+        if not fut.cancelled():
+            fut.exception()  # retrieved: a failure nobody waits for any more is no warning
+
+    async def _load(self, key: str) -> None:
+        assert self.cold is not None
+        try:
+            async with self._scans:
+                if key in self.by_key:
+                    return
+                older = await asyncio.to_thread(self.cold, key)
+            # Back on the loop, in one step: the tail applies nothing in between.
+            if key in self.by_key:
+                return
+            if not any(isinstance(env.record, self.FOUNDED_BY) for env in older):
+                self._absent[key] = None  # no such aggregate: what was held is orphaned
+                while len(self._absent) > ABSENT_KEPT:
+                    self._absent.popitem(last=False)
+                return
+            # In log order, its founding record first; then what the tail brought since.
+            for env in (*older, *self.pending.pop(key, ())):
+                self.apply(env)
+        finally:
+            self.pending.pop(key, None)
+            self.notify(key)  # wake ``ensure``'s waiters, whatever the outcome
+
+
+class OnDemandViews(ReadOnDemand[K], StreamProjection[K]):
+    """A ``StreamProjection`` that, with a ``cold`` reader, holds only the views in use."""
+
+    POSITION: ClassVar[str] = "position"
+    """What a position is called in an error (a conversation's seq)."""
+    FOLDED_BACK: ClassVar[int] = 0
+    """How many positions before a range a record holding some of it may start (a folded
+    record's): a gap read starts that much earlier."""
+
+    def __init__(self, kept: int = DEFAULT_KEPT, cold: ColdRead | None = None,
+                 gap: ColdGap | None = None) -> None:
+        super().__init__(kept, cold=cold)
+        self.gap = gap
+        """Reads events older than a view keeps, for an old cursor (None: 409 instead)."""
+        self._gaps: OrderedDict[tuple[str, int, int],
+                                asyncio.Future[list[tuple[int, Envelope]]]] = OrderedDict()
+        self._streaming: Counter[str] = Counter()
+
+    @staticmethod
+    def positions(env: Envelope) -> Iterable[tuple[int, Envelope]]:
+        """The stream positions a record holds, each with the record that stands there."""
+        raise NotImplementedError
+
+    def used(self, view: K) -> None:
+        view.used_at = time.monotonic()
 
     async def older(self, key: str, after: int, upto: int, share: bool = True,
                     since_ms: int | None = None) -> list[Envelope]:
@@ -183,32 +242,6 @@ class OnDemandViews(StreamProjection[K]):
                                     else ""))
         return [(at, by_position[at]) for at in range(after + 1, upto + 1)]
 
-    def _read_done(self, key: str, fut: asyncio.Future[None]) -> None:
-        self._loading.pop(key, None)
-        if not fut.cancelled():
-            fut.exception()  # retrieved: a failure nobody waits for any more is no warning
-
-    async def _load(self, key: str) -> None:
-        assert self.cold is not None
-        try:
-            async with self._scans:
-                if key in self.by_key:
-                    return
-                older = await asyncio.to_thread(self.cold, key)
-            # Back on the loop, in one step: the tail applies nothing in between.
-            if key in self.by_key:
-                return
-            if not any(isinstance(env.record, self.FOUNDED_BY) for env in older):
-                self._absent[key] = None  # no such aggregate: what was held is orphaned
-                while len(self._absent) > ABSENT_KEPT:
-                    self._absent.popitem(last=False)
-                return
-            for env in (*older, *self.pending.pop(key, ())):
-                self.apply(env)
-        finally:
-            self.pending.pop(key, None)
-            self.notify(key)  # wake ``ensure``'s waiters, whatever the outcome
-
     @contextmanager
     def streaming(self, key: str) -> Iterator[None]:
         """While a stream of ``key`` is open, its view is never evicted."""
@@ -235,5 +268,5 @@ class OnDemandViews(StreamProjection[K]):
                 if view.used_at < before and key not in self._streaming
                 and key not in self._loading and not self.waiting(key)]
         for key in idle:
-            del self.by_key[key]
+            self.let_go(key)
         return len(idle)

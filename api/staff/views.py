@@ -20,12 +20,12 @@ Sealed content stays sealed here; routes open it. Everything runs on the edge's 
 
 from __future__ import annotations
 
-import asyncio
 from collections import OrderedDict, deque
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
+from api.frame.on_demand import ReadOnDemand
 from api.frame.projection import (
     DEFAULT_KEPT,
     AggregateView,
@@ -70,8 +70,6 @@ from streams.topics import CONTRIBUTIONS, INBOX, ISSUES, REVIEW_QUEUE, WORKFLOWS
 MAX_WORKFLOW_RECORDS = 1000
 """Records kept per workflow for ``GET /staff/workflows/{id}`` (the log keeps them all)."""
 TURN_WORKFLOWS_KEPT: int = VoiceSettings.model_fields["edge_turn_workflows_kept"].default
-ABSENT_KEPT = 1024
-"""Turn workflow ids a read from the log found nothing of, remembered (not read again)."""
 ENDED = frozenset({"completed", "failed"})
 
 
@@ -198,7 +196,7 @@ class Issues(Projection[IssueView]):
         self.notify(env.key)
 
 
-class Workflows(Projection[WorkflowView]):
+class Workflows(ReadOnDemand[WorkflowView]):
     """Workflows by id: their last records and where they stand.
 
     A turn's workflow is kept while it runs or waits, and once ended among the ``turns_kept``
@@ -207,24 +205,24 @@ class Workflows(Projection[WorkflowView]):
     makes one, so keeping them all grew an edge by ~9 KB a turn for ever. Every other workflow
     (research runs, reviews, deliveries: few, long-lived, and named by other views) is kept.
     Asked for (``ensure``), a turn's workflow this edge does not hold — let go of, or older
-    than its history window — is read from the log with ``cold``.
+    than its history window — is read from the log with ``cold`` (``ReadOnDemand``), from its
+    conversation's time: a turn of a conversation whose id has none is not read. It is then
+    held as the last ended.
     """
+
+    FOUNDED_BY = WorkflowStarted
 
     def __init__(self, turns_kept: int = TURN_WORKFLOWS_KEPT,
                  cold: Callable[[str], list[Envelope]] | None = None) -> None:
-        super().__init__()
-        self.cold = cold
-        """A blocking reader of one workflow's records from the log (``api.frame.cold``)."""
-        self._reading: dict[str, asyncio.Future[None]] = {}
-        self.pending: dict[str, list[Envelope]] = {}
-        """Records the tail brought for a turn's workflow not held while its read from the
-        log runs: applied after the read (the read ends where the partition ended then)."""
-        self._absent: OrderedDict[str, None] = OrderedDict()
+        super().__init__(cold=cold)
         self.turns_kept = turns_kept
         self._ended_turns: OrderedDict[str, None] = OrderedDict()
         """Ended turn workflows held, the one that ended first first."""
         self.turns_let_go = 0
         """Ended turn workflows this edge let go of since it started."""
+
+    def readable(self, key: str) -> bool:
+        return workflow_since_ms(key) is not None
 
     def apply(self, env: Envelope) -> None:
         rec = env.record
@@ -235,13 +233,13 @@ class Workflows(Projection[WorkflowView]):
         if view is None:
             of_turn = workflow_turn(workflow) is not None
             if of_turn and not isinstance(rec, WorkflowStarted):
-                if workflow in self._reading:  # being read from the log: applied after it
-                    self.pending.setdefault(workflow, []).append(env)
-                return  # a turn's workflow let go of: a late record does not bring it back
+                # Let go of: a late record does not bring it back. Being read from the log:
+                # applied after the read.
+                self.held_back(workflow, env)
+                return
             kind = rec.kind if isinstance(rec, WorkflowStarted) else "unknown"
             view = self.by_key[workflow] = WorkflowView(workflow=workflow, kind=kind,
                                                         of_turn=of_turn)
-            self._absent.pop(workflow, None)
         if not view.accept(env):
             return
         if view.tenant is None and env.tenant is not None and isinstance(rec, WorkflowStarted):
@@ -251,46 +249,6 @@ class Workflows(Projection[WorkflowView]):
         if view.of_turn:
             self._keep_turns(view)
         self.notify(workflow)
-
-    async def ensure(self, key: str, timeout: float) -> bool:
-        """Read a turn's workflow this edge does not hold from the log, once (from its
-        conversation's time: a turn of a conversation whose id has none is not read); it is
-        then held as the last ended. Waits at most ``timeout``; whether that is settled
-        (False: still reading); ``ColdReadFailed`` when the read failed."""
-        if (self.cold is None or key in self.by_key or key in self._absent
-                or workflow_since_ms(key) is None):
-            return True
-        fut = self._reading.get(key)
-        if fut is None or fut.done():  # done: a failed read not yet cleared; try again
-            fut = self._reading[key] = asyncio.ensure_future(self._read(key))
-            fut.add_done_callback(lambda f: self._read_done(key, f))
-        # A caller that goes away cancels its wait, never the read others wait on.
-        settled = await self.wait(key, lambda v: v is not None or fut.done(), timeout)
-        if fut.done():
-            fut.result()  # ColdReadFailed, when the read failed
-        return settled
-
-    async def _read(self, key: str) -> None:
-        assert self.cold is not None
-        try:
-            found = await asyncio.to_thread(self.cold, key)
-            if key not in self.by_key:  # else the tail brought it meanwhile
-                # In log order, its WorkflowStarted first; then what the tail brought since.
-                for env in (*found, *self.pending.pop(key, ())):
-                    self.apply(env)
-            if key not in self.by_key:
-                self._absent[key] = None
-                while len(self._absent) > ABSENT_KEPT:
-                    self._absent.popitem(last=False)
-        finally:
-            self.pending.pop(key, None)
-            self.notify(key)
-
-    def _read_done(self, key: str, fut: asyncio.Future[None]) -> None:
-        if self._reading.get(key) is fut:
-            del self._reading[key]
-        if not fut.cancelled():
-            fut.exception()  # retrieved here: a read nobody waits for any more
 
     def _keep_turns(self, view: WorkflowView) -> None:
         """Note whether a turn's workflow has ended (a retried one runs again); let go of the
@@ -303,7 +261,7 @@ class Workflows(Projection[WorkflowView]):
         ended.move_to_end(view.workflow)
         while len(ended) > self.turns_kept:
             gone, _ = ended.popitem(last=False)
-            del self.by_key[gone]
+            self.let_go(gone)
             self.turns_let_go += 1
             self.notify(gone)
 

@@ -100,6 +100,29 @@ def test_an_unused_view_is_evicted_and_read_again_when_asked_for() -> None:
     assert [e.seq for e in views[CNV].events_after(0)] == list(range(1, 10))
 
 
+def test_an_id_asked_for_before_its_conversation_started_is_read_again_once_evicted() -> None:
+    """Regression: an id a read found nothing of was remembered as absent for good, so once
+    its conversation started (the tail brought it) and its view was evicted, asking for it
+    again read nothing — a 404 for a conversation the log holds."""
+    full = log(1)
+    reader = Reader([])  # asked for before its first record reached the log
+    views = ConversationViews(cold=reader)
+
+    async def main() -> None:
+        assert await views.ensure(CNV) is True and CNV not in views
+        await asyncio.sleep(0)  # the read's end is noted
+        for env in full:  # then it starts: the tail brings it
+            views.apply(env)
+        assert CNV in views
+        reader.records = full
+        assert views.evict_idle(60, now=time.monotonic() + 61) == 1 and CNV not in views
+        assert await views.ensure(CNV) is True
+
+    asyncio.run(main())
+    assert reader.calls == 2
+    assert [e.seq for e in views[CNV].events_after(0)] == list(range(1, 6))
+
+
 def test_a_waiter_keeps_a_view_and_an_edge_without_a_cold_reader_evicts_nothing() -> None:
     views = ConversationViews(cold=Reader(log(1)))
     asyncio.run(views.ensure(CNV))

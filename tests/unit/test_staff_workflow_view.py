@@ -209,6 +209,22 @@ async def test_one_read_serves_every_asker_and_nothing_found_is_not_read_again()
     assert view[missing].status == "running"
 
 
+async def test_a_turn_workflow_asked_for_before_it_started_is_read_again_once_let_go_of(
+) -> None:
+    """An id remembered as absent is forgotten once its workflow is held: let go of later,
+    asking for it reads it again."""
+    early, later = turn_id(TIMED, 2), turn_id(TIMED, 7)
+    log = Log()
+    view = Workflows(turns_kept=1, cold=log)
+    assert await view.ensure(early, 5) is True and early not in view  # not on the log yet
+    log.records = {early: turn_records(early), later: turn_records(later)}
+    apply_all(view, log.records[early])  # the tail brings it, then a later turn's
+    apply_all(view, log.records[later])
+    assert early not in view, "let go of: one ended turn is kept"
+    assert await view.ensure(early, 5) is True and view[early].status == "completed"
+    assert log.reads == [early, early]
+
+
 async def test_only_a_turn_of_a_timed_conversation_is_read_and_a_failed_read_is_tried_again(
 ) -> None:
     log = Log()
