@@ -70,8 +70,7 @@ from streams.topics import ASSISTANT, CONVERSATIONS, WORKFLOWS, create_topics, t
 PARTITIONS = 12
 WORKER_COUNTS = (2, 3)
 """Worker processes of ``scale.workers``, beside the baseline's one."""
-SCALE_TURNS = 300
-SCALE_WARMUP = 32
+SCALE_WARMUP = 200
 SCALE_CONCURRENCY = 32
 HISTORY = int(os.environ.get("VOICE_BENCH_HISTORY", "1000000"))
 TURNS_PER_CONVERSATION = 2
@@ -116,7 +115,7 @@ def _measure(ctx: Context, st: Stack, workers: int) -> Result:
     asyncio.run(_sustained_run(st, h, SCALE_WARMUP, SCALE_CONCURRENCY))  # unmeasured
     cpu0 = st.cpu()
     elapsed, parts, _latencies = asyncio.run(
-        _sustained_run(st, h, SCALE_TURNS, SCALE_CONCURRENCY))
+        _sustained_run(st, h, BenchSettings().scale_turns, SCALE_CONCURRENCY))
     cpu1 = st.cpu()
     n = sum(len(p.turns) for p in parts)
     working = [name for name in cpu1 if name == "edge" or name == "broker"
@@ -172,9 +171,15 @@ def more_workers(ctx: Context) -> Result:
         "one_worker_again": {k: again[k] for k in ("turns_per_s", "turns_per_cpu_s",
                                                    "cpu_ms_per_turn", "lost_replies",
                                                    "duplicated_replies")},
+        "ratio_to_one_worker_again": (round(worst["turns_per_cpu_s"] / again["turns_per_cpu_s"],
+                                            4) if worst["turns_per_cpu_s"]
+                                      and again["turns_per_cpu_s"] else None),
         "note": f"{os.cpu_count()} cores: more worker processes share the same cores, so "
                 "turns/s cannot grow with them; turns per CPU-second (edge + workers + "
-                "broker) is the figure — what scaling out costs",
+                "broker) is the figure — what scaling out costs. The broker's JIT warms over "
+                "the run (its CPU a turn falls by a third), so run a chain first "
+                "(--only kafka.turn_chain_sustained,scale.one_worker,scale.workers) and read "
+                "ratio_to_one_worker_again beside the ratio",
     }
 
 

@@ -24,6 +24,11 @@ class BenchSettings(BaseSettings):
     and one worker sustains 45–57 turns/s on a quiet 2-core machine — on a slower one (its own
     ``turn.sustained``), set half of what it sustains, or the figure is a queue's."""
 
+    scale_turns: int = Field(default=1500, ge=1)
+    """Turns each stack of ``scale.one_worker`` / ``scale.workers`` measures (after 200 of
+    warm-up): at 300 (until the twenty-eighth pass of issue 14) a run was ~6 s, and its
+    figure moved with every blip of the machine."""
+
     sustained_turns: int = Field(default=600, ge=1)
     """Turns ``turn.sustained`` measures (after its warm-up), over its 32 conversations: 600
     is ~20 turns a conversation; 4000 (~125) shows what a conversation's length costs."""
