@@ -37,7 +37,7 @@ from typing import Any
 import httpx
 from confluent_kafka import Producer
 
-from bench.harness import Context, Result, benchmark, latency_summary
+from bench.harness import Context, Result, benchmark, latency_summary, ratio
 from bench.settings import BenchSettings
 from bench.stack import BENCH_QUOTAS, Stack, cpu_seconds, rss_kib, stack_settings, start_stack
 from bench.turns import _cpu_delta, _headers, _sustained_run, outcomes
@@ -171,9 +171,8 @@ def more_workers(ctx: Context) -> Result:
         "one_worker_again": {k: again[k] for k in ("turns_per_s", "turns_per_cpu_s",
                                                    "cpu_ms_per_turn", "lost_replies",
                                                    "duplicated_replies")},
-        "ratio_to_one_worker_again": (round(worst["turns_per_cpu_s"] / again["turns_per_cpu_s"],
-                                            4) if worst["turns_per_cpu_s"]
-                                      and again["turns_per_cpu_s"] else None),
+        "ratio_to_one_worker_again": ratio(worst["turns_per_cpu_s"] or 0.0,
+                                           again["turns_per_cpu_s"] or 0.0),
         "note": f"{os.cpu_count()} cores: more worker processes share the same cores, so "
                 "turns/s cannot grow with them; turns per CPU-second (edge + workers + "
                 "broker) is the figure — what scaling out costs. The broker's JIT warms over "
