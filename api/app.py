@@ -27,6 +27,7 @@ from api.assistant import AssistantViews
 from api.assistant.upload import UPLOAD_PATH, upload_body_limit
 from api.assistant.views import display_seq_of
 from api.conversations import ConversationViews
+from api.conversations.owners import OwnerIndex
 from api.frame.body import BodyGuard, BodyLimit
 from api.frame.cold import (
     ColdLog,
@@ -41,7 +42,7 @@ from api.frame.deps import InspectDep
 from api.frame.errors import EDGE_ERRORS, EdgeErrors, install_error_handlers
 from api.frame.lane import StreamLane
 from api.frame.models import CursorTooOldOut
-from api.frame.on_demand import OnDemandViews
+from api.frame.on_demand import ReadOnDemand
 from api.frame.projection import CursorTooOld
 from api.frame.tail import EdgeTail
 from api.frame.tracing import TraceRequests
@@ -52,7 +53,7 @@ from streams.envelope import Envelope
 from streams.ids import conversation_since_ms, workflow_since_ms
 from streams.sealing import sealer_for
 from streams.settings import VoiceSettings, load_settings
-from streams.topics import ASSISTANT, DELTAS, WORKFLOWS, missing_topics, topic_name
+from streams.topics import ASSISTANT, DELTAS, OWNERS, WORKFLOWS, missing_topics, topic_name
 
 GZIP_MIN_BYTES = 1024
 """Responses at least this large are gzipped for a client that accepts it (seed 000 §2)."""
@@ -111,9 +112,10 @@ def on_record(views: ConversationViews) -> Callable[[Envelope], None]:
     return views.apply
 
 
-async def evict_unused(projections: tuple[OnDemandViews[Any], ...], window_s: float) -> None:
-    """Drop the conversation views unused for the history window, now and then, so an edge
-    holds the conversations in use, not every one it was asked for (decision 0011, step 4)."""
+async def evict_unused(projections: tuple[ReadOnDemand[Any], ...], window_s: float) -> None:
+    """Drop the conversation views (and owners' index entries) unused for the history window,
+    now and then, so an edge holds the conversations in use, not every one it was asked for
+    (decision 0011, step 4)."""
     while True:
         await asyncio.sleep(max(1.0, window_s / 4))
         for views in projections:
@@ -136,9 +138,15 @@ def create_app(settings: VoiceSettings | None = None, bind_host: str | None = No
             else lambda key: conversation_reader(cold, app.state.tail)(key)),
             gap=lambda key, after, upto, since_ms=None: conversation_gap_reader(
                 cold, app.state.tail)(key, after, upto, since_ms))
+        # The index by owner lists what a windowed edge does not hold (decision 0015).
+        owners_topic = topic_name(settings, OWNERS)
+        owners = (None if settings.edge_history_s is None else OwnerIndex(
+            cold=lambda key: key_reader(cold, app.state.tail, owners_topic,
+                                        lambda _key: None)(key)))
         sealer = await asyncio.to_thread(sealer_for, settings)
         app.state.settings = settings
         app.state.views = views
+        app.state.owners = owners
         app.state.sealer = sealer
         app.state.producer = edge_producer(settings)
         app.state.staff = StaffViews(
@@ -158,13 +166,15 @@ def create_app(settings: VoiceSettings | None = None, bind_host: str | None = No
                                   more=app.state.staff.handlers(),
                                   located={**app.state.assistant.tail_handlers(),
                                            **app.state.staff.located_handlers()},
-                                  live={DELTAS: views.apply_delta},
+                                  live={DELTAS: views.apply_delta,
+                                        **({} if owners is None else {OWNERS: owners.on_tail})},
                                   before_window=app.state.staff.before_window(),
                                   windowed=(ASSISTANT,))
         app.state.tail.start()
         evicting = (None if settings.edge_history_s is None else
                     asyncio.create_task(evict_unused(
-                        (views, app.state.assistant.conversations), settings.edge_history_s)))
+                        (views, app.state.assistant.conversations,
+                         *(() if owners is None else (owners,))), settings.edge_history_s)))
         try:
             yield
         finally:

@@ -25,6 +25,9 @@ replay_app = typer.Typer(help="Replay a conversation or workflow from the log.",
                          no_args_is_help=True)
 app.add_typer(kafka_app, name="kafka")
 app.add_typer(replay_app, name="replay")
+owners_app = typer.Typer(help="The index of conversations by owner (decision 0015).",
+                         no_args_is_help=True)
+app.add_typer(owners_app, name="owners")
 keys_app = typer.Typer(help="The data keys on the cluster (docs/keys.md).", no_args_is_help=True)
 app.add_typer(keys_app, name="keys")
 
@@ -276,6 +279,21 @@ def keys_rotate() -> None:
     typer.echo(f"KEK version {done.kek_version} current; retired {done.retired}; "
                f"{done.rewrapped} key(s) re-wrapped, {done.tombstones} erased id(s) "
                "tombstoned again")
+
+
+@owners_app.command("backfill")
+def owners_backfill() -> None:
+    """Write the index entry of every conversation on the log (those started before the
+    worker wrote them); running it again changes nothing."""
+    from deploy.owners import backfill
+
+    try:
+        done = backfill(_settings())
+    except (LookupError, TimeoutError) as exc:
+        typer.echo(f"backfill failed: {exc}", err=True)
+        raise typer.Exit(1) from None
+    typer.echo(f"{done.indexed} conversation(s) indexed from {done.read} record(s) of the "
+               f"conversation log; {done.skipped} undecodable skipped")
 
 
 RerunOpt = typer.Option(False, "--rerun", help="Re-run the turn(s) from the recorded model "

@@ -251,6 +251,21 @@ class ConversationErased(Record):
     conversation: str
 
 
+# --- the index of conversations by owner (topic voice.owners, key = streams.ids.owner_key) --
+
+
+@record_type("voice.conversation.indexed.v1")
+class ConversationIndexed(Record):
+    """``owner`` started ``conversation`` (the tenant is the envelope's): what a participant's
+    list reads on an edge that holds only the conversations in use (decision 0015). Written
+    from the log's ``ConversationStarted`` by the worker that reads it, at least once: the
+    index is a set. Metadata only; erasure acts on the conversation's data key, and the list
+    leaves out a conversation whose key is gone."""
+
+    conversation: str
+    owner: str
+
+
 # --- a turn's results in one command (topic voice.commands, key = conversation id) ----------
 
 

@@ -69,6 +69,12 @@ def inbox_key(tenant: str | None, sub: str) -> str:
     return f"{tenant or ''}/{sub}"
 
 
+def owner_key(tenant: str | None, owner: str) -> str:
+    """The key of ``owner``'s entries in the index of conversations by owner
+    (``voice.owners``, decision 0015): per tenant, like an inbox's."""
+    return inbox_key(tenant, owner)
+
+
 def review_queue_key(tenant: str | None) -> str:
     """The key of ``tenant``'s review queue (one queue, so one writer and one seq, per tenant).
 

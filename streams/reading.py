@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import time
 import uuid
+from collections.abc import Iterator
 from typing import Any
 
 from confluent_kafka import OFFSET_BEGINNING, Consumer, KafkaError, KafkaException, TopicPartition
@@ -14,11 +15,24 @@ from confluent_kafka import OFFSET_BEGINNING, Consumer, KafkaError, KafkaExcepti
 from streams.fetch import READING, take
 from streams.settings import VoiceSettings
 
+BATCH = 1000
+"""Records taken from the client at a time."""
+
 
 def read_topic(settings: VoiceSettings, topic: str, key: bytes | None = None,
                timeout: float = 30.0) -> list[Any]:
     """Every record now on ``topic`` (all partitions; only ``key``'s when given), in offset
     order per partition. Returns confluent-kafka ``Message`` objects."""
+    return [msg for batch in read_batches(settings, topic, timeout) for msg in batch
+            if key is None or msg.key() == key]
+
+
+def read_batches(settings: VoiceSettings, topic: str, timeout: float = 30.0
+                 ) -> Iterator[list[Any]]:
+    """Every record now on ``topic`` (all partitions; and any that came meanwhile in the same
+    fetch), a batch of up to ``BATCH`` at a time, in offset order per partition: a whole topic
+    without holding it all. ``TimeoutError``
+    when it is not read to its end in ``timeout`` s."""
     c = Consumer({"bootstrap.servers": settings.bootstrap,
                   "group.id": f"voice-read-{uuid.uuid4().hex}", "enable.auto.commit": False,
                   **READING})
@@ -30,19 +44,19 @@ def read_topic(settings: VoiceSettings, topic: str, key: bytes | None = None,
         ends = {p: _end_offset(c, TopicPartition(topic, p), timeout) for p in parts}
         todo = {p for p in parts if ends[p] > 0}
         c.assign([TopicPartition(topic, p, OFFSET_BEGINNING) for p in todo])
-        out: list[Any] = []
         deadline = time.monotonic() + timeout
         while todo and time.monotonic() < deadline:
-            for msg in take(c, 0.2, 1000):
+            batch = []
+            for msg in take(c, 0.2, BATCH):
                 if msg.error():
                     continue
-                if key is None or msg.key() == key:
-                    out.append(msg)
+                batch.append(msg)
                 if msg.offset() + 1 >= ends[msg.partition()]:
                     todo.discard(msg.partition())
+            if batch:
+                yield batch
         if todo:
             raise TimeoutError(f"could not read {topic!r} to its end in {timeout}s")
-        return out
     finally:
         c.close()
 

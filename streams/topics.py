@@ -62,6 +62,11 @@ CONVERSATIONS = TopicSpec(
     "Each conversation's log, appended by its sequencer only; key = conversation id.",
     read_by_workers=True,
 )
+OWNERS = TopicSpec(
+    "voice.owners",
+    "The index of conversations by owner (one record a conversation started), derived from "
+    "voice.conversations by the worker; key = tenant/owner.",
+)
 ACKS = TopicSpec(
     "voice.acks",
     "Acknowledgements of commands for the edge that waits on them; key = command id.",
@@ -125,9 +130,9 @@ DELTAS = TopicSpec(
     retention_ms=HOUR_MS,
 )
 
-TOPICS: tuple[TopicSpec, ...] = (COMMANDS, CONVERSATIONS, ACKS, WORKFLOWS, AGENT, TELEMETRY,
-                                 ISSUES, CONTRIBUTIONS, INBOX, REVIEW_QUEUE, ASSISTANT, DATASETS,
-                                 DELTAS)
+TOPICS: tuple[TopicSpec, ...] = (COMMANDS, CONVERSATIONS, OWNERS, ACKS, WORKFLOWS, AGENT,
+                                 TELEMETRY, ISSUES, CONTRIBUTIONS, INBOX, REVIEW_QUEUE, ASSISTANT,
+                                 DATASETS, DELTAS)
 """The record topics: every one is read by the telemetry sink and has a dead-letter topic."""
 
 KEYS = TopicSpec(

@@ -78,6 +78,21 @@ def forge_command(settings: VoiceSettings, cmd: Any, max_bytes: int | None = Non
     asyncio.run(produce())
 
 
+def forge_records(settings: VoiceSettings, spec: TopicSpec, envs: list[Envelope]) -> None:
+    """Put ``envs`` on ``spec``'s topic, in order, as if a Voice writer had (an older
+    release's records, say)."""
+    from streams.producer import Publisher, RecordProducer
+
+    async def produce() -> None:
+        p = RecordProducer(settings)
+        try:
+            await Publisher(settings, lambda: p).send_all([(spec, env) for env in envs])
+        finally:
+            p.close()
+
+    asyncio.run(produce())
+
+
 def acknowledgement_of(settings: VoiceSettings, command_id: str, timeout: float,
                        what: str) -> Any:
     """The ``CommandAcknowledged`` of ``command_id`` on the acks topic, waited for."""

@@ -28,7 +28,10 @@ class ConversationCreated(BaseModel):
 
 class ConversationSummary(BaseModel):
     conversation: str
-    last_seq: int
+    last_seq: int | None
+    """The conversation's last seq this edge has; null for one this edge has not read lately
+    (an edge holding only the conversations in use lists the others from the index by owner:
+    open it to read it)."""
 
 
 class MessageOut(BaseModel):

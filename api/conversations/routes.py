@@ -34,6 +34,7 @@ from api.conversations.models import (
     TurnEvent,
     TurnOut,
 )
+from api.conversations.owners import OwnerIndex
 from api.conversations.views import ConversationView, ConversationViews
 from api.frame.cold import ColdReadFailed
 from api.frame.commands import CommandsDep, conversation_refused, refused
@@ -47,6 +48,7 @@ from api.frame.deps import (
     behind,
     check_text_size,
     check_turn,
+    ensured,
     known,
     no_turn,
     not_found,
@@ -71,8 +73,8 @@ from api.frame.sse import (
 from schemas.conversation import EraseConversation, MessageRecorded, SendMessage, StartConversation
 from streams.envelope import Envelope, new_id
 from streams.ids import CONVERSATION_ID as CONVERSATION_ID_PATTERN
-from streams.ids import new_conversation_id
-from streams.sealing import KeyErased, Sealer
+from streams.ids import conversation_since_ms, new_conversation_id, owner_key
+from streams.sealing import KeyErased, KeyNotFound, Sealer
 from streams.settings import VoiceSettings
 
 router = APIRouter(prefix="/me/conversations", tags=["conversations"])
@@ -100,7 +102,12 @@ owned_conversation = owned_dependency(
     get_views, valid=valid_conversation,
     description="The conversation id (cnv-…).")
 
+async def get_owners(request: Request) -> OwnerIndex | None:
+    return request.app.state.owners
+
+
 ViewsDep = Annotated[ConversationViews, Depends(get_views)]
+OwnersDep = Annotated[OwnerIndex | None, Depends(get_owners)]
 OwnedDep = Annotated[ConversationView, Depends(owned_conversation)]
 CursorDep = Annotated[int, Depends(cursor_dependency(owned_conversation, reads_older=True))]
 
@@ -134,13 +141,48 @@ async def create_conversation(
     return ConversationCreated(conversation=conversation)
 
 
-@router.get("")
+def erased_or_unknown(sealer: Sealer, conversation: str) -> bool:
+    """Whether this edge knows ``conversation``'s data key gone (erased), or knows no key of
+    it at all (its tombstone compacted away): either way it is not listed. A dict lookup."""
+    if not sealer.holds(conversation):
+        return True
+    try:
+        sealer.check_live(conversation)
+    except (KeyErased, KeyNotFound):
+        return True
+    return False
+
+
+@router.get("", responses={503: {"description": "This edge's read of the caller's entries in "
+                                                "the index by owner failed, or runs on; "
+                                                "try again."}})
 async def list_conversations(
-    views: ViewsDep, principal: ConverseDep
+    views: ViewsDep, owners: OwnersDep, sealer: SealerDep, principal: ConverseDep
 ) -> list[ConversationSummary]:
-    """The caller's conversations."""
-    return [ConversationSummary(conversation=v.conversation, last_seq=v.last_seq)
-            for v in views.list_for(principal)]
+    """The caller's conversations, not erased, in the order they started. On an edge that
+    holds only the conversations in use (``VOICE_EDGE_HISTORY_S``) the index by owner lists
+    the others, with ``last_seq`` null: open one to read it (decision 0015)."""
+    held = {v.conversation: v.last_seq for v in views.list_for(principal)}
+    if owners is None:
+        return by_start([ConversationSummary(conversation=c, last_seq=seq)
+                         for c, seq in held.items()])
+    await ensured(owners, owner_key(principal.tenant, principal.sub), "the conversations of")
+    listed = []
+    for conversation in owners.conversations_of(principal):
+        if conversation in held:
+            listed.append(ConversationSummary(conversation=conversation,
+                                              last_seq=held.pop(conversation)))
+        elif conversation not in views and not erased_or_unknown(sealer, conversation):
+            listed.append(ConversationSummary(conversation=conversation, last_seq=None))
+    # Held and not (yet) in the index: just started, or started before it was backfilled.
+    listed += [ConversationSummary(conversation=c, last_seq=seq) for c, seq in held.items()]
+    return by_start(listed)
+
+
+def by_start(listed: list[ConversationSummary]) -> list[ConversationSummary]:
+    """``listed`` in the order the conversations started, as their ids tell (the log's order
+    is per partition only); ids without a time keep their place among themselves."""
+    return sorted(listed, key=lambda s: conversation_since_ms(s.conversation) or 0)
 
 
 @router.post("/{conversation}/messages", status_code=202, dependencies=[quota("messages")],

@@ -101,6 +101,16 @@ class ReadOnDemand(Projection[V]):
     def used(self, view: V) -> None:
         """``ensure`` found ``view`` in memory (a projection that evicts notes the use)."""
 
+    def last_used(self, view: V) -> float:
+        """When ``view`` was last used (``time.monotonic``): what ``evict_idle`` goes by (a
+        projection that evicts says)."""
+        raise NotImplementedError
+
+    def in_use(self, key: str) -> bool:
+        """Whether ``key``'s view must stay in memory however long unused: a read of it runs,
+        or someone waits on it."""
+        return key in self._loading or bool(self.waiting(key))
+
     def held_back(self, key: str, env: Envelope) -> None:
         """What ``apply`` does with a record whose view is not in memory: held for the read
         of its key under way (applied after it), else dropped."""
@@ -112,6 +122,20 @@ class ReadOnDemand(Projection[V]):
         again, it is read again."""
         del self.by_key[key]
         self._absent.pop(key, None)  # founded since it was asked for: no longer absent
+
+    def evict_idle(self, idle_s: float, now: float | None = None) -> int:
+        """Drop the views unused for ``idle_s`` — no request asked for them, no record changed
+        them, none ``in_use`` — when this edge reads cold ones from the log (a later request
+        reads them again); how many were dropped. Without a cold reader nothing is dropped:
+        the edge holds all history (decision 0011, step 4)."""
+        if self.cold is None:
+            return 0
+        before = (time.monotonic() if now is None else now) - idle_s
+        idle = [key for key, view in self.by_key.items()
+                if self.last_used(view) < before and not self.in_use(key)]
+        for key in idle:
+            self.let_go(key)
+        return len(idle)
 
     async def ensure(self, key: str, timeout: float = COLD_WAIT_S) -> bool:
         """Read ``key``'s records from the log, once, if this edge does not hold its view;
@@ -151,7 +175,9 @@ class ReadOnDemand(Projection[V]):
             # Back on the loop, in one step: the tail applies nothing in between.
             if key in self.by_key:
                 return
-            if not any(isinstance(env.record, self.FOUNDED_BY) for env in older):
+            # A founding record may come by the tail while the read runs (held for after it).
+            if not any(isinstance(env.record, self.FOUNDED_BY)
+                       for env in (*older, *self.pending.get(key, ()))):
                 self._absent[key] = None  # no such aggregate: what was held is orphaned
                 while len(self._absent) > ABSENT_KEPT:
                     self._absent.popitem(last=False)
@@ -189,6 +215,13 @@ class OnDemandViews(ReadOnDemand[K], StreamProjection[K]):
 
     def used(self, view: K) -> None:
         view.used_at = time.monotonic()
+
+    def last_used(self, view: K) -> float:
+        return view.used_at
+
+    def in_use(self, key: str) -> bool:
+        """Also while a stream of it is open."""
+        return super().in_use(key) or key in self._streaming
 
     async def older(self, key: str, after: int, upto: int, share: bool = True,
                     since_ms: int | None = None) -> list[Envelope]:
@@ -255,18 +288,3 @@ class OnDemandViews(ReadOnDemand[K], StreamProjection[K]):
             view = self.by_key.get(key)
             if view is not None:
                 view.used_at = time.monotonic()
-
-    def evict_idle(self, idle_s: float, now: float | None = None) -> int:
-        """Drop the views unused for ``idle_s`` — no request asked for them, no record changed
-        them, no stream is open, nobody waits — when this edge reads cold ones from the log (a
-        later request reads them again); how many were dropped. Without a cold reader nothing
-        is dropped: the edge holds all history (decision 0011, step 4)."""
-        if self.cold is None:
-            return 0
-        before = (time.monotonic() if now is None else now) - idle_s
-        idle = [key for key, view in self.by_key.items()
-                if view.used_at < before and key not in self._streaming
-                and key not in self._loading and not self.waiting(key)]
-        for key in idle:
-            self.let_go(key)
-        return len(idle)

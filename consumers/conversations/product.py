@@ -2,8 +2,9 @@
 
 ``Conversations().register(ctx)`` is all the worker needs: the sequencer becomes the writer of
 conversation commands (keeping where each transcript is on the log), ``voice.conversations``
-starts each opened turn's workflow (and feeds the transcript table of conversations begun
-before the writer kept positions), and the ``conversation-turn`` workflow runs the
+starts each opened turn's workflow, writes each started conversation's entry in the index by
+owner (``voice.owners``, decision 0015), and feeds the transcript table of conversations begun
+before the writer kept positions; and the ``conversation-turn`` workflow runs the
 concern-extraction agent through the context's agent runner.
 """
 
@@ -18,13 +19,14 @@ from consumers.conversations.concern import (
     run_concern_extraction,
 )
 from consumers.conversations.deltas import ReplyStream
+from consumers.conversations.owners import index_record
 from consumers.conversations.sequencer import ConversationSequencer
 from consumers.conversations.turns import ConcernAgent, Turns
 from consumers.engine import AgentSpec, CancelToken
 from consumers.frame.context import WorkerContext
 from streams.crashpoints import CrashPoints
 from streams.envelope import Envelope
-from streams.topics import CONVERSATIONS, ISSUES
+from streams.topics import CONVERSATIONS, ISSUES, OWNERS
 
 
 class Conversations:
@@ -58,7 +60,10 @@ class Conversations:
         ctx.wire(CONVERSATIONS, self._on_record)
 
     async def _on_record(self, env: Envelope, event: Any) -> None:
-        assert self.turns is not None
+        assert self.turns is not None and self.ctx is not None
+        indexed = index_record(env)  # a conversation started: its owner's index entry
+        if indexed is not None:
+            await self.ctx.publisher.send(OWNERS, indexed)
         await self.turns.on_conversation_record(env, event.message.partition,
                                                 event.message.offset)
 

@@ -124,7 +124,7 @@ async function loadConversations() {
   $("conversations").replaceChildren(...list.map(({ conversation, last_seq: lastSeq }) =>
     el("li", { "data-conversation": conversation },
       el("button", { type: "button", class: "link", onclick: () => openConversation(conversation) },
-        `${conversation} (${lastSeq})`))));
+        lastSeq == null ? conversation : `${conversation} (${lastSeq})`))));
 }
 
 async function newConversation() {

@@ -1,0 +1,152 @@
+"""The index by owner as a windowed edge reads it (decision 0015): an owner's entries are read
+on demand, once, with what the tail brings meanwhile applied after; an owner with none is an
+empty list that a later entry of theirs reopens; a record under another owner's key is not
+theirs; unused owners are let go of. And the worker's entry of a started conversation."""
+
+from __future__ import annotations
+
+import asyncio
+import threading
+from dataclasses import dataclass
+
+from api.conversations.owners import OwnerIndex
+from consumers.conversations.owners import index_record
+from schemas.base import Sealed
+from schemas.conversation import ConversationIndexed, ConversationStarted, MessageRecorded
+from streams.envelope import Envelope
+from streams.ids import owner_key
+
+
+@dataclass(frozen=True)
+class Who:
+    sub: str
+    tenant: str
+
+
+ALICE = Who("alice", "t1")
+KEY = owner_key("t1", "alice")
+
+
+def entry(conversation: str, owner: str = "alice", tenant: str = "t1",
+          key: str | None = None) -> Envelope:
+    return Envelope(record=ConversationIndexed(conversation=conversation, owner=owner),
+                    key=key or owner_key(tenant, owner), source="/voice/owners", tenant=tenant)
+
+
+class Reader:
+    """A cold reader over fixed records; counts its calls; can be held."""
+
+    def __init__(self, records: list[Envelope]) -> None:
+        self.records = records
+        self.calls = 0
+        self.gate = threading.Event()
+        self.gate.set()
+
+    def __call__(self, key: str) -> list[Envelope]:
+        self.calls += 1
+        self.gate.wait(10)
+        return [e for e in self.records if e.key == key]
+
+
+def test_an_owner_is_read_once_and_listed_in_the_order_started() -> None:
+    reader = Reader([entry("cnv-1"), entry("cnv-other", owner="bob"), entry("cnv-2"),
+                     entry("cnv-1")])  # a redelivered entry changes nothing
+    owners = OwnerIndex(cold=reader)
+
+    async def main() -> None:
+        assert await owners.ensure(KEY) and await owners.ensure(KEY)
+
+    asyncio.run(main())
+    assert reader.calls == 1
+    assert owners.conversations_of(ALICE) == ["cnv-1", "cnv-2"]
+    assert owners.conversations_of(Who("alice", "t2")) == []  # another tenant's alice
+
+
+def test_entries_the_tail_brings_during_the_read_apply_after_it() -> None:
+    reader = Reader([entry("cnv-1")])
+    reader.gate.clear()
+    owners = OwnerIndex(cold=reader)
+    owners.on_tail(entry("cnv-0"))  # not asked for: dropped (the read brings it)
+    assert KEY not in owners
+
+    async def main() -> None:
+        asker = asyncio.create_task(owners.ensure(KEY))
+        await asyncio.sleep(0.05)
+        owners.on_tail(entry("cnv-1"))  # also in the read: once
+        owners.on_tail(entry("cnv-2"))
+        assert KEY not in owners and len(owners.pending[KEY]) == 2
+        reader.gate.set()
+        assert await asyncio.wait_for(asker, 5)
+
+    asyncio.run(main())
+    assert owners.conversations_of(ALICE) == ["cnv-1", "cnv-2"] and not owners.pending
+    owners.on_tail(entry("cnv-3"))  # held now: applied at once
+    assert owners.conversations_of(ALICE) == ["cnv-1", "cnv-2", "cnv-3"]
+
+
+def test_an_owners_first_entry_arriving_during_the_read_of_none_is_kept() -> None:
+    reader = Reader([])
+    reader.gate.clear()
+    owners = OwnerIndex(cold=reader)
+
+    async def main() -> None:
+        asker = asyncio.create_task(owners.ensure(KEY))
+        await asyncio.sleep(0.05)
+        owners.on_tail(entry("cnv-1"))
+        reader.gate.set()
+        await asyncio.wait_for(asker, 5)
+
+    asyncio.run(main())
+    assert owners.conversations_of(ALICE) == ["cnv-1"]
+
+
+def test_an_owner_with_none_is_empty_until_an_entry_of_theirs_comes_by_the_tail() -> None:
+    reader = Reader([])
+    owners = OwnerIndex(cold=reader)
+
+    async def main() -> None:
+        assert await owners.ensure(KEY)
+        assert await owners.ensure(KEY)  # remembered: no second read
+        assert reader.calls == 1 and owners.conversations_of(ALICE) == []
+        # Alice starts a conversation: the tail's entry is not applied (no view), but her
+        # next list reads her entries again and finds it.
+        reader.records.append(entry("cnv-new"))
+        owners.on_tail(entry("cnv-new"))
+        assert await owners.ensure(KEY)
+
+    asyncio.run(main())
+    assert reader.calls == 2 and owners.conversations_of(ALICE) == ["cnv-new"]
+
+
+def test_a_record_under_another_owners_key_is_not_theirs() -> None:
+    forged = entry("cnv-x", owner="mallory", key=KEY)
+    owners = OwnerIndex(cold=Reader([forged, entry("cnv-1")]))
+    asyncio.run(owners.ensure(KEY))
+    assert owners.conversations_of(ALICE) == ["cnv-1"]
+
+
+def test_an_unused_owner_is_let_go_of_and_read_again() -> None:
+    reader = Reader([entry("cnv-1")])
+    owners = OwnerIndex(cold=reader)
+    asyncio.run(owners.ensure(KEY))
+    assert owners.evict_idle(60.0) == 0  # just used
+    view = owners[KEY]
+    assert owners.evict_idle(60.0, now=view.used_at + 61) == 1 and KEY not in owners
+    asyncio.run(owners.ensure(KEY))
+    assert reader.calls == 2 and owners.conversations_of(ALICE) == ["cnv-1"]
+
+
+def test_the_worker_indexes_a_started_conversation_under_its_owner_and_nothing_else() -> None:
+    started = Envelope(record=ConversationStarted(conversation="cnv-1", owner="alice"),
+                       key="cnv-1", source="/voice/sequencer", seq=1, tenant="t1",
+                       correlation="c1")
+    indexed = index_record(started)
+    assert indexed is not None
+    assert indexed.key == KEY and indexed.tenant == "t1" and indexed.causation == started.id
+    assert indexed.record == ConversationIndexed(conversation="cnv-1", owner="alice")
+    assert indexed.id == index_record(started).id  # the same entry again: the same id
+    message = Envelope(record=MessageRecorded(
+        conversation="cnv-1", message_id="m", at="2026-01-01T00:00:00+00:00",
+        text=Sealed(key_version=1, nonce="bm9uY2U=", ciphertext="Y2lwaGVy")),
+        key="cnv-1", source="/voice/sequencer", seq=2, tenant="t1")
+    assert index_record(message) is None
