@@ -21,8 +21,9 @@ from dataclasses import dataclass
 
 log = logging.getLogger(__name__)
 
-POINTS = ("before_step", "model_call", "after_reply", "before_turn_over")
-"""The points the worker names, in the order a turn reaches them."""
+POINTS = ("before_step", "model_call", "after_reply", "before_turn_over", "before_index")
+"""The points the worker names: a turn's, in the order it reaches them; then a started
+conversation's before its entry in the index by owner is written (matched by conversation)."""
 
 
 @dataclass(frozen=True)

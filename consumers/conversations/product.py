@@ -63,6 +63,7 @@ class Conversations:
         assert self.turns is not None and self.ctx is not None
         indexed = index_record(env)  # a conversation started: its owner's index entry
         if indexed is not None:
+            self.turns.crash.hit("before_index", env.key)
             await self.ctx.publisher.send(OWNERS, indexed)
         await self.turns.on_conversation_record(env, event.message.partition,
                                                 event.message.offset)

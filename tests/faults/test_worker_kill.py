@@ -24,13 +24,29 @@ import httpx
 import pytest
 
 from schemas.assistant import AssistantReplyRecorded, AssistantTurnEnded
-from schemas.conversation import MessageRecorded, ReplyRecorded, TurnStateChanged
+from schemas.conversation import (
+    ConversationIndexed,
+    ConversationStarted,
+    MessageRecorded,
+    ReplyRecorded,
+    StartConversation,
+    TurnStateChanged,
+)
 from schemas.workflow import StepFailed, WorkflowCompleted, WorkflowFailed
 from streams.envelope import Envelope
+from streams.ids import new_conversation_id, owner_key
 from streams.settings import VoiceSettings
 from streams.tokens import mint_token
-from streams.topics import ASSISTANT, CONVERSATIONS, WORKFLOWS
-from tests.support import accepted, log_of, no_duplicate_seqs, send_message, stop, wait_for
+from streams.topics import ASSISTANT, CONVERSATIONS, OWNERS, WORKFLOWS
+from tests.support import (
+    accepted,
+    forge_command,
+    log_of,
+    no_duplicate_seqs,
+    send_message,
+    stop,
+    wait_for,
+)
 
 pytestmark = [pytest.mark.integration, pytest.mark.faults]
 
@@ -202,3 +218,25 @@ def test_an_assistant_turn_killed_at_each_point_replies_once_and_is_not_left_bus
             assert again.status_code == 202, (point, again.status_code, again.text)
     finally:
         client.close()
+
+
+def test_a_worker_killed_before_indexing_a_started_conversation_leaves_it_to_the_next(
+        settings: VoiceSettings, start_worker: Callable[..., Any]) -> None:
+    # Decision 0015: a conversation's entry in the index by owner is written before its
+    # ``ConversationStarted`` is acknowledged, so a worker lost in between leaves the record
+    # to the next owner of its partition, which writes the entry.
+    cnv = new_conversation_id()
+    worker = start_worker(VOICE_TEST_CRASH_AT=f"before_index@{cnv}")
+    forge_command(settings, Envelope(
+        record=StartConversation(conversation=cnv, owner="alice"), key=cnv, source="/test",
+        subject=cnv, id=f"open-{cnv}", correlation=f"open-{cnv}", tenant="default"))
+    worker.wait(timeout=120)
+    assert worker.returncode == KILLED
+    assert [e.record for e in log_of(settings, CONVERSATIONS, cnv)] == [
+        ConversationStarted(conversation=cnv, owner="alice")]
+    mine = owner_key("default", "alice")
+    assert log_of(settings, OWNERS, mine) == []  # killed before the entry was written
+    start_worker()
+    entries = wait_for(lambda: log_of(settings, OWNERS, mine), timeout=120,
+                       what="the entry written by the next worker")
+    assert [e.record for e in entries] == [ConversationIndexed(conversation=cnv, owner="alice")]

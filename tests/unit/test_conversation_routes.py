@@ -70,6 +70,7 @@ def client(tmp_path: Path, outcome: str) -> TestClient:
     app.include_router(conversations.router)
     app.state.settings = settings
     app.state.views = ConversationViews()
+    app.state.owners = None  # an edge that reads all history
     app.state.sealer = Sealer(MemoryKeyStore())
     app.state.producer = FakeProducer()
     app.state.tail = FakeTail(app.state.producer, app.state.views, outcome)

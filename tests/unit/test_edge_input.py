@@ -108,6 +108,7 @@ def edge(tmp_path: Path, outcome: str = "accepted", producer: FakeProducer | Non
     app = create_app(settings)
     app.state.settings = settings
     app.state.views = ConversationViews()
+    app.state.owners = None  # an edge that reads all history
     app.state.sealer = Sealer(keys or MemoryKeyStore())
     app.state.producer = producer or AckingProducer()
     app.state.tail = TenantTail(app.state.producer, app.state.views, outcome)

@@ -42,6 +42,7 @@ def edge(tmp_path: Path) -> tuple[TestClient, VoiceSettings]:
     app = create_app(settings)
     app.state.settings = settings
     app.state.views = views = ConversationViews()
+    app.state.owners = None  # an edge that reads all history
     app.state.sealer = Sealer(MemoryKeyStore())
     app.state.tail = Tail()
     app.state.staff = staff = StaffViews(turn_workflows_kept=0)

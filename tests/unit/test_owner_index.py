@@ -8,13 +8,28 @@ from __future__ import annotations
 import asyncio
 import threading
 from dataclasses import dataclass
+from pathlib import Path
 
+from fastapi import FastAPI
+from fastapi.testclient import TestClient
+
+from api import conversations
 from api.conversations.owners import OwnerIndex
+from api.conversations.views import ConversationViews
+from api.frame.cold import ColdReadFailed
 from consumers.conversations.owners import index_record
 from schemas.base import Sealed
-from schemas.conversation import ConversationIndexed, ConversationStarted, MessageRecorded
+from schemas.conversation import (
+    ConversationIndexed,
+    ConversationStarted,
+    MessageRecorded,
+    TurnRequested,
+)
 from streams.envelope import Envelope
-from streams.ids import owner_key
+from streams.ids import new_conversation_id, owner_key
+from streams.sealing import MemoryKeyStore, Sealer
+from streams.settings import VoiceSettings
+from streams.tokens import mint_token
 
 
 @dataclass(frozen=True)
@@ -150,3 +165,63 @@ def test_the_worker_indexes_a_started_conversation_under_its_owner_and_nothing_e
         text=Sealed(key_version=1, nonce="bm9uY2U=", ciphertext="Y2lwaGVy")),
         key="cnv-1", source="/voice/sequencer", seq=2, tenant="t1")
     assert index_record(message) is None
+
+
+def listing_app(tmp_path: Path, owners: OwnerIndex) -> tuple[TestClient, ConversationViews,
+                                                               Sealer]:
+    """The conversation routes on a windowed edge's state: views, the index, a key store."""
+    settings = VoiceSettings(env="test", kafka_bootstrap="127.0.0.1:1", state_dir=tmp_path)
+    app = FastAPI()
+    app.include_router(conversations.router)
+    app.state.settings = settings
+    app.state.views = views = ConversationViews(cold=lambda _key: [])
+    app.state.owners = owners
+    app.state.sealer = sealer = Sealer(MemoryKeyStore())
+    c = TestClient(app)
+    c.headers["Authorization"] = f"Bearer {mint_token(settings, 'alice', 'participant')}"
+    return c, views, sealer
+
+
+def test_the_list_merges_held_and_indexed_leaves_out_erased_and_orders_by_start(
+        tmp_path: Path) -> None:
+    ids = [new_conversation_id(now=1_800_000_000 + i) for i in range(5)]
+    old, opened, erased, keyless, fresh = ids
+    # The index (written from the log) lists four, not in start order (partitions interleave);
+    # the newest is held by the edge and not indexed yet.
+    owners = OwnerIndex(cold=Reader([entry(c, tenant="default")
+                                     for c in (opened, old, erased, keyless)]))
+    c, views, sealer = listing_app(tmp_path, owners)
+    for cnv in (old, opened, erased, fresh):
+        sealer.create(cnv, "default")
+    sealer.erase(erased)  # its key gone: erased through another edge
+    # ``keyless``: no key on the key topic (its tombstone compacted away): not listed.
+    for cnv, seq in ((opened, 7), (fresh, 3)):
+        for n in range(1, seq + 1):
+            views.apply(Envelope(record=ConversationStarted(conversation=cnv, owner="alice")
+                                 if n == 1 else TurnRequested(conversation=cnv,
+                                                              turn=f"{cnv}:turn-{n}",
+                                                              message_seq=n),
+                                 key=cnv, source="/test", seq=n, tenant="default"))
+    r = c.get("/me/conversations")
+    assert r.status_code == 200, r.text
+    assert r.json() == [{"conversation": old, "last_seq": None},
+                        {"conversation": opened, "last_seq": 7},
+                        {"conversation": fresh, "last_seq": 3}]
+
+
+def test_a_failed_read_of_the_index_answers_503_and_the_next_list_tries_again(
+        tmp_path: Path) -> None:
+    calls = []
+
+    def flaky(key: str) -> list[Envelope]:
+        calls.append(key)
+        if len(calls) == 1:
+            raise ColdReadFailed("the broker is down")
+        return [entry("cnv-00000000000000aa", tenant="default")]
+
+    c, _views, sealer = listing_app(tmp_path, OwnerIndex(cold=flaky))
+    sealer.create("cnv-00000000000000aa", "default")
+    r = c.get("/me/conversations")
+    assert r.status_code == 503 and "the conversations of" in r.json()["detail"]
+    assert c.get("/me/conversations").json() == [
+        {"conversation": "cnv-00000000000000aa", "last_seq": None}]

@@ -205,6 +205,7 @@ def edge_app(tmp_path: Path, clock: Clock | None = None, lane: bool = False,
     app.include_router(staff.router)
     app.state.settings = settings
     app.state.views = ConversationViews()
+    app.state.owners = None  # an edge that reads all history
     app.state.assistant = AssistantViews(settings)
     app.state.staff = staff.StaffViews()
     app.state.sealer = Sealer(MemoryKeyStore())

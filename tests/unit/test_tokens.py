@@ -333,6 +333,7 @@ def edge(tmp_path: Path, s: VoiceSettings | None = None) -> TestClient:
     app.include_router(conversations.router)
     app.state.settings = s or settings(kafka_bootstrap="127.0.0.1:1", state_dir=tmp_path)
     app.state.views = ConversationViews()
+    app.state.owners = None  # an edge that reads all history
     app.state.sealer = Sealer(MemoryKeyStore())
     app.state.producer = FakeProducer()
     app.state.tail = FakeTail(app.state.producer, app.state.views, "accepted")
