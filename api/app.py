@@ -101,6 +101,9 @@ class EdgeState(BaseModel):
     assistant: HeldConversations
     """What it holds of the assistant's conversation log (``voice.assistant``), the same way."""
     workflows: HeldWorkflows
+    owners: HeldConversations | None = None
+    """With a history window: the owners whose entries of the index by owner it holds (read
+    for their list), and those being read (decision 0015)."""
     skipped: dict[str, dict[str, int]]
     """Per topic, the records the tail skipped by reason (undecodable, or a view raised on
     them): not a reason to be unready — the writer side dead-letters them — but worth seeing."""
@@ -243,6 +246,7 @@ def create_app(settings: VoiceSettings | None = None, bind_host: str | None = No
         tail: EdgeTail = app.state.tail
         workflows = app.state.staff.workflows
         chats = app.state.assistant.conversations
+        owners: OwnerIndex | None = app.state.owners
         return EdgeState(conversations=HeldConversations(in_memory=len(views),
                                                          held=len(views.pending)),
                          assistant=HeldConversations(in_memory=len(chats),
@@ -250,6 +254,8 @@ def create_app(settings: VoiceSettings | None = None, bind_host: str | None = No
                          workflows=HeldWorkflows(in_memory=len(workflows),
                                                  turns_let_go=workflows.turns_let_go,
                                                  left_before_window=tail.left_before_window),
+                         owners=None if owners is None else HeldConversations(
+                             in_memory=len(owners), held=len(owners.pending)),
                          skipped=tail.skipped_counts())
 
     return app

@@ -22,7 +22,7 @@ from streams.settings import VoiceSettings
 from streams.topics import CONVERSATIONS, OWNERS
 from tests.integration.test_conversations_edge import auth, create, get, send
 from tests.integration.test_edge_history import held, replied
-from tests.support import forge_records, log_of, wait_for
+from tests.support import edge_state, forge_records, log_of, wait_for
 
 pytestmark = pytest.mark.integration
 
@@ -60,6 +60,7 @@ def test_a_windowed_edge_lists_the_callers_older_conversations_from_the_index(
     assert listed(windowed, settings, sub="bob") == [{"conversation": bobs, "last_seq": None}]
     assert listed(windowed, settings, sub="carol") == []
     assert held(windowed, settings)["in_memory"] == 0  # a list reads no conversation
+    assert edge_state(windowed, settings)["owners"] == {"in_memory": 2, "held": 0}  # not carol
 
     # Opened, a conversation is listed with its last seq, as the edge that read it all says.
     assert get(windowed, settings, f"/{mine[1]}").status_code == 200
@@ -78,8 +79,9 @@ def test_a_windowed_edge_lists_the_callers_older_conversations_from_the_index(
              timeout=30, what="the erased conversation left out")
 
     # Unused for the window, everything is let go of; the list reads the index again.
-    wait_for(lambda: held(windowed, settings)["in_memory"] == 0, timeout=30,
-             what="the unused conversations evicted")
+    wait_for(lambda: held(windowed, settings)["in_memory"] == 0
+             and edge_state(windowed, settings)["owners"]["in_memory"] == 0, timeout=30,
+             what="the unused conversations and owners evicted")
     assert listed(windowed, settings) == [{"conversation": mine[1], "last_seq": None}]
 
 

@@ -84,6 +84,7 @@ def test_an_operator_reads_what_the_edge_holds_and_skipped(
                         "assistant": {"in_memory": 2, "held": 0},
                         "workflows": {"in_memory": 1, "turns_let_go": 1,
                                       "left_before_window": 3},
+                        "owners": None,  # no history window: no index by owner read
                         "skipped": {"voice.conversations": {"undecodable": 2}}}
 
 
