@@ -6,7 +6,6 @@ theirs; unused owners are let go of. And the worker's entry of a started convers
 from __future__ import annotations
 
 import asyncio
-import threading
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -30,6 +29,7 @@ from streams.ids import new_conversation_id, owner_key
 from streams.sealing import MemoryKeyStore, Sealer
 from streams.settings import VoiceSettings
 from streams.tokens import mint_token
+from tests.unit.test_edge_cold import Reader  # a cold reader over fixed records
 
 
 @dataclass(frozen=True)
@@ -46,21 +46,6 @@ def entry(conversation: str, owner: str = "alice", tenant: str = "t1",
           key: str | None = None) -> Envelope:
     return Envelope(record=ConversationIndexed(conversation=conversation, owner=owner),
                     key=key or owner_key(tenant, owner), source="/voice/owners", tenant=tenant)
-
-
-class Reader:
-    """A cold reader over fixed records; counts its calls; can be held."""
-
-    def __init__(self, records: list[Envelope]) -> None:
-        self.records = records
-        self.calls = 0
-        self.gate = threading.Event()
-        self.gate.set()
-
-    def __call__(self, key: str) -> list[Envelope]:
-        self.calls += 1
-        self.gate.wait(10)
-        return [e for e in self.records if e.key == key]
 
 
 def test_an_owner_is_read_once_and_listed_in_the_order_started() -> None:
