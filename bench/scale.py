@@ -20,7 +20,8 @@
   (decision 0011: it reads only the recent part and an old conversation when asked for);
   beside the ready time and RSS, ``cold_open``: the first open of ``COLD_OPENS`` old
   conversations' streams, each read from the log then, and ``chat_cold_open``: the same for
-  old assistant chats.
+  old assistant chats; ``owners``: ``voice owners backfill`` on the log beside a plain read of
+  it, and the history's one owner listing their conversations (decision 0015).
 """
 
 from __future__ import annotations
@@ -30,6 +31,7 @@ import base64
 import os
 import random
 import shutil
+import statistics
 import time
 from dataclasses import dataclass
 from typing import Any
@@ -42,6 +44,7 @@ from bench.settings import BenchSettings
 from bench.stack import BENCH_QUOTAS, Stack, cpu_seconds, rss_kib, stack_settings, start_stack
 from bench.turns import _cpu_delta, _headers, _sustained_run, outcomes
 from deploy.kafka_local import free_port
+from deploy.owners import backfill
 from deploy.processes import spawn_voice, stop, wait_http_ready
 from schemas.assistant import (
     AssistantConversationStarted,
@@ -63,6 +66,7 @@ from schemas.workflow import LastStepSucceeded, StepOutcome, StepStarted, Workfl
 from streams.envelope import Envelope, encode
 from streams.ids import new_assistant_conversation_id, new_conversation_id, turn_id
 from streams.producer import PRODUCER_CONFIG
+from streams.reading import read_batches
 from streams.settings import VoiceSettings
 from streams.tokens import mint_token
 from streams.topics import ASSISTANT, CONVERSATIONS, WORKFLOWS, create_topics, topic_name
@@ -389,11 +393,49 @@ def _chat_streams(chats: list[str]) -> list[tuple[str, int]]:
              TURNS_PER_CONVERSATION * CHAT_DISPLAY_EVENTS) for chat in chats]
 
 
+def _owners_list(settings: VoiceSettings, url: str) -> Result:
+    """The index by owner on the history (decision 0015): ``voice owners backfill`` beside a
+    plain read of the same log (its baseline), then the history's owner listing their
+    conversations on the windowed edge — the first list reads all of their entries from the
+    index's partition, the next is answered from memory."""
+    t0 = time.perf_counter()
+    read = sum(len(batch) for batch in read_batches(
+        settings, topic_name(settings, CONVERSATIONS), timeout=600))
+    read_s = time.perf_counter() - t0
+    t0 = time.perf_counter()
+    done = backfill(settings)
+    backfill_s = time.perf_counter() - t0
+    token = mint_token(settings, OWNER, "participant", TENANT)
+    lists: list[float] = []
+    listed = None
+    with httpx.Client(timeout=120, headers={"Authorization": f"Bearer {token}"}) as client:
+        for _ in range(3):
+            t0 = time.perf_counter()
+            r = client.get(f"{url}/me/conversations")
+            lists.append(time.perf_counter() - t0)
+            if r.status_code != 200:
+                raise RuntimeError(f"GET /me/conversations answered {r.status_code}: {r.text}")
+            listed = len(r.json())
+    return {"backfill_s": round(backfill_s, 2), "indexed": done.indexed,
+            "log_records_read": done.read, "plain_read_s": round(read_s, 2),
+            "plain_read_records": read,
+            "backfill_ratio_to_plain_read": ratio(backfill_s, read_s),
+            "first_list_ms": round(lists[0] * 1000, 1),
+            "list_again_ms": round(statistics.median(lists[1:]) * 1000, 1),
+            "entries_of_the_owner": done.indexed,
+            "listed": listed,
+            "note": "every history conversation has one owner, so the first list reads all "
+                    "their entries (one partition); only the conversations the edge holds are "
+                    "listed: the history has no data keys, so the others count as erased"}
+
+
 def _edge_start(ctx: Context, settings: VoiceSettings, open_cold: list[str] | None = None,
-                open_chats: list[str] | None = None, **env: str) -> Result:
+                open_chats: list[str] | None = None, list_owner: bool = False,
+                **env: str) -> Result:
     """An edge spawned on ``settings``' topics: seconds to ``/readyz`` 200 and its RSS once
     ready; then, for ``open_cold``, each conversation's stream opened, for ``open_chats``
-    each chat's, and the RSS after."""
+    each chat's, and the RSS after; with ``list_owner``, the index by owner backfilled and
+    listed (``_owners_list``)."""
     port = free_port()
     url = f"http://127.0.0.1:{port}"
     t0 = time.perf_counter()
@@ -429,6 +471,8 @@ def _edge_start(ctx: Context, settings: VoiceSettings, open_cold: list[str] | No
             out["chat_cold_open"] = {**latency_summary(opened), "chats": len(opened)}
         if open_cold or open_chats:
             out["rss_after_cold_opens_mib"] = round(rss_kib(edge.pid) / 1024, 1)
+        if list_owner:
+            out["owners"] = _owners_list(settings, url)
     finally:
         stop(edge)
     return out
@@ -455,7 +499,8 @@ def _with_history(ctx: Context, windowed: bool) -> Result:
     history = _history(ctx)
     settings, produced = history.settings, history.records
     env = {"VOICE_EDGE_HISTORY_S": str(WINDOW_S)} if windowed else {}
-    result = _edge_start(ctx, settings, history.sample, history.chat_sample, **env)
+    result = _edge_start(ctx, settings, history.sample, history.chat_sample,
+                         list_owner=windowed, **env)
     conversations = produced // RECORDS_PER_CONVERSATION
     return {**result, "history_records": produced,
             "conversations": conversations,

@@ -19,14 +19,14 @@ from consumers.conversations.concern import (
     run_concern_extraction,
 )
 from consumers.conversations.deltas import ReplyStream
-from consumers.conversations.owners import index_record
+from consumers.conversations.owners import IndexWriter
 from consumers.conversations.sequencer import ConversationSequencer
 from consumers.conversations.turns import ConcernAgent, Turns
 from consumers.engine import AgentSpec, CancelToken
 from consumers.frame.context import WorkerContext
 from streams.crashpoints import CrashPoints
 from streams.envelope import Envelope
-from streams.topics import CONVERSATIONS, ISSUES, OWNERS
+from streams.topics import CONVERSATIONS, ISSUES
 
 
 class Conversations:
@@ -42,6 +42,7 @@ class Conversations:
         self.issues: IssueSource | None = issues
         self.ctx: WorkerContext | None = None
         self.turns: Turns | None = None
+        self.index: IndexWriter | None = None
 
     def register(self, ctx: WorkerContext) -> None:
         """Add the sequencer, the transcript index and its consumer, and the turn workflow."""
@@ -57,16 +58,16 @@ class Conversations:
                            ctx.settings.history_read_bytes,
                            CrashPoints.parse(ctx.settings.test_crash_at))
         ctx.workflow(self.turns.definition)
-        ctx.wire(CONVERSATIONS, self._on_record)
+        self.index = IndexWriter(ctx.publisher, self.turns.crash)
+        ctx.wire(CONVERSATIONS, self._on_record, manual_ack=True)
 
     async def _on_record(self, env: Envelope, event: Any) -> None:
-        assert self.turns is not None and self.ctx is not None
-        indexed = index_record(env)  # a conversation started: its owner's index entry
-        if indexed is not None:
-            self.turns.crash.hit("before_index", env.key)
-            await self.ctx.publisher.send(OWNERS, indexed)
+        assert self.turns is not None and self.index is not None
         await self.turns.on_conversation_record(env, event.message.partition,
                                                 event.message.offset)
+        # A conversation started: acknowledged once its owner's index entry is written.
+        if not self.index.take(env, event.ack):
+            event.ack()
 
     def spec_for(self, tenant: str | None) -> AgentSpec:
         """The agent of one tenant's turn: its tools search only that tenant's issues."""

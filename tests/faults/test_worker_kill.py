@@ -239,4 +239,7 @@ def test_a_worker_killed_before_indexing_a_started_conversation_leaves_it_to_the
     start_worker()
     entries = wait_for(lambda: log_of(settings, OWNERS, mine), timeout=120,
                        what="the entry written by the next worker")
-    assert [e.record for e in entries] == [ConversationIndexed(conversation=cnv, owner="alice")]
+    # At least once (a rebalance as the killed worker's membership expires may hand the
+    # record over again before its commit): the same entry, never another.
+    assert {e.record for e in entries} == {ConversationIndexed(conversation=cnv, owner="alice")}
+    assert len({e.id for e in entries}) == 1
