@@ -102,6 +102,7 @@ owned_conversation = owned_dependency(
     get_views, valid=valid_conversation,
     description="The conversation id (cnv-…).")
 
+
 async def get_owners(request: Request) -> OwnerIndex | None:
     return request.app.state.owners
 
