@@ -6,7 +6,8 @@ holding the reader up, and the conversation record is acknowledged only once the
 the entry — so a worker lost before that leaves the record to the next one, which writes the
 entry again, and none is ever lost (at least once: the index is a set, and the entry's id is
 derived from the started record's, so a reader can tell the same entry twice). A produce that
-fails is tried again, backing off, until it goes (the record's commit waits meanwhile).
+fails is tried again, backing off as the worker's consumers do (``RetryPolicy.delay``,
+``VOICE_CONSUMER_RETRY_*``), until it goes (the record's commit waits meanwhile).
 ``voice owners backfill`` (``deploy.owners``) writes the same entries for conversations
 started before the index.
 """
@@ -23,14 +24,12 @@ from streams.envelope import Envelope
 from streams.free_text import describe
 from streams.ids import owner_key
 from streams.producer import Publisher
+from streams.retry import RetryPolicy
 from streams.topics import OWNERS
 
 log = logging.getLogger(__name__)
 
 SOURCE = "/voice/owners"
-RETRY_S = 0.5
-"""The first wait before an entry whose produce failed is produced again (then doubling)."""
-RETRY_MAX_S = 30.0
 
 
 def index_record(env: Envelope) -> Envelope | None:
@@ -47,11 +46,13 @@ def index_record(env: Envelope) -> Envelope | None:
 class IndexWriter:
     """Writes each started conversation's entry; acknowledges its log record once written."""
 
-    def __init__(self, publisher: Publisher, crash: CrashPoints | None = None,
-                 retry_s: float = RETRY_S) -> None:
+    def __init__(self, publisher: Publisher, backoff: RetryPolicy | None = None,
+                 crash: CrashPoints | None = None) -> None:
+        """``backoff``: the waits between produces of one entry (its ``attempts`` do not
+        apply: an entry is tried until it goes)."""
         self.publisher = publisher
+        self.backoff = backoff or RetryPolicy()
         self.crash = crash or CrashPoints()
-        self.retry_s = retry_s
 
     def take(self, env: Envelope, ack: Callable[[], None]) -> bool:
         """For a ``ConversationStarted``: produce its entry and call ``ack`` once the broker
@@ -82,7 +83,7 @@ class IndexWriter:
 
     def _again(self, indexed: Envelope, ack: Callable[[], None], attempt: int,
                exc: BaseException) -> None:
-        delay = min(RETRY_MAX_S, self.retry_s * 2 ** attempt)
+        delay = self.backoff.delay(attempt + 1)
         log.warning("the index entry of conversation %s was not written (%s); trying again "
                     "in %.1f s", indexed.subject, describe(exc), delay)
         asyncio.get_running_loop().call_later(delay, self._send, indexed, ack, attempt + 1)

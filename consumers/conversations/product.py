@@ -58,7 +58,7 @@ class Conversations:
                            ctx.settings.history_read_bytes,
                            CrashPoints.parse(ctx.settings.test_crash_at))
         ctx.workflow(self.turns.definition)
-        self.index = IndexWriter(ctx.publisher, self.turns.crash)
+        self.index = IndexWriter(ctx.publisher, ctx.retry_policy, self.turns.crash)
         ctx.wire(CONVERSATIONS, self._on_record, manual_ack=True)
 
     async def _on_record(self, env: Envelope, event: Any) -> None:

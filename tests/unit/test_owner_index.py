@@ -28,6 +28,7 @@ from schemas.conversation import (
 from streams.envelope import Envelope
 from streams.ids import new_conversation_id, owner_key
 from streams.producer import ProduceError
+from streams.retry import RetryPolicy
 from streams.sealing import MemoryKeyStore, Sealer
 from streams.settings import VoiceSettings
 from streams.tokens import mint_token
@@ -253,7 +254,7 @@ def test_the_started_record_is_acknowledged_only_once_its_entry_is_written() -> 
 
 def test_an_entry_whose_produce_fails_is_produced_again_and_only_then_acknowledged() -> None:
     publisher, acks = HeldPublisher(), []
-    writer = IndexWriter(publisher, retry_s=0.01)  # type: ignore[arg-type]
+    writer = IndexWriter(publisher, RetryPolicy(initial_s=0.01, max_s=0.01))  # type: ignore[arg-type]
 
     async def main() -> None:
         writer.take(started(), lambda: acks.append(1))
