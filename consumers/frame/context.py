@@ -17,12 +17,14 @@ never committed past unless it was one or the other. It must never import a prod
 
 from __future__ import annotations
 
+import asyncio
 import logging
 from collections.abc import Awaitable, Callable
 from datetime import UTC, datetime
 from typing import Any, Protocol
 
 from consumers.engine.runner import AgentRunner
+from consumers.frame import state_dump
 from consumers.frame.aggregate import Ack, Aggregate
 from consumers.frame.bounded import TABLE_KEYS, BoundedTable
 from consumers.frame.failures import Halt, Lane, RawDispatch, RecordGuard, by_key, consume
@@ -354,6 +356,14 @@ class WorkerContext:
             @self.app.timer(READY_CHECK_S)
             async def _readiness() -> None:
                 shown.show(faust_ready(self.app))
+
+        @self.app.task
+        async def _state_on_request() -> None:
+            # ``kill -USR1 <pid>``: what the worker holds and where it waits, logged.
+            state_dump.install(
+                {"runtime": self.runtime.snapshot, "consumer": self.app.snapshot},
+                {"worker": asyncio.get_running_loop,
+                 "steps": lambda: self.steps.started if self.steps is not None else None})
 
         @self.app.on_partitions_assigned.connect
         async def _assigned(app: Any, assigned: set[Any], **kw: Any) -> None:  # noqa: ARG001

@@ -39,6 +39,7 @@ import asyncio
 import contextlib
 import functools
 import logging
+import time
 from collections.abc import AsyncIterable, Awaitable, Callable, Hashable, Iterator
 from contextlib import AbstractContextManager, nullcontext
 from typing import Any
@@ -68,6 +69,7 @@ class InFlight:
 
     def __init__(self) -> None:
         self._records: dict[int, Raw] = {}
+        self._since: dict[int, float] = {}
 
     @contextlib.contextmanager
     def handling(self, raw: Raw) -> Iterator[None]:
@@ -81,13 +83,20 @@ class InFlight:
     def add(self, raw: Raw) -> None:
         """Count ``raw`` as in flight (until ``discard``)."""
         self._records[id(raw)] = raw
+        self._since[id(raw)] = time.monotonic()
 
     def discard(self, raw: Raw) -> None:
         self._records.pop(id(raw), None)
+        self._since.pop(id(raw), None)
 
     def records(self) -> list[Raw]:
         """The records in flight now."""
         return list(self._records.values())
+
+    def ages(self) -> list[tuple[Raw, float]]:
+        """The records in flight now, each with how long it has been (seconds)."""
+        now = time.monotonic()
+        return [(raw, now - self._since.get(key, now)) for key, raw in list(self._records.items())]
 
 
 class Halt(Exception):

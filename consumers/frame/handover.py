@@ -151,6 +151,32 @@ class VoiceApp(faust.App):
                 log.exception("reading %s[%s] again failed", tp.topic, tp.partition)
         return due
 
+    def snapshot(self) -> dict[str, Any]:
+        """Where this worker's consumer stands, for an operator (``consumers.frame.state_dump``):
+        rebalancing or recovering; the records its agents are handling, with how long; and per
+        assigned partition (changelogs left out) the offset its commit stands at (``floor``),
+        the first offsets handed out and not acknowledged (a lease, a record being handled:
+        the commit cannot pass the first), and how many are acknowledged beyond it."""
+        c = self.consumer
+        logs = set(self.tables.changelog_topics)
+        unacked: dict[Any, list[int]] = {}
+        for m in list(c._unacked_messages):
+            unacked.setdefault(m.tp, []).append(m.offset)
+        partitions = {}
+        for tp in sorted(c.assignment(), key=lambda tp: (tp.topic, tp.partition)):
+            if tp.topic in logs:
+                continue
+            floor = self.commit_floor.floor(tp) if self.commit_floor is not None else None
+            partitions[f"{tp.topic}[{tp.partition}]"] = {
+                "floor": floor, "not_acknowledged": sorted(unacked.get(tp, []))[:5],
+                "acknowledged": len(c._acked.get(tp, ()))}
+        return {
+            "rebalancing": bool(self.rebalancing), "in_recovery": bool(self.in_recovery),
+            "in_flight": [f"{r.topic}[{r.partition}]@{r.offset} for {age:.1f} s"
+                          for r, age in self.in_flight.ages()[:20]],
+            "partitions": partitions,
+        }
+
     def resume_unfetched(self, now: float | None = None) -> list[Any]:
         """Resume the partitions ``unfetched`` has seen left out for ``UNFETCHED_GRACE_S``;
         returns them. Does nothing while a rebalance or a recovery runs."""

@@ -195,6 +195,8 @@ class WorkflowRuntime:
         self.publisher = publisher
         self.defs: dict[str, WorkflowDef] = {}
         self.tasks: dict[str, asyncio.Task[None]] = {}
+        self._spawned: dict[str, float] = {}
+        """When each task of ``tasks`` was started (``snapshot``)."""
         self._locks: dict[str, _Locked] = {}
         self._held: dict[str, tuple[Callable[[], Any], Any, int | None]] = {}
         """workflow → (ack of the record holding its lease, its topic-partition, its offset)"""
@@ -268,6 +270,7 @@ class WorkflowRuntime:
                 t = self._outcome(state, rec)
                 if t is not None:
                     self.tasks.pop(workflow, None)
+                    self._spawned.pop(workflow, None)
             if t is not None and not t.emits:
                 # A command refused, queued or answered again: its state and answers only; the
                 # record is then treated like any other that changes no step.
@@ -396,6 +399,7 @@ class WorkflowRuntime:
     def _spawn(self, state: WorkflowState) -> None:
         task = asyncio.get_running_loop().create_task(self._run_step(state))
         self.tasks[state.workflow] = task
+        self._spawned[state.workflow] = time.monotonic()
 
     async def _run_step(self, state: WorkflowState) -> None:
         """Run the step and report its outcome as a record (the task never writes state)."""
@@ -585,6 +589,25 @@ class WorkflowRuntime:
         log.info("forgot %d of %d ended workflows of partition %d", forgotten,
                  len(rec.workflows), here)
 
+    def snapshot(self) -> dict[str, Any]:
+        """What this runtime holds now, for an operator (``consumers.frame.state_dump``): each
+        step task (seconds since it started, whether it has finished — a finished one waits
+        for its outcome record to come back), each lease (the record held, which the
+        partition's commit cannot pass), the workflows whose lock is held or awaited, the free
+        step slots, and whether a handover is under way."""
+        now = time.monotonic()
+        return {
+            "steps": {workflow: {"for_s": round(now - self._spawned.get(workflow, now), 1),
+                                 "finished": task.done()}
+                      for workflow, task in sorted(self.tasks.items())},
+            "leases": {workflow: f"{getattr(tp, 'topic', tp)}[{getattr(tp, 'partition', '?')}]"
+                                 f"@{offset}"
+                       for workflow, (_ack, tp, offset) in sorted(self._held.items())},
+            "locked": sorted(self._locks),
+            "free_step_slots": self._slots._value,
+            "handing_over": self._handing_over,
+        }
+
     def release_leases(self) -> None:
         """Before this worker hands its partitions over (a rebalance, a shutdown): acknowledge
         every held lease record, so that the handover can wait for the records in flight and
@@ -613,5 +636,6 @@ class WorkflowRuntime:
             task = self.tasks.pop(workflow, None)
             if task is not None:
                 task.cancel()
+            self._spawned.pop(workflow, None)
             self._held.pop(workflow, None)
             self.cancels.pop(workflow, None)

@@ -62,6 +62,11 @@ class StepLoop:
                 self._loop = loop
             return self._loop
 
+    @property
+    def started(self) -> asyncio.AbstractEventLoop | None:
+        """The steps' loop if a step has started it (never starts it)."""
+        return self._loop
+
     def call(self, fn: Callable[..., object], *args: Any) -> None:
         """Run ``fn(*args)`` on the steps' loop (what a step's loop-bound objects need: a
         ``CancelToken`` is set there)."""

@@ -73,7 +73,7 @@ def test_workers_one_three_one_under_load_leave_no_gap_duplicate_or_unreplied_tu
                                    (0, leave), (0, pause), (0, leave), (0, pause)])
         print(f"changes {changes}; {timeline(answers)}")
         assert_within_bound(answers, bound)
-        resend_and_audit(settings, load, cnvs, logs_dir=tmp_path)
+        resend_and_audit(settings, load, cnvs, logs_dir=tmp_path, workers=[first, *extra])
         assert first.poll() is None, "the first worker stayed up"
         assert not extra
     finally:

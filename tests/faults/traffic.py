@@ -11,13 +11,16 @@ once, each turn requested once, terminal once, replied at most once.
 
 from __future__ import annotations
 
+import signal
 import threading
 import time
 import uuid
 from collections import Counter, defaultdict
+from collections.abc import Iterable
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
+from subprocess import Popen
 
 import httpx
 
@@ -26,6 +29,9 @@ from streams.envelope import Envelope, decode, unfolded
 from streams.settings import VoiceSettings
 from streams.topics import COMMANDS, CONVERSATIONS, WORKFLOWS, topic_name
 from tests.support import committed, read_all, wait_for
+
+DUMP_WAIT_S = 2.0
+"""How long ``stuck_turns`` gives the workers it signals to log their state."""
 
 
 @dataclass
@@ -170,10 +176,11 @@ def _ended(logs: dict[str, list[Envelope]]) -> set[str]:
 
 
 def turns_terminal(settings: VoiceSettings, turns: set[str], timeout: float = 300,
-                   logs_dir: Path | None = None) -> dict[str, list[Envelope]]:
+                   logs_dir: Path | None = None, workers: Iterable[Popen[bytes]] = ()
+                   ) -> dict[str, list[Envelope]]:
     """Wait until every turn in ``turns`` has a terminal state on the log; the logs then.
     On timeout the error says where each turn left off (``stuck_turns``), with the warnings
-    of the processes' logs in ``logs_dir``."""
+    of the processes' logs in ``logs_dir`` and the state ``workers`` dump."""
 
     def ended() -> dict[str, list[Envelope]] | None:
         logs = conversation_logs(settings)
@@ -182,19 +189,25 @@ def turns_terminal(settings: VoiceSettings, turns: set[str], timeout: float = 30
     try:
         return wait_for(ended, timeout=timeout, interval=3, what=f"{len(turns)} turns terminal")
     except TimeoutError as e:
-        raise TimeoutError(f"{e}\n{stuck_turns(settings, turns, logs_dir)}") from None
+        raise TimeoutError(f"{e}\n{stuck_turns(settings, turns, logs_dir, workers)}") from None
 
 
 def stuck_turns(settings: VoiceSettings, turns: set[str], logs_dir: Path | None,
-                lines: int = 80) -> str:
+                workers: Iterable[Popen[bytes]] = (), lines: int = 80) -> str:
     """Where each turn of ``turns`` that has not ended left off, for a failure to say:
     every record that names it on the commands, conversations and workflows topics (topic,
     partition, offset, type), the worker group's committed offset beside each of those
-    partitions' ends, and the last ``lines`` warnings and errors of each log in ``logs_dir``."""
+    partitions' ends, and the last ``lines`` warnings and errors of each log in ``logs_dir`` —
+    among them the state each running process of ``workers`` logs when sent ``SIGUSR1``
+    (``consumers.frame.state_dump``: its steps, leases, records in flight, where it waits)."""
     from confluent_kafka.admin import AdminClient
 
     from deploy.processes import worker_group
     from streams.fetch import log_ends
+
+    asked = [w for w in workers if w.poll() is None]
+    for w in asked:
+        w.send_signal(signal.SIGUSR1)
 
     stuck = sorted(turns - _ended(conversation_logs(settings)))
     out = [f"{len(stuck)} turns not ended: {stuck[:10]}"]
@@ -218,6 +231,8 @@ def stuck_turns(settings: VoiceSettings, turns: set[str], logs_dir: Path | None,
                            f"of {end}")
     except Exception as e:  # noqa: BLE001 - a diagnosis never hides the failure it explains
         out.append(f"  committed offsets unread: {e!r}")
+    if asked:
+        time.sleep(DUMP_WAIT_S)  # the dumps are logged from each worker's loop
     for log in sorted(logs_dir.glob("*.log")) if logs_dir else []:
         said = [ln for ln in log.read_text(errors="replace").splitlines()
                 if "WARNING" in ln or "ERROR" in ln or "Traceback" in ln]
@@ -281,13 +296,15 @@ def assert_within_bound(answers: list[Answer], bound_s: float) -> Counter[int]:
 
 def resend_and_audit(settings: VoiceSettings, load: SteadyPosts, conversations: list[str],
                      resend_s: float = 180, terminal_s: float = 300,
-                     logs_dir: Path | None = None) -> int:
+                     logs_dir: Path | None = None, workers: Iterable[Popen[bytes]] = ()
+                     ) -> int:
     """Send every refused message again (as a client following ``Retry-After``) until each is
     accepted, wait for every turn to end, and ``audit`` the log: every turn ``Replied`` once.
     Returns the number of turns."""
     load.resend_refused(deadline_s=resend_s)
     turns = {a.turn for a in load.answers if a.turn}
-    logs = turns_terminal(settings, turns, timeout=terminal_s, logs_dir=logs_dir)
+    logs = turns_terminal(settings, turns, timeout=terminal_s, logs_dir=logs_dir,
+                          workers=workers)
     ends = audit({c: logs[c] for c in conversations}, load.answers)
     assert ends == Counter({"Replied": len(turns)}), ends
     return len(turns)

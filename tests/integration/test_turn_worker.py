@@ -186,8 +186,7 @@ def test_two_workers_share_the_turns_and_each_is_replied_once(settings: VoiceSet
                                                               start_worker, tmp_path) -> None:  # noqa: ANN001
     from tests.faults.traffic import stuck_turns
 
-    start_worker()
-    start_worker()
+    workers = [start_worker(), start_worker()]
     convs = [f"cnv-7{i:015x}" for i in range(6)]
     for i, cnv in enumerate(convs):
         start_and_send(settings, cnv, f"Street {i} has broken lights and it is unsafe at night.")
@@ -196,7 +195,7 @@ def test_two_workers_share_the_turns_and_each_is_replied_once(settings: VoiceSet
                             what=f"{c} replied") for c in convs}
     except TimeoutError as e:  # say where the turn stopped (one CI run of 2026-12-05 did)
         turns = {f"{c}:turn-2" for c in convs}
-        raise TimeoutError(f"{e}\n{stuck_turns(settings, turns, tmp_path)}") from None
+        raise TimeoutError(f"{e}\n{stuck_turns(settings, turns, tmp_path, workers)}") from None
     for cnv, log in logs.items():
         assert sum(isinstance(e.record, ReplyRecorded) for e in log) == 1, cnv
         assert [e.seq for e in log] == list(range(1, len(log) + 1)), cnv
