@@ -38,6 +38,17 @@ CLOCK_SLACK_MS = 10 * 60 * 1000
 clock of the edge that made its id: a reader starts this much before the id's time."""
 
 
+TIMED_CONVERSATION_LEN = len("cnv-") + 24
+
+
+def has_time(conversation: str) -> bool:
+    """Whether ``conversation`` (an id ``CONVERSATION_ID`` matches) carries the time it was
+    made: every such id is ``cnv-`` + 12 hex digits of ms + 12 random, all of one length, so
+    their text sorts them in the order they were made. A length check: a regular expression
+    over a participant's ~90,000 ids cost the list ~40 ms."""
+    return len(conversation) == TIMED_CONVERSATION_LEN
+
+
 def new_conversation_id(now: float | None = None) -> str:
     """A fresh conversation id: ``cnv-`` + the creation time in ms (12 hex digits) + 48
     random bits."""

@@ -19,6 +19,7 @@ from __future__ import annotations
 import time
 from dataclasses import dataclass, field
 
+from api.conversations.listing import StartOrdered
 from api.frame.on_demand import ReadOnDemand
 from api.frame.projection import Caller
 from schemas.conversation import ConversationIndexed
@@ -31,7 +32,7 @@ class OwnerEntries:
     """The conversations one owner (in one tenant) started, in the order they started."""
 
     tenant: str | None
-    conversations: dict[str, None] = field(default_factory=dict)
+    conversations: StartOrdered = field(default_factory=StartOrdered)
     used_at: float = field(default_factory=time.monotonic)
 
 
@@ -51,7 +52,7 @@ class OwnerIndex(ReadOnDemand[OwnerEntries]):
         view = self.by_key.get(env.key)
         if view is None:
             view = self.by_key[env.key] = OwnerEntries(tenant=env.tenant)
-        view.conversations[rec.conversation] = None
+        view.conversations.add(rec.conversation)
         self.notify(env.key)
         return view
 
@@ -70,8 +71,9 @@ class OwnerIndex(ReadOnDemand[OwnerEntries]):
     def last_used(self, view: OwnerEntries) -> float:
         return view.used_at
 
-    def conversations_of(self, who: Caller) -> list[str]:
+    def conversations_of(self, who: Caller) -> StartOrdered:
         """The conversations ``who`` started in its tenant, as far as this edge has read them
-        (``ensure`` the caller's key first)."""
+        (``ensure`` the caller's key first), in start order."""
         view = self.by_key.get(owner_key(who.tenant, who.sub))
-        return [] if view is None or view.tenant != who.tenant else list(view.conversations)
+        return StartOrdered() if view is None or view.tenant != who.tenant \
+            else view.conversations

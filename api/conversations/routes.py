@@ -20,6 +20,7 @@ from fastapi import APIRouter, Depends, Header, HTTPException, Query, Request, R
 from fastapi.sse import EventSourceResponse, ServerSentEvent
 
 from api.conversations import render
+from api.conversations.listing import StartOrdered, newest_before
 from api.conversations.models import (
     AgentMessageEvent,
     ConversationCreated,
@@ -73,7 +74,7 @@ from api.frame.sse import (
 from schemas.conversation import EraseConversation, MessageRecorded, SendMessage, StartConversation
 from streams.envelope import Envelope, new_id
 from streams.ids import CONVERSATION_ID as CONVERSATION_ID_PATTERN
-from streams.ids import conversation_since_ms, new_conversation_id, owner_key
+from streams.ids import new_conversation_id, owner_key
 from streams.sealing import KeyErased, KeyNotFound, Sealer
 from streams.settings import VoiceSettings
 
@@ -154,36 +155,49 @@ def erased_or_unknown(sealer: Sealer, conversation: str) -> bool:
     return False
 
 
+LIST_PAGE = 1000
+"""Conversations on a page of ``GET /me/conversations`` by default, and at most: a participant
+at the daily quota has ~180,000 after a year, and one answer of them all (each checked against
+the key ring) cost the edge ~60 ms of its event loop and megabytes each time."""
+
+
 @router.get("", responses={503: {"description": "This edge's read of the caller's entries in "
                                                 "the index by owner failed, or runs on; "
                                                 "try again."}})
 async def list_conversations(
-    views: ViewsDep, owners: OwnersDep, sealer: SealerDep, principal: ConverseDep
+    views: ViewsDep, owners: OwnersDep, sealer: SealerDep, principal: ConverseDep,
+    request: Request, response: Response,
+    before: Annotated[str | None, Query(
+        pattern=CONVERSATION_ID_PATTERN,
+        description="Only conversations that started before this one: the `before` of the "
+                    "`Link: <…>; rel=\"next\"` header of the page after it. Omitted: the "
+                    "newest page.")] = None,
+    limit: Annotated[int, Query(
+        ge=1, le=LIST_PAGE,
+        description=f"Conversations on the page, at most {LIST_PAGE}.")] = LIST_PAGE,
 ) -> list[ConversationSummary]:
-    """The caller's conversations, not erased, in the order they started. On an edge that
-    holds only the conversations in use (``VOICE_EDGE_HISTORY_S``) the index by owner lists
-    the others, with ``last_seq`` null: open one to read it (decision 0015)."""
+    """The caller's conversations, not erased, in the order they started, a page at a time:
+    the newest ``limit`` of those that started before ``before``. When older ones remain, a
+    ``Link`` header with ``rel="next"`` names the page before. On an edge that holds only the
+    conversations in use (``VOICE_EDGE_HISTORY_S``) the index by owner lists the others, with
+    ``last_seq`` null: open one to read it (decision 0015)."""
     held = {v.conversation: v.last_seq for v in views.list_for(principal)}
-    if owners is None:
-        return by_start([ConversationSummary(conversation=c, last_seq=seq)
-                         for c, seq in held.items()])
-    await ensured(owners, owner_key(principal.tenant, principal.sub), "the conversations of")
-    listed = []
-    for conversation in owners.conversations_of(principal):
-        if conversation in held:
-            listed.append(ConversationSummary(conversation=conversation,
-                                              last_seq=held.pop(conversation)))
-        elif conversation not in views and not erased_or_unknown(sealer, conversation):
-            listed.append(ConversationSummary(conversation=conversation, last_seq=None))
-    # Held and not (yet) in the index: just started, or started before it was backfilled.
-    listed += [ConversationSummary(conversation=c, last_seq=seq) for c, seq in held.items()]
-    return by_start(listed)
+    # Held ones not (yet) in the index too: just started, or started before it was backfilled.
+    sources = [StartOrdered.of(held)]
+    if owners is not None:
+        await ensured(owners, owner_key(principal.tenant, principal.sub), "the conversations of")
+        sources.append(owners.conversations_of(principal))
 
+    def listed(conversation: str) -> bool:
+        # Held: the view knows it live. Else the index's, unless erased (a key ring look-up).
+        return conversation in held or (conversation not in views
+                                         and not erased_or_unknown(sealer, conversation))
 
-def by_start(listed: list[ConversationSummary]) -> list[ConversationSummary]:
-    """``listed`` in the order the conversations started, as their ids tell (the log's order
-    is per partition only); ids without a time keep their place among themselves."""
-    return sorted(listed, key=lambda s: conversation_since_ms(s.conversation) or 0)
+    page, more = newest_before(sources, before, limit, listed)
+    if more:
+        response.headers["Link"] = (f'<{request.url.path}?before={page[0]}&limit={limit}>; '
+                                    f'rel="next"')
+    return [ConversationSummary(conversation=c, last_seq=held.get(c)) for c in page]
 
 
 @router.post("/{conversation}/messages", status_code=202, dependencies=[quota("messages")],

@@ -62,8 +62,8 @@ def test_an_owner_is_read_once_and_listed_in_the_order_started() -> None:
 
     asyncio.run(main())
     assert reader.calls == 1
-    assert owners.conversations_of(ALICE) == ["cnv-1", "cnv-2"]
-    assert owners.conversations_of(Who("alice", "t2")) == []  # another tenant's alice
+    assert list(owners.conversations_of(ALICE)) == ["cnv-1", "cnv-2"]
+    assert list(owners.conversations_of(Who("alice", "t2"))) == []  # another tenant's alice
 
 
 def test_entries_the_tail_brings_during_the_read_apply_after_it() -> None:
@@ -83,9 +83,9 @@ def test_entries_the_tail_brings_during_the_read_apply_after_it() -> None:
         assert await asyncio.wait_for(asker, 5)
 
     asyncio.run(main())
-    assert owners.conversations_of(ALICE) == ["cnv-1", "cnv-2"] and not owners.pending
+    assert list(owners.conversations_of(ALICE)) == ["cnv-1", "cnv-2"] and not owners.pending
     owners.on_tail(entry("cnv-3"))  # held now: applied at once
-    assert owners.conversations_of(ALICE) == ["cnv-1", "cnv-2", "cnv-3"]
+    assert list(owners.conversations_of(ALICE)) == ["cnv-1", "cnv-2", "cnv-3"]
 
 
 def test_an_owners_first_entry_arriving_during_the_read_of_none_is_kept() -> None:
@@ -101,7 +101,7 @@ def test_an_owners_first_entry_arriving_during_the_read_of_none_is_kept() -> Non
         await asyncio.wait_for(asker, 5)
 
     asyncio.run(main())
-    assert owners.conversations_of(ALICE) == ["cnv-1"]
+    assert list(owners.conversations_of(ALICE)) == ["cnv-1"]
 
 
 def test_an_owner_with_none_is_empty_until_an_entry_of_theirs_comes_by_the_tail() -> None:
@@ -111,7 +111,7 @@ def test_an_owner_with_none_is_empty_until_an_entry_of_theirs_comes_by_the_tail(
     async def main() -> None:
         assert await owners.ensure(KEY)
         assert await owners.ensure(KEY)  # remembered: no second read
-        assert reader.calls == 1 and owners.conversations_of(ALICE) == []
+        assert reader.calls == 1 and list(owners.conversations_of(ALICE)) == []
         # Alice starts a conversation: the tail's entry is not applied (no view), but her
         # next list reads her entries again and finds it.
         reader.records.append(entry("cnv-new"))
@@ -119,14 +119,14 @@ def test_an_owner_with_none_is_empty_until_an_entry_of_theirs_comes_by_the_tail(
         assert await owners.ensure(KEY)
 
     asyncio.run(main())
-    assert reader.calls == 2 and owners.conversations_of(ALICE) == ["cnv-new"]
+    assert reader.calls == 2 and list(owners.conversations_of(ALICE)) == ["cnv-new"]
 
 
 def test_a_record_under_another_owners_key_is_not_theirs() -> None:
     forged = entry("cnv-x", owner="mallory", key=KEY)
     owners = OwnerIndex(cold=Reader([forged, entry("cnv-1")]))
     asyncio.run(owners.ensure(KEY))
-    assert owners.conversations_of(ALICE) == ["cnv-1"]
+    assert list(owners.conversations_of(ALICE)) == ["cnv-1"]
 
 
 def test_an_unused_owner_is_let_go_of_and_read_again() -> None:
@@ -137,7 +137,7 @@ def test_an_unused_owner_is_let_go_of_and_read_again() -> None:
     view = owners[KEY]
     assert owners.evict_idle(60.0, now=view.used_at + 61) == 1 and KEY not in owners
     asyncio.run(owners.ensure(KEY))
-    assert reader.calls == 2 and owners.conversations_of(ALICE) == ["cnv-1"]
+    assert reader.calls == 2 and list(owners.conversations_of(ALICE)) == ["cnv-1"]
 
 
 def test_the_worker_indexes_a_started_conversation_under_its_owner_and_nothing_else() -> None:
@@ -196,6 +196,66 @@ def test_the_list_merges_held_and_indexed_leaves_out_erased_and_orders_by_start(
     assert r.json() == [{"conversation": old, "last_seq": None},
                         {"conversation": opened, "last_seq": 7},
                         {"conversation": fresh, "last_seq": 3}]
+
+
+def test_the_list_comes_a_page_at_a_time_newest_first_each_in_start_order(
+        tmp_path: Path) -> None:
+    # Eight indexed (two erased), two held only: pages of three, newest page first.
+    ids = [new_conversation_id(now=1_800_000_000 + i) for i in range(10)]
+    owners = OwnerIndex(cold=Reader([entry(c, tenant="default") for c in ids[:8]]))
+    c, views, sealer = listing_app(tmp_path, owners)
+    for cnv in ids:
+        sealer.create(cnv, "default")
+    for cnv in (ids[2], ids[7]):
+        sealer.erase(cnv)
+    for cnv in ids[8:]:
+        views.apply(Envelope(record=ConversationStarted(conversation=cnv, owner="alice"),
+                             key=cnv, source="/test", seq=1, tenant="default"))
+    seen, url, pages = [], "/me/conversations?limit=3", 0
+    while url:
+        r = c.get(url)
+        assert r.status_code == 200, r.text
+        page = [s["conversation"] for s in r.json()]
+        assert page == sorted(page) and len(page) <= 3  # start order within a page
+        seen = page + seen
+        link = r.headers.get("Link")
+        url = link[1:link.index(">")] if link else ""
+        assert not link or link.endswith('; rel="next"')
+        pages += 1
+    assert pages == 3  # 8 listed: 3, 3, 2 — and no empty page after the last
+    assert seen == [i for i in ids if i not in (ids[2], ids[7])]
+    # The default page holds them all, and says there is no more.
+    r = c.get("/me/conversations")
+    assert [s["conversation"] for s in r.json()] == seen and "Link" not in r.headers
+    # A page before the oldest is empty; a cursor is any well-formed id, started or not.
+    assert c.get(f"/me/conversations?before={ids[0]}").json() == []
+    between = new_conversation_id(now=1_800_000_004.5)
+    assert [s["conversation"] for s in c.get(f"/me/conversations?before={between}").json()] \
+        == [ids[0], ids[1], ids[3], ids[4]]
+
+
+def test_a_bad_page_is_refused_naming_its_parameter(tmp_path: Path) -> None:
+    c, _views, _sealer = listing_app(tmp_path, OwnerIndex(cold=Reader([])))
+    for query, name in (("limit=0", "limit"), ("limit=1001", "limit"),
+                        ("before=not-a-conversation", "before"),
+                        ("before=cnv-" + "a" * 40, "before")):
+        r = c.get(f"/me/conversations?{query}")
+        assert r.status_code == 422, (query, r.text)
+        assert r.json()["detail"][0]["loc"] == ["query", name], r.text
+
+
+def test_an_edge_that_reads_everything_pages_its_list_the_same_way(tmp_path: Path) -> None:
+    ids = [new_conversation_id(now=1_800_000_000 + i) for i in range(4)]
+    c, views, _sealer = listing_app(tmp_path, OwnerIndex(cold=Reader([])))
+    c.app.state.owners = None  # type: ignore[attr-defined]
+    for cnv in reversed(ids):  # held in another order than they started
+        views.apply(Envelope(record=ConversationStarted(conversation=cnv, owner="alice"),
+                             key=cnv, source="/test", seq=1, tenant="default"))
+    r = c.get("/me/conversations?limit=3")
+    assert [s["conversation"] for s in r.json()] == ids[1:]
+    assert r.headers["Link"] == f'</me/conversations?before={ids[1]}&limit=3>; rel="next"'
+    assert [s["conversation"] for s in c.get(f"/me/conversations?before={ids[1]}&limit=3")
+            .json()] == ids[:1]
 
 
 def test_a_failed_read_of_the_index_answers_503_and_the_next_list_tries_again(

@@ -262,3 +262,30 @@ def test_a_refused_token_is_explained_in_words(stack: WebStack, browser: Any) ->
     assert not others
     browser.find_element(By.XPATH, "//button[text()='Sign in again']").click()
     wait_for(lambda: all_by_testid(browser, "dev-signin"), "the sign-in form again")
+
+
+def test_the_list_shows_the_newest_page_and_older_conversations_on_request(
+        stack: WebStack, browser: Any) -> None:
+    """A participant with more conversations than a page: the newest page, then the older ones
+    on a click, above them — the whole list in the order the API has it, each once."""
+    import uuid
+
+    sub = f"many-{uuid.uuid4().hex[:8]}"
+    auth = {"Authorization": f"Bearer {mint_token(stack.settings, sub, 'participant')}"}
+    with httpx.Client(base_url=stack.url, headers=auth, timeout=30) as client:
+        made = [client.post("/me/conversations").json()["conversation"] for _ in range(103)]
+    sign_in(browser, stack.url, "/", sub, "participant")
+
+    def shown() -> list[str]:
+        return [li.get_attribute("data-conversation") for li in
+                by_testid(browser, "conversation-list").find_elements(By.CSS_SELECTOR, "li")]
+
+    wait_for(lambda: len(shown()) == 100, "the newest page of conversations")
+    assert shown() == made[3:]
+    older = by_testid(browser, "older-conversations")
+    assert older.is_displayed()
+    older.click()
+    wait_for(lambda: len(shown()) == 103, "the older conversations")
+    assert shown() == made
+    assert not by_testid(browser, "older-conversations").is_displayed()
+    assert not browser.errors()

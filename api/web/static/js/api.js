@@ -84,7 +84,20 @@ export function authHeaders(extra = {}) {
 }
 
 /** Call the API: ``json`` or ``form`` as the body; resolves to the parsed JSON (null: 204). */
-export async function api(method, path, { json, form, headers, signal } = {}) {
+export async function api(method, path, options = {}) {
+  return (await request(method, path, options)).body;
+}
+
+/** A GET of a list that comes a page at a time: its items, and the URL of the page after it
+ *  (the `Link` header's `rel="next"`), or null on the last page. */
+export async function apiPage(path, options = {}) {
+  const { body, response } = await request("GET", path, options);
+  const link = response.headers.get("Link") || "";
+  const next = /<([^>]*)>\s*;\s*rel="next"/.exec(link);
+  return { items: body, next: next ? next[1] : null };
+}
+
+async function request(method, path, { json, form, headers, signal } = {}) {
   const init = { method, headers: authHeaders({ Accept: "application/json", ...headers }), signal };
   if (json !== undefined) {
     init.headers["Content-Type"] = "application/json";
@@ -110,5 +123,5 @@ export async function api(method, path, { json, form, headers, signal } = {}) {
     const retryAfter = Number(response.headers.get("Retry-After")) || null;
     throw new ApiError(response.status, describe(response.status, body, retryAfter), retryAfter, body);
   }
-  return body;
+  return { body, response };
 }

@@ -2,11 +2,12 @@
 // resumes after the last seq it saw, so a cut connection shows nothing twice and misses
 // nothing), the turn state and proposal, erasure; followed issues, the live inbox, contributing.
 
-import { api, takeTokenFromFragment } from "./api.js";
+import { api, apiPage, takeTokenFromFragment } from "./api.js";
 import { follow } from "./stream.js";
 import { attempt, el, renderAccount, renderSignIn, when } from "./ui.js";
 
 const $ = (id) => document.getElementById(id);
+const LIST_PAGE = 100; // conversations a page of the list shows (older ones on request)
 let stream = null;
 let current = null;
 
@@ -118,13 +119,34 @@ async function openConversation(conversation) {
   $("message-input").focus();
 }
 
+/** The newest page of the caller's conversations; older ones a page at a time on request. */
 async function loadConversations() {
-  const list = await attempt($("list-error"), () => api("GET", "/me/conversations"));
-  if (!list) return;
-  $("conversations").replaceChildren(...list.map(({ conversation, last_seq: lastSeq }) =>
-    el("li", { "data-conversation": conversation },
-      el("button", { type: "button", class: "link", onclick: () => openConversation(conversation) },
-        lastSeq == null ? conversation : `${conversation} (${lastSeq})`))));
+  const page = await attempt($("list-error"), () => apiPage(`/me/conversations?limit=${LIST_PAGE}`));
+  if (!page) return;
+  $("conversations").replaceChildren(...page.items.map(conversationItem));
+  showOlder(page.next);
+}
+
+function conversationItem({ conversation, last_seq: lastSeq }) {
+  return el("li", { "data-conversation": conversation },
+    el("button", { type: "button", class: "link", onclick: () => openConversation(conversation) },
+      lastSeq == null ? conversation : `${conversation} (${lastSeq})`));
+}
+
+/** The "older conversations" button, for the page at `next` (none when null). */
+function showOlder(next) {
+  const button = $("older-conversations");
+  button.hidden = !next;
+  button.onclick = next ? async () => {
+    button.disabled = true;
+    const page = await attempt($("list-error"), () => apiPage(next));
+    button.disabled = false;
+    if (!page) return;
+    const shown = new Set([...$("conversations").children].map((li) => li.dataset.conversation));
+    $("conversations").prepend(...page.items.filter((c) => !shown.has(c.conversation))
+      .map(conversationItem));
+    showOlder(page.next);
+  } : null;
 }
 
 async function newConversation() {
