@@ -46,7 +46,7 @@ def test_pages_match_the_plain_definition_on_random_inputs() -> None:
         limit = rng.randint(1, 8)
         asked: list[str] = []
 
-        def is_listed(c: str) -> bool:
+        def is_listed(c: str, asked: list[str] = asked, listed: set[str] = listed) -> bool:
             asked.append(c)
             return c in listed
 
