@@ -19,38 +19,35 @@ async def _outer(gate: asyncio.Event) -> None:
     await _middle(gate)
 
 
-def test_a_task_is_named_by_the_awaits_it_waits_in_innermost_last() -> None:
-    async def main() -> str:
+def named_while_waiting(frames: int) -> tuple[str, dict[str, int], str]:
+    """A task three awaits deep, waiting: ``where`` it is with ``frames`` frames, every place
+    its loop's tasks wait, and ``where`` once it has finished."""
+    async def main() -> tuple[str, dict[str, int], str]:
         gate = asyncio.Event()
         task = asyncio.get_running_loop().create_task(_outer(gate))
         await asyncio.sleep(0)
-        named = state_dump.where(task, frames=2)
+        named = state_dump.where(task, frames=frames)
         waiting = state_dump.waiting(asyncio.get_running_loop())
-        gate.set()
         assert waiting[state_dump.where(task)] == 1, waiting
-        assert len(waiting) == 2, waiting  # and this one, running
+        gate.set()
         await task
-        assert state_dump.where(task) == "finished"
-        return named
+        return named, waiting, state_dump.where(task)
 
-    named = asyncio.run(main())
+    return asyncio.run(main())
+
+
+def test_a_task_is_named_by_the_awaits_it_waits_in_innermost_last() -> None:
+    named, waiting, after = named_while_waiting(frames=2)
     # The innermost two frames are asyncio's Event.wait and this file's _innermost: Voice's
     # own innermost frame is among them, so nothing is put in front.
     assert named.startswith("test_state_dump.py:") and "_innermost > locks.py:" in named, named
     assert "_outer" not in named
+    assert len(waiting) == 2, waiting  # and the test's own task, running
+    assert after == "finished"
 
 
 def test_voice_s_own_innermost_frame_is_named_first_when_a_library_s_are_deeper() -> None:
-    async def main() -> str:
-        gate = asyncio.Event()
-        task = asyncio.get_running_loop().create_task(_outer(gate))
-        await asyncio.sleep(0)
-        named = state_dump.where(task, frames=1)
-        gate.set()
-        await task
-        return named
-
-    named = asyncio.run(main())
+    named, _waiting, _after = named_while_waiting(frames=1)
     assert named.startswith("test_state_dump.py:") and " _innermost … locks.py:" in named, named
 
 
