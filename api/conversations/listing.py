@@ -62,15 +62,13 @@ def newest_before(sources: Iterable[StartOrdered], before: str | None, limit: in
     ``before`` (all, without it) and are ``listed``, in start order; and whether a listed one
     older than them remains."""
     sources = list(sources)
-    if before is None:
-        bounds: tuple[str | None, str | None] = (None, None)
-    elif has_time(before):
-        bounds = (before, None)  # every id without a time is older
-    else:
-        bounds = ("", before)  # no id with a time is
+    timed_below: str | None = before
+    untimed_below: str | None = None  # every id without a time is older than one with
+    if before is not None and not has_time(before):
+        timed_below, untimed_below = "", before  # no id with a time is older
     page: list[str] = []
-    for kind, below in ((0, bounds[0]), (1, bounds[1])):
-        lists = [s.timed if kind == 0 else s.untimed for s in sources]
+    for lists, below in (([s.timed for s in sources], timed_below),
+                         ([s.untimed for s in sources], untimed_below)):
         for c in _descending(lists, below):
             if listed(c):
                 page.append(c)

@@ -68,8 +68,8 @@ class InFlight:
     record is in the changelog before the partition's next owner recovers it."""
 
     def __init__(self) -> None:
-        self._records: dict[int, Raw] = {}
-        self._since: dict[int, float] = {}
+        self._records: dict[int, tuple[Raw, float]] = {}
+        """id → (the record, when it came: ``ages``)"""
 
     @contextlib.contextmanager
     def handling(self, raw: Raw) -> Iterator[None]:
@@ -82,21 +82,19 @@ class InFlight:
 
     def add(self, raw: Raw) -> None:
         """Count ``raw`` as in flight (until ``discard``)."""
-        self._records[id(raw)] = raw
-        self._since[id(raw)] = time.monotonic()
+        self._records[id(raw)] = (raw, time.monotonic())
 
     def discard(self, raw: Raw) -> None:
         self._records.pop(id(raw), None)
-        self._since.pop(id(raw), None)
 
     def records(self) -> list[Raw]:
         """The records in flight now."""
-        return list(self._records.values())
+        return [raw for raw, _since in list(self._records.values())]
 
     def ages(self) -> list[tuple[Raw, float]]:
         """The records in flight now, each with how long it has been (seconds)."""
         now = time.monotonic()
-        return [(raw, now - self._since.get(key, now)) for key, raw in list(self._records.items())]
+        return [(raw, now - since) for raw, since in list(self._records.values())]
 
 
 class Halt(Exception):

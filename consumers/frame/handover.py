@@ -127,9 +127,7 @@ class VoiceApp(faust.App):
             self._holes_since.clear()
             return []
         c = self.consumer
-        unacked: dict[Any, set[int]] = {}
-        for m in list(c._unacked_messages):
-            unacked.setdefault(m.tp, set()).add(m.offset)
+        unacked = unacked_by_partition(c)
         assert self.commit_floor is not None  # made with the consumer, just above
         floors = {tp: self.commit_floor.floor(tp) for tp in c.assignment()}
         found = holes(c.assignment(), self.tables.changelog_topics, floors,
@@ -159,9 +157,7 @@ class VoiceApp(faust.App):
         the commit cannot pass the first), and how many are acknowledged beyond it."""
         c = self.consumer
         logs = set(self.tables.changelog_topics)
-        unacked: dict[Any, list[int]] = {}
-        for m in list(c._unacked_messages):
-            unacked.setdefault(m.tp, []).append(m.offset)
+        unacked = unacked_by_partition(c)
         partitions = {}
         for tp in sorted(c.assignment(), key=lambda tp: (tp.topic, tp.partition)):
             if tp.topic in logs:
@@ -197,6 +193,15 @@ class VoiceApp(faust.App):
             for tp in due:
                 del self._unfetched_since[tp]
         return due
+
+
+def unacked_by_partition(consumer: Any) -> dict[Any, set[int]]:
+    """The offsets Faust's ``consumer`` has handed out and not seen acknowledged, by
+    topic-partition."""
+    unacked: dict[Any, set[int]] = {}
+    for m in list(consumer._unacked_messages):
+        unacked.setdefault(m.tp, set()).add(m.offset)
+    return unacked
 
 
 def unfetched(assigned: Iterable[Any], changelogs: Iterable[str], active: Iterable[Any],
