@@ -21,9 +21,12 @@ from dataclasses import dataclass
 
 log = logging.getLogger(__name__)
 
-POINTS = ("before_step", "model_call", "after_reply", "before_turn_over", "before_index")
-"""The points the worker names: a turn's, in the order it reaches them; then a started
-conversation's before its entry in the index by owner is written (matched by conversation)."""
+POINTS = ("before_step", "model_call", "after_reply", "before_turn_over", "before_follow_ups",
+          "before_state_write")
+"""The points the worker names: a turn's, in the order it reaches them; then its writer's,
+matched by aggregate id: a command's records on the log, what they start (a turn's workflow,
+a conversation's entry in the index by owner) not yet produced; that produced, the
+aggregate's state not yet written."""
 
 
 @dataclass(frozen=True)

@@ -1,11 +1,12 @@
 """The conversation product on the worker: its sequencer, its transcript index, its turn workflow.
 
 ``Conversations().register(ctx)`` is all the worker needs: the sequencer becomes the writer of
-conversation commands (keeping where each transcript is on the log), ``voice.conversations``
-starts each opened turn's workflow, writes each started conversation's entry in the index by
-owner (``voice.owners``, decision 0015), and feeds the transcript table of conversations begun
-before the writer kept positions; and the ``conversation-turn`` workflow runs the
-concern-extraction agent through the context's agent runner.
+conversation commands (keeping where each transcript is on the log, starting each opened
+turn's workflow and writing each started conversation's entry in the index by owner,
+``voice.owners``: decisions 0015, 0016); ``voice.conversations`` feeds the transcript table of
+conversations begun before the writer kept positions, and starts their turns; and the
+``conversation-turn`` workflow runs the concern-extraction agent through the context's agent
+runner.
 """
 
 from __future__ import annotations
@@ -19,7 +20,6 @@ from consumers.conversations.concern import (
     run_concern_extraction,
 )
 from consumers.conversations.deltas import ReplyStream
-from consumers.conversations.owners import IndexWriter
 from consumers.conversations.sequencer import ConversationSequencer
 from consumers.conversations.turns import ConcernAgent, Turns
 from consumers.engine import AgentSpec, CancelToken
@@ -42,7 +42,6 @@ class Conversations:
         self.issues: IssueSource | None = issues
         self.ctx: WorkerContext | None = None
         self.turns: Turns | None = None
-        self.index: IndexWriter | None = None
 
     def register(self, ctx: WorkerContext) -> None:
         """Add the sequencer, the transcript index and its consumer, and the turn workflow."""
@@ -58,16 +57,12 @@ class Conversations:
                            ctx.settings.history_read_bytes,
                            CrashPoints.parse(ctx.settings.test_crash_at))
         ctx.workflow(self.turns.definition)
-        self.index = IndexWriter(ctx.publisher, ctx.retry_policy, self.turns.crash)
-        ctx.wire(CONVERSATIONS, self._on_record, manual_ack=True)
+        ctx.wire(CONVERSATIONS, self._on_record)
 
     async def _on_record(self, env: Envelope, event: Any) -> None:
-        assert self.turns is not None and self.index is not None
+        assert self.turns is not None
         await self.turns.on_conversation_record(env, event.message.partition,
                                                 event.message.offset)
-        # A conversation started: acknowledged once its owner's index entry is written.
-        if not self.index.take(env, event.ack):
-            event.ack()
 
     def spec_for(self, tenant: str | None) -> AgentSpec:
         """The agent of one tenant's turn: its tools search only that tenant's issues."""

@@ -24,6 +24,7 @@ from dataclasses import dataclass, field, fields
 from datetime import datetime, timedelta
 from typing import Any
 
+from consumers.conversations.follow_ups import follow_ups
 from consumers.conversations.transcript import TranscriptIndex
 from consumers.frame import Ack, Aggregate, AggregateState, Decision, append, remember
 from schemas.base import Record
@@ -43,7 +44,7 @@ from schemas.conversation import (
 )
 from streams.envelope import Envelope
 from streams.ids import parse_turn, turn_id
-from streams.topics import CONVERSATIONS
+from streams.topics import CONVERSATIONS, TopicSpec
 
 SOURCE = "/voice/sequencer"
 DEADLINE_EXCEEDED = "DEADLINE_EXCEEDED"
@@ -128,6 +129,12 @@ class ConversationSequencer(Aggregate[ConversationState]):
             changed = index.apply(env, partition, offset, self.read_bytes) or changed
         if changed:
             state.transcript = index.to_dict()
+
+    def follow_ups(self, state: ConversationState,  # noqa: ARG002
+                   records: Sequence[tuple[Envelope, int, int]]
+                   ) -> list[tuple[TopicSpec, Envelope]]:
+        """Each opened turn's workflow, each started conversation's index entry."""
+        return follow_ups(records)
 
     def acknowledges(self, cmd: Envelope) -> bool:
         """A turn's results are answered to nobody: its step does not wait on them."""

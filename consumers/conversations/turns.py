@@ -1,13 +1,14 @@
 """The conversation-turn workflow (id ``{conversation}:turn-{seq}``) and what its step reads.
 
 The record that opens a turn (``TurnOpened``; on an older log, ``TurnRequested``) starts the
-workflow with a *reference* as its input: the conversation, the message seq, and where on the
-log that record is. The record names the positions of the records the turn reads (the latest
-history summary, then the messages and replies after it), from the ``TranscriptIndex`` its
-writer keeps (``consumers.conversations.transcript``). So a workflow's records stay a few
-hundred bytes however long the conversation grows, and no table value holds a transcript. (A
-conversation begun before its writer kept positions names them in the input, from the
-worker's table.)
+workflow (its writer produces the start once the record is on the log,
+``consumers.conversations.follow_ups``) with a *reference* as its input: the conversation, the
+message seq, and where on the log that record is. The record names the positions of the records
+the turn reads (the latest history summary, then the messages and replies after it), from the
+``TranscriptIndex`` its writer keeps (``consumers.conversations.transcript``). So a workflow's
+records stay a few hundred bytes however long the conversation grows, and no table value holds a
+transcript. (A conversation begun before its writer kept positions names them in the input, from
+the worker's table.)
 
 The one step reads the opening record, then those it names, back from the log
 (``consumers.frame.logrefs``; on the worker that consumed them, from memory), opens them,
@@ -25,8 +26,9 @@ from collections.abc import Awaitable, Callable, Sequence
 from typing import Any
 
 from consumers.conversations.concern import ConcernReply
+from consumers.conversations.follow_ups import KIND, SOURCE, turn_start
 from consumers.conversations.opened import LastRead, OpenedTexts
-from consumers.conversations.transcript import TranscriptIndex, opened_at, reference_from
+from consumers.conversations.transcript import TranscriptIndex, reference_from
 from consumers.engine.cancel import CancelToken
 from consumers.engine.history import lead_with_stored
 from consumers.frame.logrefs import LogReader, LogUnavailable, Position
@@ -44,7 +46,6 @@ from schemas.conversation import (
     TurnRequested,
     TurnStateChanged,
 )
-from schemas.workflow import WorkflowStarted
 from streams.crashpoints import CrashPoints
 from streams.envelope import Envelope
 from streams.free_text import seal_text
@@ -54,8 +55,6 @@ from streams.topics import COMMANDS, CONVERSATIONS, WORKFLOWS
 
 log = logging.getLogger(__name__)
 
-KIND = "conversation-turn"
-SOURCE = "/voice/turn-worker"
 READ_SETTING = "VOICE_HISTORY_READ_BYTES"
 
 class HistoryUnreadable(StepError):
@@ -174,8 +173,8 @@ def _history(read: _Read, omitted_through: int) -> tuple[list[dict[str, Any]], l
 
 
 class Turns:
-    """Starts turn workflows (keeping the transcript index of conversations begun before
-    their writer kept it), runs their step."""
+    """Runs turn workflows' step; starts those of conversations begun before their writer kept
+    positions (keeping their transcript index)."""
 
     def __init__(self, publisher: Publisher, index: Any, sealer: Sealer, agent: ConcernAgent,
                  reader: LogReader, read_bytes: int, crash: CrashPoints | None = None) -> None:
@@ -198,20 +197,17 @@ class Turns:
                                       sealed_by=lambda i: i["conversation"])
 
     async def on_conversation_record(self, env: Envelope, partition: int, offset: int) -> None:
-        """Start the workflow of each turn a record at ``partition``/``offset`` opens (again
-        on a redelivery: its start is idempotent), its input named by the record itself.
-
-        Only a conversation whose writer knows no positions (begun before it kept them) is
-        indexed here, in the ``transcript_index`` table, as every conversation was before."""
+        """Start the workflow of each turn a record at ``partition``/``offset`` opens in a
+        conversation whose writer knows no positions (begun before it kept them; again on a
+        redelivery: its start is idempotent), from the ``transcript_index`` table, which
+        indexes that conversation as every conversation was before. A turn whose record names
+        its history was started by its writer (``consumers.conversations.follow_ups``)."""
         rec = env.record
         if isinstance(rec, ConversationErased):
             self.index.pop(env.key, None)  # its key goes with its tombstone (docs/keys.md)
             self.opened.forget(env.key)
             return
         if isinstance(rec, TurnOpened) and rec.history is not None:
-            if env.seq is not None:
-                await self._start(env, rec.conversation, rec.turn, env.seq,
-                                  opened_at(partition, env.seq, offset))
             return
         stored = self.index.get(env.key)
         legacy = isinstance(rec, (MessageRecorded, TurnRequested))  # of a table-kept log
@@ -229,16 +225,8 @@ class Turns:
 
     async def _start(self, env: Envelope, conversation: str, turn: str, message_seq: int,
                      history: dict[str, Any]) -> None:
-        """Start the workflow of ``turn``, its input a reference to its history: the record
-        that names its positions (``opened_at``) or, in a conversation begun before its writer
-        kept them, the positions."""
-        started = WorkflowStarted(workflow=turn, kind=KIND, input={
-            "conversation": conversation, "turn": turn, "message_seq": message_seq,
-            "tenant": env.tenant, "history": history})
-        out = Envelope(record=started, key=turn, source=SOURCE, subject=turn, seq=1,
-                       tenant=env.tenant, correlation=env.correlation, causation=env.id,
-                       id=f"{turn}:1")
-        await self.publisher.send(WORKFLOWS, out)
+        await self.publisher.send(WORKFLOWS, turn_start(env, conversation, turn, message_seq,
+                                                        history))
 
     async def read_history(self, conversation: str, inp: dict[str, Any]
                            ) -> tuple[list[dict[str, Any]], list[int]]:

@@ -221,3 +221,11 @@ class Aggregate(Generic[S]):
         """Where the broker put the decided records — (envelope, partition, offset) each, in
         order — told after it took them and before ``state`` is written, for a state that
         keeps positions of its own log. Nothing by default."""
+
+    def follow_ups(self, state: S, records: Sequence[tuple[Envelope, int, int]]
+                   ) -> list[tuple[TopicSpec, Envelope]]:
+        """What the placed ``records`` start on other topics — (topic, envelope) each, an id
+        derived from the record that starts it — produced after them and before ``state`` is
+        written: a crash in between decides the command again, so the same follow-ups are
+        produced again and none is lost (a reader tells the same id twice). None by default."""
+        return []

@@ -40,6 +40,7 @@ from consumers.workflows.runtime import WorkflowRuntime
 from consumers.workflows.steploop import StepLoop
 from schemas.base import Record
 from schemas.workflow import LeaseCheck, WorkflowCommandReceived
+from streams.crashpoints import CrashPoints
 from streams.envelope import Envelope
 from streams.producer import Publisher, RecordProducer
 from streams.retry import RetryPolicy, Unprocessable
@@ -129,11 +130,12 @@ class WorkerContext:
         self.runtime = WorkflowRuntime(settings, self.table("workflows", held=True),
                                        self.publisher, self.sealer, steps=self.steps)
         self.app.before_handover.append(self.runtime.release_leases)
-        self.writer = Writer(self.publisher, topic_name(settings, COMMANDS))
+        self.retry_policy = RetryPolicy.from_settings(settings)
+        self.writer = Writer(self.publisher, topic_name(settings, COMMANDS), self.retry_policy,
+                             CrashPoints.parse(settings.test_crash_at))
         self.janitor = Janitor(settings.topic_partitions)
         """Ends the turns of this worker's aggregates that are past their deadline."""
         self.products: list[Product] = []
-        self.retry_policy = RetryPolicy.from_settings(settings)
         self.guards: dict[str, RecordGuard] = {}
         """Each agent's guard, by agent name (its dead-letter count)."""
         self.on_command((WorkflowCommandReceived,), self._forward_workflow_command)

@@ -16,6 +16,10 @@ aggregate's commands arrive in order at one writer):
 5. **produce the records** (seq and id from the command) and **await their acks**; the
    aggregate is told where they landed (``Aggregate.placed``: partition and offset from the
    delivery reports), for a state that keeps positions of its own log;
+5b. **produce what they start** (``Aggregate.follow_ups``: a turn's workflow, an index entry;
+   decision 0016), if anything: the acknowledgement (7) first — what it announces is on the
+   log, and the aggregate's next command waits for this one's table write all the same — then
+   the follow-ups, awaited, tried until the broker takes them;
 6. **write the table** (only once the records are on the log; if the broker refused them,
    see ``_not_recorded``: the seqs move on, the command is dead-lettered and answered
    rejected, retryable);
@@ -29,7 +33,8 @@ does not take) is raised to the agent, which retries the record and then dead-le
 stops without committing it (``consumers.frame.failures``, decision 0008).
 
 A crash before 6 redelivers the command against the old state: the same records with the same
-ids and seqs (``decide`` is deterministic), which readers dedupe. A crash between 6 and 7
+ids and seqs (``decide`` is deterministic), which readers dedupe, and the same follow-ups under
+the same ids (a workflow starts once; the index is a set). A crash between 6 and 7
 redelivers it against the new state: step 3 answers it, so the edge still gets its ack. An
 acknowledgement lost after the offset was committed costs its caller a 503 and a retry (with
 the same idempotency key, answered ``duplicate``); it never announces records that are not on
@@ -52,10 +57,11 @@ from consumers.frame.aggregate import Ack, Aggregate, Decision, seqs_of
 from consumers.intake import dead_letter, decode_or_dead_letter
 from schemas.base import Record
 from schemas.system import CommandAcknowledged
+from streams.crashpoints import CrashPoints
 from streams.envelope import Envelope
 from streams.free_text import describe, trace_of
 from streams.producer import ProduceError, RecordProducer, deliver_all, too_large
-from streams.retry import Unprocessable
+from streams.retry import RetryPolicy, Unprocessable
 from streams.topics import ACKS, TopicSpec
 
 log = logging.getLogger(__name__)
@@ -196,9 +202,14 @@ def _refusal(exc: BaseException) -> Ack:
 class Writer:
     """Consumes one commands topic for every registered aggregate (see the module docstring)."""
 
-    def __init__(self, publisher: Publishing, topic: str) -> None:
+    def __init__(self, publisher: Publishing, topic: str, backoff: RetryPolicy | None = None,
+                 crash: CrashPoints | None = None) -> None:
+        """``backoff``: the waits between tries of a command's follow-ups (its ``attempts``
+        do not apply: they are tried until they go); ``crash``: the test-only crash points."""
         self.publisher = publisher
         self.topic = topic
+        self.backoff = backoff or RetryPolicy()
+        self.crash = crash or CrashPoints()
         self._owners: dict[type[Record], tuple[Aggregate[Any], MutableMapping[Any, Any]]] = {}
         self._handlers: dict[type[Record], Handler] = {}
         self._logs: set[TopicSpec] = set()
@@ -270,10 +281,36 @@ class Writer:
             return
         if new is not None:
             if records:
-                agg.placed(new, placed(records, delivered))
+                where = placed(records, delivered)
+                agg.placed(new, where)
+                follow = agg.follow_ups(new, where)
+                if follow:
+                    if ack is not None:  # what it announces is on the log (step 7, early)
+                        self._send_ack(ack)
+                        ack = None
+                    self.crash.hit("before_follow_ups", cmd.key)
+                    await self._deliver_follow_ups(follow)
+                    self.crash.hit("before_state_write", cmd.key)
             table[cmd.key] = agg.dump(new)
         if ack is not None:
             self._send_ack(ack)
+
+    async def _deliver_follow_ups(self, follow: list[Output]) -> None:
+        """Step 5b: produce what the placed records start, and await it, until the broker
+        takes it (backing off as the worker's consumers do). The decided records are on the
+        log already, so no answer can take them back: the command is held (its aggregate's
+        next waits, its offset uncommitted) rather than written without what it started."""
+        attempt = 0
+        while True:
+            try:
+                await deliver_all(self.publisher.produce, follow)
+                return
+            except (ProduceError, KafkaException) as exc:
+                attempt += 1
+                delay = self.backoff.delay(attempt)
+                log.warning("the follow-ups of %s were not recorded (%s); trying again in "
+                            "%.1f s", follow[0][1].causation, describe(exc), delay)
+                await asyncio.sleep(delay)
 
     async def _not_recorded(self, agg: Aggregate[Any], table: MutableMapping[Any, Any],
                             new: Any, cmd: Envelope, raw: Raw | None,

@@ -32,7 +32,7 @@ from schemas.conversation import (
     StartConversation,
     TurnStateChanged,
 )
-from schemas.workflow import StepFailed, WorkflowCompleted, WorkflowFailed
+from schemas.workflow import StepFailed, WorkflowCompleted, WorkflowFailed, WorkflowStarted
 from streams.envelope import Envelope
 from streams.ids import new_conversation_id, owner_key
 from streams.settings import VoiceSettings
@@ -220,26 +220,71 @@ def test_an_assistant_turn_killed_at_each_point_replies_once_and_is_not_left_bus
         client.close()
 
 
-def test_a_worker_killed_before_indexing_a_started_conversation_leaves_it_to_the_next(
-        settings: VoiceSettings, start_worker: Callable[..., Any]) -> None:
-    # Decision 0015: a conversation's entry in the index by owner is written before its
-    # ``ConversationStarted`` is acknowledged, so a worker lost in between leaves the record
-    # to the next owner of its partition, which writes the entry.
-    cnv = new_conversation_id()
-    worker = start_worker(VOICE_TEST_CRASH_AT=f"before_index@{cnv}")
-    forge_command(settings, Envelope(
-        record=StartConversation(conversation=cnv, owner="alice"), key=cnv, source="/test",
-        subject=cnv, id=f"open-{cnv}", correlation=f"open-{cnv}", tenant="default"))
-    worker.wait(timeout=120)
-    assert worker.returncode == KILLED
-    assert [e.record for e in log_of(settings, CONVERSATIONS, cnv)] == [
-        ConversationStarted(conversation=cnv, owner="alice")]
+@pytest.mark.parametrize("point", ["before_follow_ups", "before_state_write"])
+def test_a_writer_killed_around_what_a_command_starts_leaves_it_to_the_next(
+        point: str, settings: VoiceSettings, start_worker: Callable[..., Any],
+        start_edge: Callable[..., str]) -> None:
+    # Decision 0016: the writer produces what a command's records start (a started
+    # conversation's index entry, decision 0015; an opened turn's workflow) after the records
+    # and before its table write. A worker lost before the follow-ups or before the table
+    # leaves the command to the next owner, which decides it again against the old state: the
+    # same records (deduped by seq) and the same follow-ups under the same ids.
+    url = start_edge()
+    auth = {"Authorization": f"Bearer {mint_token(settings, 'alice', 'participant')}"}
+    client = httpx.Client(base_url=url, headers=auth, timeout=30)
     mine = owner_key("default", "alice")
-    assert log_of(settings, OWNERS, mine) == []  # killed before the entry was written
-    start_worker()
-    entries = wait_for(lambda: log_of(settings, OWNERS, mine), timeout=120,
-                       what="the entry written by the next worker")
-    # At least once (a rebalance as the killed worker's membership expires may hand the
-    # record over again before its commit): the same entry, never another.
-    assert {e.record for e in entries} == {ConversationIndexed(conversation=cnv, owner="alice")}
-    assert len({e.id for e in entries}) == 1
+    forged = new_conversation_id()
+    try:
+        # 1. A worker killed at the point of a started conversation (forged: its id known).
+        worker = start_worker(VOICE_TEST_CRASH_AT=f"{point}@{forged}")
+        cnv = str(accepted(lambda: client.post(
+            "/me/conversations", headers={"Idempotency-Key": "open"})).json()["conversation"])
+        forge_command(settings, Envelope(
+            record=StartConversation(conversation=forged, owner="alice"), key=forged,
+            source="/test", subject=forged, id=f"open-{forged}", correlation=f"open-{forged}",
+            tenant="default"))
+        worker.wait(timeout=120)
+        assert worker.returncode == KILLED
+        assert [e.record for e in log_of(settings, CONVERSATIONS, forged)] == [
+            ConversationStarted(conversation=forged, owner="alice")]
+        entries = [e for e in log_of(settings, OWNERS, mine) if e.subject == forged]
+        assert len(entries) == (0 if point == "before_follow_ups" else 1), entries
+
+        # 2. The next one writes its entry, and is killed at the point of a turn's start.
+        worker = start_worker(VOICE_TEST_CRASH_AT=f"{point}@{cnv}")
+        wait_for(lambda: [e for e in log_of(settings, OWNERS, mine) if e.subject == forged],
+                 timeout=120, what="the entry written by the next worker")
+        send_message(client, cnv, "k-1", "The streetlight on Elm Road is broken.")
+        worker.wait(timeout=120)
+        assert worker.returncode == KILLED
+        turn = f"{cnv}:turn-2"
+        starts = log_of(settings, WORKFLOWS, turn)
+        assert len(starts) == (0 if point == "before_follow_ups" else 1), starts
+
+        # 3. The next one starts it (or starts it again, the same start), and it replies once.
+        start_worker()
+
+        def ended() -> list[Envelope] | None:
+            log = log_of(settings, CONVERSATIONS, cnv)
+            return log if any(isinstance(e.record, TurnStateChanged)
+                              and e.record.state != "Thinking" for e in log) else None
+
+        log = no_duplicate_seqs(wait_for(ended, timeout=120, what="the turn to end"))
+        records = [e.record for e in log]
+        assert sum(isinstance(r, MessageRecorded) for r in records) == 1
+        assert sum(isinstance(r, ReplyRecorded) for r in records) == 1
+        assert [r.state for r in records if isinstance(r, TurnStateChanged)] == [
+            "Thinking", "Replied"]
+        lifecycle = log_of(settings, WORKFLOWS, turn)
+        assert {e.id for e in lifecycle if isinstance(e.record, WorkflowStarted)} == {
+            f"{turn}:1"}
+        assert sum(isinstance(e.record, WorkflowCompleted) for e in lifecycle) == 1
+        # Every entry of the index at least once, and each under one id: never another.
+        indexed = log_of(settings, OWNERS, mine)
+        assert {e.record for e in indexed} == {
+            ConversationIndexed(conversation=c, owner="alice") for c in (cnv, forged)}
+        assert len({e.id for e in indexed}) == 2
+        view = client.get(f"/me/conversations/{cnv}").json()
+        assert [t["state"] for t in view["turns"]] == ["Replied"], view["turns"]
+    finally:
+        client.close()

@@ -1,8 +1,8 @@
 """The index by owner as a windowed edge reads it (decision 0015): an owner's entries are read
 on demand, once, with what the tail brings meanwhile applied after; an owner with none is an
 empty list that a later entry of theirs reopens; a record under another owner's key is not
-theirs; unused owners are let go of. And the worker's entry of a started conversation, whose
-log record is acknowledged only once the entry is written."""
+theirs; unused owners are let go of. And a started conversation's entry (its writer produces it:
+``tests/unit/test_writer.py``)."""
 
 from __future__ import annotations
 
@@ -17,7 +17,7 @@ from api import conversations
 from api.conversations.owners import OwnerIndex
 from api.conversations.views import ConversationViews
 from api.frame.cold import ColdReadFailed
-from consumers.conversations.owners import IndexWriter, index_record
+from consumers.conversations.owners import index_record
 from schemas.base import Sealed
 from schemas.conversation import (
     ConversationIndexed,
@@ -27,12 +27,9 @@ from schemas.conversation import (
 )
 from streams.envelope import Envelope
 from streams.ids import new_conversation_id, owner_key
-from streams.producer import ProduceError
-from streams.retry import RetryPolicy
 from streams.sealing import MemoryKeyStore, Sealer
 from streams.settings import VoiceSettings
 from streams.tokens import mint_token
-from streams.topics import OWNERS
 from tests.unit.test_edge_cold import Reader  # a cold reader over fixed records
 
 
@@ -274,56 +271,3 @@ def test_a_failed_read_of_the_index_answers_503_and_the_next_list_tries_again(
     assert r.status_code == 503 and "the conversations of" in r.json()["detail"]
     assert c.get("/me/conversations").json() == [
         {"conversation": "cnv-00000000000000aa", "last_seq": None}]
-
-
-class HeldPublisher:
-    """A publisher whose produces resolve when the test says: each one's future, in order."""
-
-    def __init__(self) -> None:
-        self.sent: list[tuple[object, Envelope, asyncio.Future[object]]] = []
-
-    def produce(self, spec: object, env: Envelope) -> asyncio.Future[object]:
-        fut: asyncio.Future[object] = asyncio.get_running_loop().create_future()
-        self.sent.append((spec, env, fut))
-        return fut
-
-
-def started(cnv: str = "cnv-1") -> Envelope:
-    return Envelope(record=ConversationStarted(conversation=cnv, owner="alice"), key=cnv,
-                    source="/voice/sequencer", seq=1, tenant="t1")
-
-
-def test_the_started_record_is_acknowledged_only_once_its_entry_is_written() -> None:
-    publisher, acks = HeldPublisher(), []
-    writer = IndexWriter(publisher)  # type: ignore[arg-type]
-
-    async def main() -> None:
-        assert writer.take(started(), lambda: acks.append("cnv-1"))  # returns at once
-        (spec, env, fut), = publisher.sent
-        assert spec is OWNERS and env.key == KEY and acks == []
-        fut.set_result(None)  # the broker has it
-        await asyncio.sleep(0)
-        assert acks == ["cnv-1"]
-        assert not writer.take(Envelope(record=TurnRequested(
-            conversation="cnv-1", turn="cnv-1:turn-2", message_seq=2), key="cnv-1",
-            source="/voice/sequencer", seq=3, tenant="t1"), lambda: acks.append("no"))
-
-    asyncio.run(main())
-    assert acks == ["cnv-1"] and len(publisher.sent) == 1
-
-
-def test_an_entry_whose_produce_fails_is_produced_again_and_only_then_acknowledged() -> None:
-    publisher, acks = HeldPublisher(), []
-    writer = IndexWriter(publisher, RetryPolicy(initial_s=0.01, max_s=0.01))  # type: ignore[arg-type]
-
-    async def main() -> None:
-        writer.take(started(), lambda: acks.append(1))
-        publisher.sent[0][2].set_exception(ProduceError("broker down", retryable=True))
-        await asyncio.sleep(0.05)
-        assert acks == [] and len(publisher.sent) == 2  # tried again, not acknowledged
-        assert publisher.sent[1][1].id == publisher.sent[0][1].id  # the same entry
-        publisher.sent[1][2].set_result(None)
-        await asyncio.sleep(0)
-
-    asyncio.run(main())
-    assert acks == [1]

@@ -119,6 +119,9 @@ class Conversation:
                   for spec, env in outs if spec is CONVERSATIONS]
         if new is not None:
             self.sequencer.placed(new, placed)
+            # What the writer produces before it writes the state (decision 0016).
+            self.out.sent += [(spec.name, env) for spec, env in
+                              self.sequencer.follow_ups(new, placed)]
             self.state = new
             self.seq = new.seq
         for env, partition, offset in placed:

@@ -16,6 +16,8 @@ from consumers.frame import Aggregate, Decision
 from consumers.frame.writer import Raw, Writer
 from schemas.base import Sealed
 from schemas.conversation import (
+    ConversationIndexed,
+    EraseConversation,
     ProposalRecorded,
     RecordTurnResults,
     ReplyRecorded,
@@ -27,8 +29,8 @@ from schemas.staff import OpenIssue
 from schemas.system import CommandAcknowledged
 from streams.envelope import Envelope, encode
 from streams.producer import ProduceError
-from streams.retry import Unprocessable
-from streams.topics import ACKS, CONVERSATIONS, TopicSpec
+from streams.retry import RetryPolicy, Unprocessable
+from streams.topics import ACKS, CONVERSATIONS, OWNERS, WORKFLOWS, TopicSpec
 
 CNV = "cnv-00112233aabbccdd"
 ISS = "iss-0123456789abcdef"
@@ -108,7 +110,10 @@ class FakePublisher:
         return [e.record for t, e in self.sent if t == ACKS.name]  # type: ignore[misc]
 
     def log(self) -> list[Envelope]:
-        return [e for t, e in self.sent if t == CONVERSATIONS.name]
+        return self.of(CONVERSATIONS)
+
+    def of(self, spec: TopicSpec) -> list[Envelope]:
+        return [e for t, e in self.sent if t == spec.name]
 
 
 class JournalTable(dict[str, Any]):
@@ -163,16 +168,22 @@ def test_records_are_acked_before_the_table_and_the_command_ack_comes_last(parts
         return when_done
 
     when_done = run(scenario())
-    assert when_done == [
+    turn = f"{CNV}:turn-2"
+    assert [e for e in when_done if e[1] != "voice.acks" or e[0] != "acked"] == [
         ("produce", "voice.conversations", "c1-2"),  # the message opening its turn (seqs 2-4)
         ("acked", "voice.conversations", "c1-2"),    # then its broker ack
+        ("produce", "voice.acks", "c1-ack"),         # then the command's ack (decision 0016)
+        ("produce", "voice.workflows", f"{turn}:1"),  # then what it starts: the turn
+        ("acked", "voice.workflows", f"{turn}:1"),
         ("table", CNV),                              # then the state
-        ("produce", "voice.acks", "c1-ack"),         # then the command's ack
     ]
-    assert journal[len(when_done):] == [("acked", "voice.acks", "c1-ack")]
+    assert ("acked", "voice.acks", "c1-ack") in journal  # not waited on
+    # A command that starts nothing (redelivered: nothing appended): its state, then its ack.
+    journal.clear()
+    run(writer.dispatch(send("c1")))
+    assert journal[:2] == [("table", CNV), ("produce", "voice.acks", "c1-ack")]
 
     # A command of several records: all produced at once, in order, then every broker ack.
-    turn = f"{CNV}:turn-2"
     journal.clear()
     run(writer.dispatch(Envelope(record=RecordTurnResults(
         conversation=CNV, turn=turn,
@@ -226,14 +237,33 @@ def test_a_redelivered_command_is_answered_again_and_not_reapplied(parts) -> Non
 def test_a_crash_between_table_and_ack_still_answers_the_command(parts) -> None:  # noqa: ANN001
     _, out, _, writer = parts
     run(writer.dispatch(start()))
+    erase = Envelope(record=EraseConversation(conversation=CNV), key=CNV, source="/test",
+                     id="e1", time=T0)  # starts nothing: its ack comes after its state
+    out.fail_on = "voice.acks"
+    with pytest.raises(Crash):
+        run(writer.dispatch(erase))
+    assert [e.seq for e in out.log()] == [1, 2] and len(out.acks()) == 1
+    run(writer.dispatch(erase))  # redelivered: the state already holds it
+    ack = out.acks()[-1]
+    assert ack.command_id == "e1" and ack.outcome == "duplicate" and ack.seq == 2
+    assert len(out.log()) == 2
+
+
+def test_a_crash_at_the_ack_of_what_starts_a_turn_replays_it(parts) -> None:  # noqa: ANN001
+    """A message's ack goes before its turn's start and its state (decision 0016): a crash
+    there decides it again, to the same records, answered the same."""
+    _, out, _, writer = parts
+    run(writer.dispatch(start()))
     out.fail_on = "voice.acks"
     with pytest.raises(Crash):
         run(writer.dispatch(send("c1")))
-    assert [e.seq for e in out.log()] == [1, 2] and len(out.acks()) == 1
-    run(writer.dispatch(send("c1")))  # redelivered: the state already holds it
+    assert [e.seq for e in out.log()] == [1, 2] and out.of(WORKFLOWS) == []
+    run(writer.dispatch(send("c1")))  # redelivered against the old state
     ack = out.acks()[-1]
-    assert ack.command_id == "c1" and ack.outcome == "duplicate" and ack.seq == 2
-    assert ack.detail["turn"] == f"{CNV}:turn-2" and len(out.log()) == 2
+    assert ack.command_id == "c1" and ack.outcome == "accepted" and ack.seq == 2
+    assert ack.detail["turn"] == f"{CNV}:turn-2"
+    assert [e.seq for e in out.log()] == [1, 2, 2]  # the same record again, which readers dedupe
+    assert [e.id for e in out.of(WORKFLOWS)] == [f"{CNV}:turn-2:1"]
 
 
 def test_a_crash_before_the_table_replays_to_identical_records(parts) -> None:  # noqa: ANN001
@@ -243,11 +273,46 @@ def test_a_crash_before_the_table_replays_to_identical_records(parts) -> None:  
     with pytest.raises(Crash):
         run(writer.dispatch(send("c1")))
     first = [(e.id, e.seq, e.record) for e in out.log()]
-    assert len(out.acks()) == 1  # the command was not answered: nothing says it was applied
+    assert len(out.of(WORKFLOWS)) == 1  # the turn it opened, started before the state
     run(writer.dispatch(send("c1")))
     again = [(e.id, e.seq, e.record) for e in out.log()][len(first):]
     assert again == first[1:] and out.acks()[-1].outcome == "accepted"
+    # The same start again, under the same id (the runtime starts a workflow once), each
+    # naming a copy of the same record (seq 2) as its turn's opening one.
+    starts = out.of(WORKFLOWS)
+    assert [e.id for e in starts] == [f"{CNV}:turn-2:1"] * 2
+    assert [e.record.input["history"]["opened"] for e in starts] == [[2, 1], [2, 2]]
+    assert [out.log()[offset].seq for offset in (1, 2)] == [2, 2]
+    assert out.acks()[-1].seq == out.acks()[-2].seq == 2  # both answers say the same
     assert ConversationState.from_dict(table[CNV]).seq == 4  # type: ignore[union-attr]
+
+
+def test_a_started_conversation_is_indexed_under_its_owner_before_its_state_is_written(parts
+                                                                                       ) -> None:  # noqa: ANN001
+    journal, out, _, writer = parts
+    run(writer.dispatch(start()))
+    (indexed,) = out.of(OWNERS)
+    assert indexed.record == ConversationIndexed(conversation=CNV, owner="alice")
+    assert (indexed.id, indexed.causation) == ("c-start-1:indexed", "c-start-1")
+    assert journal.index(("acked", "voice.owners", indexed.id)) < journal.index(("table", CNV))
+
+
+def test_what_a_command_starts_is_tried_until_the_broker_takes_it(parts) -> None:  # noqa: ANN001
+    """Its records are on the log and answered: the command waits (its state unwritten, its
+    offset uncommitted) and the start is produced again, never dropped nor its state written
+    without it."""
+    journal, out, table, writer = parts
+    writer.backoff = RetryPolicy(initial_s=0.001, max_s=0.001)
+    run(writer.dispatch(start()))
+    out.refuse = "voice.workflows"
+    run(writer.dispatch(send("c1")))
+    tries = [e for e in journal if e[1] == "voice.workflows"]
+    turn = f"{CNV}:turn-2:1"
+    assert tries == [("produce", "voice.workflows", turn), ("produce", "voice.workflows", turn),
+                     ("acked", "voice.workflows", turn)]
+    assert journal.index(("acked", "voice.workflows", turn)) < len(journal) - 1
+    assert journal[-1] == ("table", CNV) and ConversationState.from_dict(table[CNV]).seq == 4  # type: ignore[union-attr]
+    assert [a.outcome for a in out.acks()] == ["accepted", "accepted"]  # answered once each
 
 
 class Exploding(Aggregate[ConversationState]):
