@@ -132,7 +132,8 @@ class WorkerContext:
         self.app.before_handover.append(self.runtime.release_leases)
         self.retry_policy = RetryPolicy.from_settings(settings)
         self.writer = Writer(self.publisher, topic_name(settings, COMMANDS), self.retry_policy,
-                             CrashPoints.parse(settings.test_crash_at))
+                             CrashPoints.parse(settings.test_crash_at),
+                             self.log_reader.produced)
         self.janitor = Janitor(settings.topic_partitions)
         """Ends the turns of this worker's aggregates that are past their deadline."""
         self.products: list[Product] = []

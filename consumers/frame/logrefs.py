@@ -337,6 +337,13 @@ class KafkaLogReader:
         self._idle: list[Consumer] = []
         self._lock = threading.Lock()
 
+    def produced(self, spec: TopicSpec, partition: int, offset: int, env: Envelope,
+                 size: int) -> None:
+        """Hold ``env``, which this worker's writer put at ``spec[partition]@offset``
+        (``size`` bytes on the log): a step of this worker finds it before any consumer of
+        the log has read it back (a turn starts once its record is on the log)."""
+        self.recent.remember(topic_name(self.settings, spec), partition, offset, env, size)
+
     def _take(self) -> Consumer:
         with self._lock:
             if self._idle:

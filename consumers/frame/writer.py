@@ -67,6 +67,7 @@ from streams.topics import ACKS, TopicSpec
 log = logging.getLogger(__name__)
 
 Output = tuple[TopicSpec, Envelope]
+Remember = Callable[[TopicSpec, int, int, Envelope, int], None]
 Handler = Callable[[Envelope], Awaitable[None]]
 
 
@@ -130,22 +131,31 @@ def appended(agg: Aggregate[Any], cmd: Envelope, decision: Decision[Any]) -> lis
     return out
 
 
-def placed(records: Sequence[Output], delivered: Sequence[object]
-           ) -> list[tuple[Envelope, int, int]]:
-    """(envelope, partition, offset) of each delivered record whose report says where."""
+def landed(records: Sequence[Output], delivered: Sequence[object]
+           ) -> list[tuple[TopicSpec, Envelope, int, int, int]]:
+    """(topic, envelope, partition, offset, bytes of key and value) of each delivered record
+    whose report says where."""
     out = []
-    for (_spec, env), report in zip(records, delivered, strict=False):
+    for (spec, env), report in zip(records, delivered, strict=False):
         partition = getattr(report, "partition", None)
         offset = getattr(report, "offset", None)
         if callable(partition) and callable(offset):
             p, o = partition(), offset()
             if isinstance(p, int) and isinstance(o, int) and o >= 0:
-                out.append((env, p, o))
+                out.append((spec, env, p, o, _size(report)))
                 continue
         # Not from a broker that says where (acks=0, a stand-in): its aggregate does not learn
         # this record's position, which a reader by position then cannot find.
         log.warning("the delivery report of %s (seq %s) names no position", env.id, env.seq)
     return out
+
+
+def _size(report: object) -> int:
+    """The bytes of a delivered record's key and value, as its report gives them (0 if not)."""
+    value, key = getattr(report, "len", None), getattr(report, "key", None)
+    n = value() if callable(value) else 0
+    k = key() if callable(key) else None
+    return (n if isinstance(n, int) else 0) + (len(k) if isinstance(k, bytes) else 0)
 
 
 def apply(agg: Aggregate[Any], state: Any, cmd: Envelope, *, owned: bool = False
@@ -203,11 +213,14 @@ class Writer:
     """Consumes one commands topic for every registered aggregate (see the module docstring)."""
 
     def __init__(self, publisher: Publishing, topic: str, backoff: RetryPolicy | None = None,
-                 crash: CrashPoints | None = None) -> None:
+                 crash: CrashPoints | None = None, remember: Remember | None = None) -> None:
         """``backoff``: the waits between tries of a command's follow-ups (its ``attempts``
-        do not apply: they are tried until they go); ``crash``: the test-only crash points."""
+        do not apply: they are tried until they go); ``crash``: the test-only crash points;
+        ``remember``: told each record put on an aggregate's log (topic, partition, offset,
+        envelope, bytes), for this worker's steps to read back without a fetch."""
         self.publisher = publisher
         self.topic = topic
+        self.remember = remember
         self.backoff = backoff or RetryPolicy()
         self.crash = crash or CrashPoints()
         self._owners: dict[type[Record], tuple[Aggregate[Any], MutableMapping[Any, Any]]] = {}
@@ -281,7 +294,11 @@ class Writer:
             return
         if new is not None:
             if records:
-                where = placed(records, delivered)
+                found = landed(records, delivered)
+                if self.remember is not None:
+                    for spec, env, partition, offset, size in found:
+                        self.remember(spec, partition, offset, env, size)
+                where = [(env, p, o) for _spec, env, p, o, _size in found]
                 agg.placed(new, where)
                 follow = agg.follow_ups(new, where)
                 if follow:

@@ -44,16 +44,22 @@ class Crash(Exception):
 
 
 class Report:
-    """A delivery report: where the broker put the record."""
+    """A delivery report: where the broker put the record, and its key and value's bytes."""
 
-    def __init__(self, partition: int, offset: int) -> None:
-        self._partition, self._offset = partition, offset
+    def __init__(self, partition: int, offset: int, key: bytes = b"", size: int = 0) -> None:
+        self._partition, self._offset, self._key, self._size = partition, offset, key, size
 
     def partition(self) -> int:
         return self._partition
 
     def offset(self) -> int:
         return self._offset
+
+    def key(self) -> bytes:
+        return self._key
+
+    def len(self) -> int:
+        return self._size
 
 
 class FakePublisher:
@@ -96,7 +102,7 @@ class FakePublisher:
                 raise ProduceError(f"produce to {spec.name!r} failed: Broker: Not enough "
                                    "in-sync replicas", retryable=True)
             self.journal.append(("acked", spec.name, env.id))
-            return Report(0, offset)
+            return Report(0, offset, env.key.encode(), 100 + offset)
         return acked()
 
     def produce_raw(self, topic: str, key: bytes | None, value: bytes | None,
@@ -517,3 +523,17 @@ def test_a_long_conversations_command_copies_only_what_it_changes(parts) -> None
     assert "c-next" not in before["commands"] and len(before["transcript"]["entries"]) == 80
     assert len(before["open_turns"]) == 0 and len(after["open_turns"]) == 1
 
+
+
+def test_each_record_put_on_a_log_is_remembered_where_it_landed(parts) -> None:  # noqa: ANN001
+    """For this worker's steps: a turn's step reads its opening record back by position, and
+    its start is produced before any consumer of the log could have read that record."""
+    _, out, _, writer = parts
+    told: list[tuple[str, int, int, str, int]] = []
+    writer.remember = lambda spec, p, o, env, size: told.append((spec.name, p, o, env.id, size))
+    run(writer.dispatch(start()))
+    run(writer.dispatch(send("c1")))
+    key = len(CNV.encode())
+    assert told == [("voice.conversations", 0, 0, "c-start-1", key + 100),
+                    ("voice.conversations", 0, 1, "c1-2", key + 101)]
+    assert [e.id for e in out.log()] == ["c-start-1", "c1-2"]
