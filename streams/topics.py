@@ -59,13 +59,13 @@ COMMANDS = TopicSpec(
 )
 CONVERSATIONS = TopicSpec(
     "voice.conversations",
-    "Each conversation's log, appended by its sequencer only; key = conversation id.",
-    read_by_workers=True,
+    "Each conversation's log, appended by its sequencer only; key = conversation id. Read by "
+    "the edges and the sink; its writer tells its worker what it put there (decision 0016).",
 )
 OWNERS = TopicSpec(
     "voice.owners",
-    "The index of conversations by owner (one record a conversation started), derived from "
-    "voice.conversations by the worker; key = tenant/owner.",
+    "The index of conversations by owner (one record a conversation started), written by "
+    "the conversation's writer; key = tenant/owner.",
 )
 ACKS = TopicSpec(
     "voice.acks",

@@ -3,10 +3,10 @@
 ``Conversations().register(ctx)`` is all the worker needs: the sequencer becomes the writer of
 conversation commands (keeping where each transcript is on the log, starting each opened
 turn's workflow and writing each started conversation's entry in the index by owner,
-``voice.owners``: decisions 0015, 0016); ``voice.conversations`` feeds the transcript table of
-conversations begun before the writer kept positions, and starts their turns; and the
-``conversation-turn`` workflow runs the concern-extraction agent through the context's agent
-runner.
+``voice.owners``: decisions 0015, 0016); what it records feeds the transcript table of
+conversations begun before the writer kept positions, which starts their turns (told by the
+writer: no worker consumes ``voice.conversations``); and the ``conversation-turn`` workflow
+runs the concern-extraction agent through the context's agent runner.
 """
 
 from __future__ import annotations
@@ -25,7 +25,6 @@ from consumers.conversations.turns import ConcernAgent, Turns
 from consumers.engine import AgentSpec, CancelToken
 from consumers.frame.context import WorkerContext
 from streams.crashpoints import CrashPoints
-from streams.envelope import Envelope
 from streams.topics import CONVERSATIONS, ISSUES
 
 
@@ -57,12 +56,8 @@ class Conversations:
                            ctx.settings.history_read_bytes,
                            CrashPoints.parse(ctx.settings.test_crash_at))
         ctx.workflow(self.turns.definition)
-        ctx.wire(CONVERSATIONS, self._on_record)
-
-    async def _on_record(self, env: Envelope, event: Any) -> None:
-        assert self.turns is not None
-        await self.turns.on_conversation_record(env, event.message.partition,
-                                                event.message.offset)
+        # Told by the writer, not consumed back (decision 0016): no worker reads the log.
+        ctx.on_recorded(CONVERSATIONS, self.turns.on_conversation_record)
 
     def spec_for(self, tenant: str | None) -> AgentSpec:
         """The agent of one tenant's turn: its tools search only that tenant's issues."""

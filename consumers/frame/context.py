@@ -184,6 +184,13 @@ class WorkerContext:
         self.janitor.watch(agg, table)
         return table
 
+    def on_recorded(self, log: TopicSpec, hook: Callable[[Envelope, int, int], Awaitable[None]]
+                    ) -> None:
+        """Tell ``hook`` each record this worker's writer puts on ``log`` (an aggregate's),
+        with its partition and offset, before its aggregate's state is written
+        (``Writer.on_recorded``): instead of consuming the log the writer just wrote."""
+        self.writer.on_recorded(log, hook)
+
     def workflow(self, *definitions: WorkflowDef) -> None:
         """Register workflow kinds with the runtime."""
         for definition in definitions:

@@ -17,9 +17,10 @@ aggregate's commands arrive in order at one writer):
    aggregate is told where they landed (``Aggregate.placed``: partition and offset from the
    delivery reports), for a state that keeps positions of its own log;
 5b. **produce what they start** (``Aggregate.follow_ups``: a turn's workflow, an index entry;
-   decision 0016), if anything: the acknowledgement (7) first — what it announces is on the
-   log, and the aggregate's next command waits for this one's table write all the same — then
-   the follow-ups, awaited, tried until the broker takes them;
+   decision 0016) and tell the hooks of the log (``on_recorded``), if any: the
+   acknowledgement (7) first — what it announces is on the log, and the aggregate's next
+   command waits for this one's table write all the same — then the follow-ups, awaited, then
+   the hooks; tried until the broker takes them;
 6. **write the table** (only once the records are on the log; if the broker refused them,
    see ``_not_recorded``: the seqs move on, the command is dead-lettered and answered
    rejected, retryable);
@@ -68,6 +69,7 @@ log = logging.getLogger(__name__)
 
 Output = tuple[TopicSpec, Envelope]
 Remember = Callable[[TopicSpec, int, int, Envelope, int], None]
+Recorded = Callable[[Envelope, int, int], Awaitable[None]]
 Handler = Callable[[Envelope], Awaitable[None]]
 
 
@@ -226,6 +228,7 @@ class Writer:
         self._owners: dict[type[Record], tuple[Aggregate[Any], MutableMapping[Any, Any]]] = {}
         self._handlers: dict[type[Record], Handler] = {}
         self._logs: set[TopicSpec] = set()
+        self._recorded: dict[TopicSpec, list[Recorded]] = {}
         self._acks: set[asyncio.Future[Any]] = set()
         """Acknowledgements on their way to the broker (held so they are not collected)."""
 
@@ -242,6 +245,13 @@ class Writer:
         """The logs the registered aggregates append to (every record there has a seq). Kept at
         registration: every record a worker's log consumers take asks it."""
         return self._logs
+
+    def on_recorded(self, log: TopicSpec, hook: Recorded) -> None:
+        """Tell ``hook`` each record put on ``log`` — (envelope, partition, offset) — once it
+        is there and before its aggregate's state is written (step 5b): a crash in between
+        tells it again, after the same records are put again. What a worker did as a consumer
+        of its own writer's log, without the log's round trip (decision 0016)."""
+        self._recorded.setdefault(log, []).append(hook)
 
     def route(self, types: tuple[type[Record], ...], handler: Handler) -> None:
         """Hand commands of ``types`` that no aggregate writes to ``handler``."""
@@ -301,32 +311,39 @@ class Writer:
                 where = [(env, p, o) for _spec, env, p, o, _size in found]
                 agg.placed(new, where)
                 follow = agg.follow_ups(new, where)
-                if follow:
+                hooks = self._recorded.get(agg.log, ())
+                if follow or hooks:
                     if ack is not None:  # what it announces is on the log (step 7, early)
                         self._send_ack(ack)
                         ack = None
                     self.crash.hit("before_follow_ups", cmd.key)
-                    await self._deliver_follow_ups(follow)
+                    await self._until_taken(follow, hooks, where)
                     self.crash.hit("before_state_write", cmd.key)
             table[cmd.key] = agg.dump(new)
         if ack is not None:
             self._send_ack(ack)
 
-    async def _deliver_follow_ups(self, follow: list[Output]) -> None:
-        """Step 5b: produce what the placed records start, and await it, until the broker
-        takes it (backing off as the worker's consumers do). The decided records are on the
-        log already, so no answer can take them back: the command is held (its aggregate's
-        next waits, its offset uncommitted) rather than written without what it started."""
+    async def _until_taken(self, follow: list[Output], hooks: Sequence[Recorded],
+                           where: list[tuple[Envelope, int, int]]) -> None:
+        """Step 5b: produce what the placed records start, awaited, and tell each hook of
+        their log of each; again, backing off as the worker's consumers do, until the broker
+        takes it all. The decided records are on the log already, so no answer can take them
+        back: the command is held (its aggregate's next waits, its offset uncommitted) rather
+        than written without what it started."""
         attempt = 0
         while True:
             try:
-                await deliver_all(self.publisher.produce, follow)
+                if follow:
+                    await deliver_all(self.publisher.produce, follow)
+                for env, partition, offset in where:
+                    for hook in hooks:
+                        await hook(env, partition, offset)
                 return
             except (ProduceError, KafkaException) as exc:
                 attempt += 1
                 delay = self.backoff.delay(attempt)
-                log.warning("the follow-ups of %s were not recorded (%s); trying again in "
-                            "%.1f s", follow[0][1].causation, describe(exc), delay)
+                log.warning("what %s started was not recorded (%s); trying again in %.1f s",
+                            where[0][0].causation, describe(exc), delay)
                 await asyncio.sleep(delay)
 
     async def _not_recorded(self, agg: Aggregate[Any], table: MutableMapping[Any, Any],

@@ -27,7 +27,7 @@ from confluent_kafka.admin import AdminClient, ConfigResource
 from schemas.agent import ModelCallRecorded
 from schemas.assistant import AssistantConversationStarted
 from schemas.base import Record, Sealed
-from schemas.conversation import ConversationStarted, MessageRecorded
+from schemas.conversation import ConversationStarted
 from schemas.staff import FollowerAdded
 from schemas.workflow import WorkflowStarted
 from streams.envelope import Envelope, encode
@@ -93,9 +93,6 @@ def poisons(settings: VoiceSettings) -> list[Poison]:
                    "no writer takes 'voice.conversation.started.v1'"),
         impossible(settings, WORKFLOWS, WorkflowStarted(workflow="wf-poison", kind="no-such"),
                    "no workflow kind 'no-such'", seq=1),
-        impossible(settings, CONVERSATIONS, MessageRecorded(
-            conversation=cnv, message_id="m-poison", text=SEALED, at="2026-01-01T00:00:00"),
-            "on the log 'voice.conversations' has no seq"),
         impossible(settings, ISSUES, FollowerAdded(issue="iss-poison", participant="p"),
                    "on the log 'voice.issues' has no seq"),
         impossible(settings, ASSISTANT, AssistantConversationStarted(

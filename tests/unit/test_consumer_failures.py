@@ -365,7 +365,6 @@ def test_a_workflow_kind_nobody_runs_is_dead_lettered_not_logged_and_committed()
 
 
 @pytest.mark.parametrize(("agent", "topic"), [
-    ("voice_conversations_agent", "t.voice.conversations"),
     ("voice_issues_agent", "t.voice.issues"),
     ("voice_assistant_agent", "t.voice.assistant"),
 ])

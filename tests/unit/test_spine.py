@@ -20,8 +20,9 @@ def test_every_topic_has_a_dlq_and_prefix_applies() -> None:
         assert f"{spec.name}.dlq" in names
     s = VoiceSettings(topic_prefix="x.")
     assert topic_name(s, TOPICS[0]) == f"x.{TOPICS[0].name}"
-    assert {s.name for s in TOPICS if s.read_by_workers} >= {
-        "voice.commands", "voice.conversations", "voice.workflows"}
+    assert {s.name for s in TOPICS if s.read_by_workers} >= {"voice.commands", "voice.workflows"}
+    # Its writer tells the worker what it put there (decision 0016): no worker reads it back.
+    assert "voice.conversations" not in {s.name for s in TOPICS if s.read_by_workers}
 
 
 def test_partitions_configurable(monkeypatch: pytest.MonkeyPatch) -> None:
