@@ -304,24 +304,31 @@ class Writer:
             return
         if new is not None:
             if records:
-                found = landed(records, delivered)
-                if self.remember is not None:
-                    for spec, env, partition, offset, size in found:
-                        self.remember(spec, partition, offset, env, size)
-                where = [(env, p, o) for _spec, env, p, o, _size in found]
-                agg.placed(new, where)
-                follow = agg.follow_ups(new, where)
-                hooks = self._recorded.get(agg.log, ())
-                if follow or hooks:
-                    if ack is not None:  # what it announces is on the log (step 7, early)
-                        self._send_ack(ack)
-                        ack = None
-                    self.crash.hit("before_follow_ups", cmd.key)
-                    await self._until_taken(follow, hooks, where)
-                    self.crash.hit("before_state_write", cmd.key)
+                ack = await self._placed(agg, new, cmd.key, landed(records, delivered), ack)
             table[cmd.key] = agg.dump(new)
         if ack is not None:
             self._send_ack(ack)
+
+    async def _placed(self, agg: Aggregate[Any], new: Any, key: str,
+                      found: list[tuple[TopicSpec, Envelope, int, int, int]],
+                      ack: Envelope | None) -> Envelope | None:
+        """The end of step 5 (each record remembered where it landed, the aggregate told),
+        then 5b; returns the acknowledgement still to send (None once 5b sent it)."""
+        if self.remember is not None:
+            for spec, env, partition, offset, size in found:
+                self.remember(spec, partition, offset, env, size)
+        where = [(env, partition, offset) for _spec, env, partition, offset, _size in found]
+        agg.placed(new, where)
+        follow = agg.follow_ups(new, where)
+        hooks = self._recorded.get(agg.log, ())
+        if not (follow or hooks):
+            return ack
+        if ack is not None:  # what it announces is on the log (step 7, early)
+            self._send_ack(ack)
+        self.crash.hit("before_follow_ups", key)
+        await self._until_taken(follow, hooks, where)
+        self.crash.hit("before_state_write", key)
+        return None
 
     async def _until_taken(self, follow: list[Output], hooks: Sequence[Recorded],
                            where: list[tuple[Envelope, int, int]]) -> None:
