@@ -537,3 +537,27 @@ def test_each_record_put_on_a_log_is_remembered_where_it_landed(parts) -> None: 
     assert told == [("voice.conversations", 0, 0, "c-start-1", key + 100),
                     ("voice.conversations", 0, 1, "c1-2", key + 101)]
     assert [e.id for e in out.log()] == ["c-start-1", "c1-2"]
+
+
+def test_a_hook_on_the_log_is_told_each_placed_record_before_the_state(parts) -> None:  # noqa: ANN001
+    """What a worker's product did as a consumer of its own writer's log (decision 0016): told
+    each record with where it landed, after the acknowledgement and before the table write, and
+    told again when what the command started has to be produced again."""
+    journal, out, _, writer = parts
+    writer.backoff = RetryPolicy(initial_s=0.001, max_s=0.001)
+    told: list[tuple[str, int, int]] = []
+
+    async def hook(env: Envelope, partition: int, offset: int) -> None:
+        told.append((env.id, partition, offset))
+        journal.append(("hook", env.id))
+
+    writer.on_recorded(CONVERSATIONS, hook)
+    run(writer.dispatch(start()))
+    assert told == [("c-start-1", 0, 0)]
+    assert journal.index(("hook", "c-start-1")) < journal.index(("table", CNV))
+    assert journal.index(("produce", "voice.acks", "c-start-ack")) < journal.index(
+        ("hook", "c-start-1"))
+    out.refuse = "voice.workflows"  # the turn's start refused once: all of 5b again
+    run(writer.dispatch(send("c1")))
+    assert told[1:] == [("c1-2", 0, 1)]  # told once the start was taken, not before
+    assert journal[-2:] == [("hook", "c1-2"), ("table", CNV)]
