@@ -11,7 +11,7 @@ transcript. (A conversation begun before its writer kept positions names them in
 the worker's table.)
 
 The one step reads the opening record, then those it names, back from the log
-(``consumers.frame.logrefs``; on the worker that consumed them, from memory), opens them,
+(``consumers.frame.logrefs``; on the worker whose writer put them there, from memory), opens them,
 hands them to the concern-extraction agent, and submits the summary (when the engine made one
 because the history was over its budget), reply, proposal and turn state to the
 conversation's sequencer as one command (``RecordTurnResults``) whose id is derived from the
@@ -197,7 +197,8 @@ class Turns:
                                       sealed_by=lambda i: i["conversation"])
 
     async def on_conversation_record(self, env: Envelope, partition: int, offset: int) -> None:
-        """Start the workflow of each turn a record at ``partition``/``offset`` opens in a
+        """Told by the writer of each record it put at ``partition``/``offset``
+        (``ctx.on_recorded``): start the workflow of each turn it opens in a
         conversation whose writer knows no positions (begun before it kept them; again on a
         redelivery: its start is idempotent), from the ``transcript_index`` table, which
         indexes that conversation as every conversation was before. A turn whose record names
