@@ -9,7 +9,8 @@ produces the same records again, under the same ids: the workflow runtime starts
 once, and the index is a set.
 
 A conversation begun before its writer kept positions opens turns without ``history``; the
-worker's reader of ``voice.conversations`` starts those (``consumers.conversations.turns``).
+product's hook on the log starts those, told each record by the same writer
+(``Turns.on_conversation_record``, ``ctx.on_recorded``).
 """
 
 from __future__ import annotations

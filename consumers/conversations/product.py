@@ -43,7 +43,8 @@ class Conversations:
         self.turns: Turns | None = None
 
     def register(self, ctx: WorkerContext) -> None:
-        """Add the sequencer, the transcript index and its consumer, and the turn workflow."""
+        """Add the sequencer, the transcript index and its hook on the log, and the turn
+        workflow."""
         self.ctx = ctx
         if self.issues is None:
             index = IssueIndex()

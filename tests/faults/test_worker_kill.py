@@ -106,6 +106,14 @@ def workflow_failures(settings: VoiceSettings, workflow: str) -> list[str]:
             if isinstance(e.record, StepFailed)]
 
 
+def turn_ended(settings: VoiceSettings, cnv: str) -> list[Envelope] | None:
+    """``cnv``'s log once a turn of it has ended (a state past ``Thinking``), else None."""
+    log = log_of(settings, CONVERSATIONS, cnv)
+    done = [e for e in log if isinstance(e.record, TurnStateChanged)
+            and e.record.state != "Thinking"]
+    return log if done else None
+
+
 def test_a_participant_turn_killed_at_each_point_replies_once_and_ends(
         settings: VoiceSettings, start_worker: Callable[..., Any],
         start_edge: Callable[..., str], held_model: str) -> None:
@@ -122,17 +130,12 @@ def test_a_participant_turn_killed_at_each_point_replies_once_and_ends(
         send_message(client, cnv, f"k-{point}",
                      f"At {point}: the streetlight on Elm Road is broken.")
 
-    def ended(cnv: str) -> list[Envelope] | None:
-        log = log_of(settings, CONVERSATIONS, cnv)
-        done = [e for e in log if isinstance(e.record, TurnStateChanged)
-                and e.record.state != "Thinking"]
-        return log if done else None
-
     try:
         conversations = opened(start_worker, open_one)
-        kill_at_each_point(start_worker, held_model, conversations, send, ended)
+        kill_at_each_point(start_worker, held_model, conversations, send,
+                           lambda c: turn_ended(settings, c))
         for point, cnv in conversations.items():
-            log = no_duplicate_seqs(wait_for(lambda c=cnv: ended(c), timeout=120,
+            log = no_duplicate_seqs(wait_for(lambda c=cnv: turn_ended(settings, c), timeout=120,
                                              what=f"the turn killed at {point} to end"))
             records = [e.record for e in log]
             assert sum(isinstance(r, MessageRecorded) for r in records) == 1, point
@@ -272,13 +275,8 @@ def test_a_writer_killed_around_what_a_command_starts_leaves_it_to_the_next(
         start_worker()
         posting.result(timeout=120)  # answered 202 (a lost answer given again)
         poster.close()
-
-        def ended() -> list[Envelope] | None:
-            log = log_of(settings, CONVERSATIONS, cnv)
-            return log if any(isinstance(e.record, TurnStateChanged)
-                              and e.record.state != "Thinking" for e in log) else None
-
-        log = no_duplicate_seqs(wait_for(ended, timeout=120, what="the turn to end"))
+        log = no_duplicate_seqs(wait_for(lambda: turn_ended(settings, cnv), timeout=120,
+                                         what="the turn to end"))
         records = [e.record for e in log]
         assert sum(isinstance(r, MessageRecorded) for r in records) == 1
         assert sum(isinstance(r, ReplyRecorded) for r in records) == 1
