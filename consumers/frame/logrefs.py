@@ -370,8 +370,10 @@ class KafkaLogReader:
 
     async def read(self, spec: TopicSpec, partition: int, key: str,
                    positions: Sequence[Position]) -> list[Envelope]:
+        if not positions:  # a conversation's first turn: nothing before it to read
+            return []
         topic = topic_name(self.settings, spec)
-        held = self.recent.held(topic, partition, key, positions) if positions else None
+        held = self.recent.held(topic, partition, key, positions)
         if held is not None:
             return held
         return await asyncio.to_thread(self._using, fetch_records, topic, partition, key,

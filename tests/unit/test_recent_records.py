@@ -71,6 +71,8 @@ def test_a_read_of_held_records_asks_no_broker_and_any_other_does() -> None:
     reader.recent.remember(TOPIC, 2, 40, record(7), 300)
     got = asyncio.run(reader.read(CONVERSATIONS, 2, CNV, [Position(7, 40)]))
     assert [e.id for e in got] == [f"{CNV}:7"] and fetched == []
+    assert asyncio.run(reader.read(CONVERSATIONS, 2, CNV, [])) == []  # nothing to read
+    assert fetched == []
     asyncio.run(reader.read(CONVERSATIONS, 2, CNV, [Position(7, 40), Position(8, 41)]))
     assert fetched == [(TOPIC, 2, CNV, [Position(7, 40), Position(8, 41)], 10.0)]
 
