@@ -90,8 +90,8 @@ TELEMETRY = TopicSpec(
 ISSUES = TopicSpec(
     "voice.issues",
     "Each issue's log (opened, evidence, followers, developments, investigations), appended by "
-    "its writer only; key = issue id.",
-    read_by_workers=True,
+    "its writer only; key = issue id. Its writer tells its worker what it put there "
+    "(decision 0016).",
 )
 CONTRIBUTIONS = TopicSpec(
     "voice.contributions",
@@ -112,8 +112,8 @@ REVIEW_QUEUE = TopicSpec(
 ASSISTANT = TopicSpec(
     "voice.assistant",
     "Each assistant conversation's log (turns, display events, replies, patterns), appended by "
-    "its sequencer only; key = conversation id.",
-    read_by_workers=True,
+    "its sequencer only; key = conversation id. Its writer tells its worker what it put there "
+    "(decision 0016).",
 )
 DATASETS = TopicSpec(
     "voice.datasets",

@@ -1,10 +1,11 @@
-"""The assistant chat on the worker: its sequencer, its log consumer, its two workflows.
+"""The assistant chat on the worker: its sequencer, its transcript index, its two workflows.
 
 ``Assistant().register(ctx)`` is all the worker needs. The sequencer of assistant conversations
-becomes the writer of their commands (``consumers.frame``); an agent on ``voice.assistant``
-keeps each conversation's transcript index (positions of its requests, replies and patterns on
-the log) and starts the turn and extraction workflows, whose steps read those records back;
-and the workflows are registered:
+becomes the writer of their commands (``consumers.frame``); told by that writer of each record
+it put on ``voice.assistant`` (``ctx.on_recorded``, decision 0016), the product keeps each
+conversation's transcript index (positions of its requests, replies and patterns on the log)
+and starts the turn and extraction workflows, whose steps read those records back; and the
+workflows are registered:
 
 - ``assistant-turn`` (id = turn id): one step, the assistant agent on the engine;
 - ``assistant-extraction`` (id = ``{turn}:extract``): ``provisional`` (no model) then
@@ -78,7 +79,7 @@ class Assistant:
     name = "assistant"
 
     def register(self, ctx: WorkerContext) -> None:
-        """Add the sequencer, the tables, the workflows and the log consumer (once)."""
+        """Add the sequencer, the tables, the workflows and the log's hook (once)."""
         self.ctx = ctx
         self.settings = assistant_settings(ctx.settings)
         self.out = ctx.publisher
@@ -97,7 +98,7 @@ class Assistant:
                      WorkflowDef(EXTRACT_KIND, (StepDef("provisional", self.provisional_step),
                                                 StepDef("extract", self.extract_step)),
                                  sealed_by=_conversation))
-        ctx.wire(ASSISTANT, self._on_log_record)
+        ctx.on_recorded(ASSISTANT, self._on_log_record)
         self.library = PatternLibrary(ctx.sealer, self.settings.assistant_tenant_patterns_kept)
         self.learned = ctx.follow(ASSISTANT, self.library.apply, "patterns", types=TYPES)
         ctx.on_shutdown(self.box.close)
@@ -117,16 +118,19 @@ class Assistant:
 
     # --- the log: transcripts, patterns, workflow starts --------------------------------------
 
-    async def _on_log_record(self, env: Envelope, event: Any) -> None:
+    async def _on_log_record(self, env: Envelope, partition: int, offset: int) -> None:
+        """Told by the sequencer's writer of each record it put at ``partition``/``offset``
+        (``ctx.on_recorded``, decision 0016): index it, start what it starts (a turn, an
+        extraction), under ids a second telling gives again."""
         if isinstance(env.record, AssistantConversationErased):
             self.transcripts.pop(env.key, None)  # positions of content no one can open
             return
         transcript = Transcript.from_dict(self.transcripts.get(env.key))
-        starts = transcript.apply(env, event.message.partition, event.message.offset,
+        starts = transcript.apply(env, partition, offset,
                                   self.settings.assistant_history_bytes,
                                   self.settings.assistant_patterns_kept)
         if starts is None:
-            return  # a redelivered record
+            return  # told again (a crash before the state write): indexed and started
         for kind, workflow, inp in starts:
             started = WorkflowStarted(workflow=workflow, kind=kind, input=inp)
             await self.out.send(WORKFLOWS, Envelope(

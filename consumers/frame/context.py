@@ -43,7 +43,7 @@ from schemas.workflow import LeaseCheck, WorkflowCommandReceived
 from streams.crashpoints import CrashPoints
 from streams.envelope import Envelope
 from streams.producer import Publisher, RecordProducer
-from streams.retry import RetryPolicy, Unprocessable
+from streams.retry import RetryPolicy
 from streams.sealing import sealer_for
 from streams.settings import VoiceSettings
 from streams.topics import (
@@ -227,10 +227,9 @@ class WorkerContext:
         """Run ``dispatch(envelope, event)`` for every decodable record of ``spec``.
 
         Several agents may read one topic (each names itself); exactly one of them — the
-        topic's first, ``dead_letter=True`` — sends undecodable records to the DLQ. A record
-        on an aggregate's log without its seq (every writer gives one) is ``Unprocessable``
-        for each of them: every such consumer dedupes by seq. Failures of ``dispatch`` are
-        retried, then dead-lettered, as ``wire_raw`` says.
+        topic's first, ``dead_letter=True`` — sends undecodable records to the DLQ. Failures
+        of ``dispatch`` are retried, then dead-lettered, as ``wire_raw`` says. An aggregate's
+        own log is not consumed: its writer tells what it put there (``on_recorded``).
         """
 
         async def on_raw(raw: Raw, event: Any) -> None:
@@ -243,13 +242,6 @@ class WorkerContext:
                 if manual_ack:
                     event.ack()
                 return
-            if spec in self.writer.logs:
-                if env.seq is None:
-                    raise Unprocessable(f"{env.type!r} on the log {spec.name!r} has no seq")
-                if dead_letter and raw.partition is not None and raw.offset is not None:
-                    # A step of this worker may read it back by position (``RecentRecords``).
-                    self.log_reader.recent.remember(raw.topic, raw.partition, raw.offset, env,
-                                                    len(raw.key or b"") + len(raw.value or b""))
             await dispatch(env, event)
 
         self.wire_raw(spec, on_raw, manual_ack, agent_name)

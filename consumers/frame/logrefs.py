@@ -257,19 +257,20 @@ def scan_held(envs: Iterable[Envelope], where: str, key: str, through: int) -> l
 
 
 class RecentRecords:
-    """Records of aggregate logs this worker has consumed lately, by where they are: a read by
-    position whose records are all here needs no fetch.
+    """Records of aggregate logs this worker's writers put there lately, by where they are: a
+    read by position whose records are all here needs no fetch.
 
-    A turn's step reads back records its own worker has just consumed: the message that opened
-    the turn, and the transcript before it. On one worker, or when the turn's workflow and its
-    conversation have the same owner, the read was a consumer's assignment, a fetch and a
-    thread hop for records already decoded in memory (~2 ms of a turn, docs/benchmarks.md,
-    "Issue 14, fifth pass"). What is held is what the log holds at that offset (the log is
-    never rewritten; sealed content stays sealed), and every position is checked as a fetched
-    one is (``checked``). The least recently used go first past ``budget`` bytes of memory
-    (``decoded_weight``: a long conversation's ``TurnOpened``, ~15 KB on the log, is ~130 KB
-    decoded, so a budget of bytes on the log held up to ~9 times it).
-    Thread-safe: consumers remember on the worker's loop, steps read on theirs.
+    A turn's step reads back records its own worker has just written: the message that opened
+    the turn, and the transcript before it. When the turn's workflow and its conversation have
+    the same owner, the read was a consumer's assignment, a fetch and a thread hop for records
+    already decoded in memory (~2 ms of a turn, docs/benchmarks.md, "Issue 14, fifth pass";
+    held as consumed then, as placed since decision 0016). What is held is what the log holds
+    at that offset (the log is never rewritten; sealed content stays sealed), and every
+    position is checked as a fetched one is (``checked``). The least recently used go first
+    past ``budget`` bytes of memory (``decoded_weight``: a long conversation's ``TurnOpened``,
+    ~15 KB on the log, is ~130 KB decoded, so a budget of bytes on the log held up to ~9
+    times it).
+    Thread-safe: writers remember on the worker's loop, steps read on theirs.
     """
 
     def __init__(self, budget: int = RECENT_BYTES) -> None:
@@ -333,7 +334,8 @@ class KafkaLogReader:
         self.timeout = timeout
         self.pool_size = pool_size
         self.recent = RecentRecords()
-        """Records this worker consumed lately, read without a fetch (``RecentRecords``)."""
+        """Records this worker's writers placed lately, read without a fetch
+        (``RecentRecords``)."""
         self._idle: list[Consumer] = []
         self._lock = threading.Lock()
 

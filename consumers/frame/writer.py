@@ -227,7 +227,6 @@ class Writer:
         self.crash = crash or CrashPoints()
         self._owners: dict[type[Record], tuple[Aggregate[Any], MutableMapping[Any, Any]]] = {}
         self._handlers: dict[type[Record], Handler] = {}
-        self._logs: set[TopicSpec] = set()
         self._recorded: dict[TopicSpec, list[Recorded]] = {}
         self._acks: set[asyncio.Future[Any]] = set()
         """Acknowledgements on their way to the broker (held so they are not collected)."""
@@ -238,13 +237,6 @@ class Writer:
             self._claim(type_)
         for type_ in agg.commands:
             self._owners[type_] = (agg, table)
-        self._logs.add(agg.log)
-
-    @property
-    def logs(self) -> set[TopicSpec]:
-        """The logs the registered aggregates append to (every record there has a seq). Kept at
-        registration: every record a worker's log consumers take asks it."""
-        return self._logs
 
     def on_recorded(self, log: TopicSpec, hook: Recorded) -> None:
         """Tell ``hook`` each record put on ``log`` — (envelope, partition, offset) — once it

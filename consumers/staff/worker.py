@@ -2,8 +2,9 @@
 
 ``Staff().register(ctx)`` is all the worker needs: the issue, inbox and review-queue writers
 become the writers of their commands (``consumers.frame``), the research, disclosure-review and
-update-delivery workflows are registered, the developments consumer reads ``voice.issues``,
-and the delivery watcher reads ``voice.workflows``.
+update-delivery workflows are registered, the issue writer tells the developments handler each
+record it put on ``voice.issues`` (``ctx.on_recorded``, decision 0016), and the delivery
+watcher reads ``voice.workflows``.
 """
 
 from __future__ import annotations
@@ -44,16 +45,17 @@ class Staff:
         self.review = Review(self.out, ctx.sealer, agents, delays)
         self.delivery = Delivery(self.out, delays, ctx.log_reader)
         ctx.workflow(self.research.definition, self.review.definition, self.delivery.definition)
-        ctx.wire(ISSUES, self._on_issue_record)
+        ctx.on_recorded(ISSUES, self._on_issue_record)
         # A second agent on ``voice.workflows`` (Faust hands each record to every agent of a
         # topic). It only produces commands; the runtime's agent dead-letters bad records.
         ctx.wire(WORKFLOWS, self._on_workflow_record, agent_name="staff_workflow_watch",
                  dead_letter=False)
 
-    async def _on_issue_record(self, env: Envelope, event: Any) -> None:
-        """The developments consumer: start each issue's deliveries one at a time."""
+    async def _on_issue_record(self, env: Envelope, partition: int, offset: int) -> None:
+        """Told by the issue's writer of each record it put at ``partition``/``offset``
+        (``ctx.on_recorded``, decision 0016): start each issue's deliveries one at a time."""
         queue, start = apply_development(DeliveryQueue.from_dict(self.deliveries.get(env.key)),
-                                         env, event.message.partition, event.message.offset)
+                                         env, partition, offset)
         if start is not None:
             await self.out.send(WORKFLOWS, start)
         self.deliveries[env.key] = queue.to_dict()

@@ -3,12 +3,12 @@ on (decision 0008).
 
 Against the real broker and real processes (a worker, an edge, the telemetry sink): on every
 topic, bytes that are no record; on every topic a worker reads, a well-formed record its
-consumer can never process (a command type no writer takes, a workflow kind nobody runs, a
-log record without its seq); on every topic only the sink reads, a well-formed record whose
-rows ClickHouse refuses (a seq past Int64). Each lands in ``<topic>.dlq`` exactly once, with
-its reason; the worker, the sink and the edge stay up, the edge ready; a conversation turn
-afterwards still replies. And when not even the dead letter goes, the worker stops without
-committing the record, and its successor dead-letters it.
+consumer can never process (a command type no writer takes, a workflow kind nobody runs); on
+every topic only the sink reads (each aggregate's log among them, decision 0016), a
+well-formed record whose rows ClickHouse refuses (a seq past Int64). Each lands in
+``<topic>.dlq`` exactly once, with its reason; the worker, the sink and the edge stay up, the
+edge ready; a conversation turn afterwards still replies. And when not even the dead letter
+goes, the worker stops without committing the record, and its successor dead-letters it.
 """
 
 from __future__ import annotations
@@ -25,20 +25,16 @@ import pytest
 from confluent_kafka.admin import AdminClient, ConfigResource
 
 from schemas.agent import ModelCallRecorded
-from schemas.assistant import AssistantConversationStarted
 from schemas.base import Record, Sealed
 from schemas.conversation import ConversationStarted
-from schemas.staff import FollowerAdded
 from schemas.workflow import WorkflowStarted
 from streams.envelope import Envelope, encode
 from streams.producer import RecordProducer
 from streams.settings import VoiceSettings
 from streams.tokens import mint_token
 from streams.topics import (
-    ASSISTANT,
     COMMANDS,
     CONVERSATIONS,
-    ISSUES,
     TOPICS,
     WORKFLOWS,
     TopicSpec,
@@ -93,11 +89,6 @@ def poisons(settings: VoiceSettings) -> list[Poison]:
                    "no writer takes 'voice.conversation.started.v1'"),
         impossible(settings, WORKFLOWS, WorkflowStarted(workflow="wf-poison", kind="no-such"),
                    "no workflow kind 'no-such'", seq=1),
-        impossible(settings, ISSUES, FollowerAdded(issue="iss-poison", participant="p"),
-                   "on the log 'voice.issues' has no seq"),
-        impossible(settings, ASSISTANT, AssistantConversationStarted(
-            conversation="asc-poison", owner="mallory"),
-            "on the log 'voice.assistant' has no seq"),
     ]
     # Only the sink reads these: a record whose rows the store refuses.
     refused = ModelCallRecorded(workflow="wf-poison", call_id="c-poison", agent_name="a",

@@ -22,13 +22,13 @@ from consumers.frame.context import WorkerContext
 from consumers.frame.failures import Halt, RecordGuard, consume
 from consumers.frame.writer import Raw
 from schemas.base import Sealed
-from schemas.conversation import ConversationStarted, MessageRecorded, TurnRequested
+from schemas.conversation import ConversationStarted, TurnRequested
 from schemas.workflow import WorkflowStarted
 from streams.envelope import Envelope, encode
 from streams.producer import ProduceError
 from streams.retry import RetryPolicy, Unprocessable, attempt, retryable
 from streams.settings import VoiceSettings
-from streams.topics import CONVERSATIONS, WORKFLOWS
+from streams.topics import CONVERSATIONS, TOPICS, WORKFLOWS, topic_name
 
 SETTINGS = VoiceSettings(env="test", kafka_bootstrap="127.0.0.1:1", topic_prefix="t.",
                          consumer_retry_initial_ms=0)
@@ -364,23 +364,15 @@ def test_a_workflow_kind_nobody_runs_is_dead_lettered_not_logged_and_committed()
     assert ev2.acks == [5] and len(producer.sent) == 1
 
 
-@pytest.mark.parametrize(("agent", "topic"), [
-    ("voice_issues_agent", "t.voice.issues"),
-    ("voice_assistant_agent", "t.voice.assistant"),
-])
-def test_a_log_record_without_its_seq_is_dead_lettered(agent: str, topic: str) -> None:
-    """Regression: consumers of the aggregates' logs dedupe by seq, so one without a seq was
-    skipped as a redelivery (assistant), applied without dedupe (issues), or broke the
-    transcript's order (conversations)."""
-    ctx, producer, halts = worker()
-    rec = MessageRecorded(conversation=CNV, message_id="m-1", text=SEALED, at="2026-01-01")
-    ev = event(9, Envelope(record=rec, key=CNV, source="/test", id="no-seq"), topic=topic)
-    run_agent(ctx, agent, ev)
-    assert ev.acks == [9] and halts == []
-    [(dlq, _k, _v, headers)] = producer.sent
-    assert dlq == f"{topic}.dlq"
-    assert b"'voice.conversation.message_recorded.v1' on the log" in headers["voice_dlq_reason"]
-    assert b"has no seq" in headers["voice_dlq_reason"]
+def test_the_worker_consumes_exactly_the_topics_marked_read_by_workers() -> None:
+    """Decision 0016: an aggregate's log is not consumed by its own worker — its writer tells
+    it what it put there — so no worker dedupes a log's records by seq any more (one without
+    a seq was the regression of three consumers: skipped, applied twice, misordered). And
+    the sink dead-letters the undecodable records of exactly the topics no worker reads."""
+    ctx, _producer, _halts = worker()
+    read = {t for agent in ctx.app.agents.values() for t in agent.channel.topics}
+    assert read == {topic_name(SETTINGS, s) for s in TOPICS if s.read_by_workers}
+    assert read == {"t.voice.commands", "t.voice.workflows"}
 
 
 def test_undecodable_bytes_are_dead_lettered_once_per_topic() -> None:

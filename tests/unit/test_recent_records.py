@@ -77,20 +77,16 @@ def test_a_read_of_held_records_asks_no_broker_and_any_other_does() -> None:
     assert fetched == [(TOPIC, 2, CNV, [Position(7, 40), Position(8, 41)], 10.0)]
 
 
-def test_the_worker_holds_the_log_records_its_consumer_decoded() -> None:
+def test_the_worker_holds_the_log_records_its_writer_placed() -> None:
     ctx, _producer, halts = worker()
-    ev = event(21, record(1), topic="t.voice.assistant")  # an aggregate's log a worker reads
-    run_agent(ctx, "voice_assistant_agent", ev)
-    assert halts == [] and ev.acks == [21]
-    [held] = ctx.log_reader.recent.held("t.voice.assistant", 0, CNV, [Position(1, 21)]) or []
-    assert held.id == f"{CNV}:1"
-    # What its writer put on the log itself is held as the writer placed it (decision 0016).
+    # What its writer put on the log is held as the writer placed it (decision 0016).
     ctx.log_reader.produced(CONVERSATIONS, 3, 40, record(2), 300)
     [held] = ctx.log_reader.recent.held(TOPIC, 3, CNV, [Position(2, 40)]) or []
     assert held.id == f"{CNV}:2"
-    # A record of a topic that is no aggregate's log is not held.
+    # A record its agents consume is not held (none is an aggregate's log).
     other = event(5, record(1), topic="t.voice.workflows")
     run_agent(ctx, "staff_workflow_watch", other)
+    assert halts == [] and other.acks == [5]
     assert ctx.log_reader.recent.held("t.voice.workflows", 0, CNV, [Position(1, 5)]) is None
 
 
