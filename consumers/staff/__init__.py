@@ -1,4 +1,4 @@
-"""The staff domain on the worker: the issue and inbox writers, the developments consumer,
+"""The staff domain on the worker: the issue and inbox writers, the developments handler,
 and the research, disclosure-review and update-delivery workflows (on the workflow engine).
 
 Pure parts (no I/O): ``detectors``, ``reasoning``, ``render``, ``issues``, ``inbox``,

@@ -12,7 +12,7 @@ input a copy) still run.
 
 The watcher reads ``voice.workflows`` beside the workflow engine and, when a delivery
 completes or fails, submits ``EndDelivery`` to the issue's writer (id derived from the
-workflow), so the developments consumer can start the issue's next development. It acts on
+workflow), so the developments handler can start the issue's next development. It acts on
 the log rather than on the engine's ``on_end`` hook because the hook runs once, in memory,
 after the workflow's state is written: a crash in between would lose it, the log does not.
 """

@@ -1,8 +1,9 @@
-"""The developments consumer: one update-delivery workflow per development, one at a time per
+"""The developments handler: one update-delivery workflow per development, one at a time per
 issue, in the order the issue's log recorded them.
 
-It reads the issue log (key = issue, so an issue's followers, developments and delivery ends
-arrive in order) and keeps per issue where the issue's records are and which developments
+The issue's writer tells it each record it put on the issue log (``ctx.on_recorded``, decision
+0016: one writer per issue, so its followers, developments and delivery ends come in the log's
+order) and it keeps per issue where the issue's records are and which developments
 wait (a Faust table value). A development is started when none is being delivered; the next
 one when the issue's log records that the previous delivery ended (``DeliveryEnded``,
 written by the issue writer when the workflow completed or failed).

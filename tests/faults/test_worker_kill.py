@@ -17,6 +17,7 @@ the previous one's turn; a last worker, armed for nothing, resumes the last. The
 
 from __future__ import annotations
 
+from collections import Counter
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any
@@ -33,17 +34,21 @@ from schemas.conversation import (
     StartConversation,
     TurnStateChanged,
 )
+from schemas.staff import DevelopmentRecorded
 from schemas.workflow import StepFailed, WorkflowCompleted, WorkflowFailed, WorkflowStarted
 from streams.envelope import Envelope
 from streams.ids import new_conversation_id, owner_key
 from streams.settings import VoiceSettings
 from streams.tokens import mint_token
-from streams.topics import ASSISTANT, CONVERSATIONS, OWNERS, WORKFLOWS
+from streams.topics import ASSISTANT, CONVERSATIONS, INBOX, ISSUES, OWNERS, WORKFLOWS, topic_name
+from tests.integration.test_staff_delivery import follow, inbox
+from tests.integration.test_staff_helpers import Api
 from tests.support import (
     accepted,
     forge_command,
     log_of,
     no_duplicate_seqs,
+    read_all,
     send_message,
     stop,
     wait_for,
@@ -295,3 +300,108 @@ def test_a_writer_killed_around_what_a_command_starts_leaves_it_to_the_next(
         assert [t["state"] for t in view["turns"]] == ["Replied"], view["turns"]
     finally:
         client.close()
+
+
+@pytest.mark.parametrize("point", ["before_follow_ups", "before_state_write"])
+def test_an_assistant_writer_killed_around_what_a_chat_starts_leaves_it_to_the_next(
+        point: str, settings: VoiceSettings, start_worker: Callable[..., Any],
+        start_edge: Callable[..., str]) -> None:
+    # Decision 0016, for the assistant: its writer indexes a chat's records and starts its
+    # turn (told each record, ``ctx.on_recorded``) after the records and before its table
+    # write. A worker lost before either leaves the chat to the next owner, which decides it
+    # again: the same records (deduped by seq), the turn started once under its id, one reply.
+    url = start_edge()
+    auth = {"Authorization": f"Bearer {mint_token(settings, 'alice', 'participant')}"}
+    client = httpx.Client(base_url=f"{url}{ASSISTANT_BASE}", headers=auth, timeout=30)
+
+    def chat(key: str, conversation: str | None = None) -> httpx.Response:
+        body: dict[str, Any] = {"message": "Good morning, can you help me?", "stream": False}
+        if conversation is not None:
+            body["conversation_id"] = conversation
+        return accepted(lambda: client.post("/chat", json=body,
+                                            headers={"Idempotency-Key": key}))
+
+    def turns_ended(conversation: str, n: int) -> list[Envelope] | None:
+        log = log_of(settings, ASSISTANT, conversation)
+        return log if len([e for e in log if isinstance(e.record, AssistantTurnEnded)]) >= n \
+            else None
+
+    try:
+        # 1. An opening chat on an unarmed worker (the edge names the conversation), its turn
+        # and its pattern extraction ended (a pattern is a command of the same writer).
+        plain = start_worker()
+        first = chat("open").json()
+        conversation = str(first["conversation_id"])
+        wait_for(lambda: turns_ended(conversation, 1), timeout=90, what="the opening turn")
+        wait_for(lambda: any(isinstance(e.record, (WorkflowCompleted, WorkflowFailed))
+                             for e in log_of(settings, WORKFLOWS, f"{first['turn']}:extract")),
+                 timeout=90, what="the opening turn's pattern extraction")
+        stop(plain)
+
+        # 2. A worker killed at the point of the second chat; the client posts across the
+        # kill with its key (the acknowledgement, sent just before, may be lost with it).
+        worker = start_worker(VOICE_TEST_CRASH_AT=f"{point}@{conversation}")
+        posting = ThreadPoolExecutor(1).submit(chat, "second", conversation)
+        worker.wait(timeout=120)
+        assert worker.returncode == KILLED
+
+        # 3. The next one starts the turn (again: the same start), and it replies once.
+        start_worker()
+        turn = str(posting.result(timeout=120).json()["turn"])
+        log = no_duplicate_seqs(wait_for(lambda: turns_ended(conversation, 2), timeout=120,
+                                         what="the chat's turn to end"))
+        ends = [r for e in log if isinstance(r := e.record, AssistantTurnEnded)
+                and r.turn == turn]
+        assert [e.state for e in ends] == ["Replied"], ends
+        assert sum(isinstance(r := e.record, AssistantReplyRecorded) and r.turn == turn
+                   for e in log) == 1
+        lifecycle = log_of(settings, WORKFLOWS, turn)
+        assert {e.id for e in lifecycle if isinstance(e.record, WorkflowStarted)} == {
+            f"{turn}:1"}
+        assert sum(isinstance(e.record, WorkflowCompleted) for e in lifecycle) == 1
+        # Not left busy: the next chat is taken.
+        again = client.post("/chat", json={"message": "And another thing?", "stream": False,
+                                           "conversation_id": conversation})
+        assert again.status_code == 202, again.text
+    finally:
+        client.close()
+
+
+@pytest.mark.parametrize("point", ["before_follow_ups", "before_state_write"])
+def test_an_issue_writer_killed_around_a_development_leaves_its_delivery_to_the_next(
+        point: str, settings: VoiceSettings, start_worker: Callable[..., Any],
+        start_edge: Callable[..., str]) -> None:
+    # Decision 0016, for the issues: the issue's writer starts a development's delivery (told
+    # each record) before its table write. A worker lost before it leaves the development to
+    # the next owner: recorded once, delivered once, each follower notified once.
+    api = Api(start_edge(), settings)
+    plain = start_worker()
+    issue = api.open_issue("Streetlights on Elm Road are broken")
+    followers = ["ann", "bob"]
+    follow(api, issue, *followers)
+    stop(plain)
+
+    worker = start_worker(VOICE_TEST_CRASH_AT=f"{point}@{issue}")
+    # No idempotency key on this route: posted once; its acknowledgement, sent just before
+    # the kill, may be lost with the worker (then 503), and the command is decided again.
+    r = api.post(f"/staff/issues/{issue}/developments", "sam", "staff",
+                 {"title": "Repairs approved", "body": "The council approved repairs."})
+    assert r.status_code in (202, 503), r.text
+    worker.wait(timeout=120)
+    assert worker.returncode == KILLED
+    start_worker()
+    dev = f"{issue}:dev-1"
+    for sub in followers:
+        assert [n["notification"] for n in inbox(api, sub, 1, timeout=120)["notifications"]] \
+            == [f"{dev}:{sub}"]
+    wait_for(lambda: any(isinstance(e.record, WorkflowCompleted)
+                         for e in log_of(settings, WORKFLOWS, dev)), timeout=60,
+             what="the delivery to complete")
+    assert [r.development for e in no_duplicate_seqs(log_of(settings, ISSUES, issue))
+            if isinstance(r := e.record, DevelopmentRecorded)] == [dev]
+    lifecycle = log_of(settings, WORKFLOWS, dev)
+    assert {e.id for e in lifecycle if isinstance(e.record, WorkflowStarted)} == {f"{dev}:1"}
+    assert sum(isinstance(e.record, WorkflowCompleted) for e in lifecycle) == 1
+    notified = Counter(dict(m.headers() or [])["ce_id"].decode()
+                       for m in read_all(settings, topic_name(settings, INBOX)))
+    assert notified == Counter({f"{dev}:{s}": 1 for s in followers})

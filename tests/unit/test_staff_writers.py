@@ -1,4 +1,4 @@
-"""The staff domain's single writers (issue, inbox) and the developments consumer, pure."""
+"""The staff domain's single writers (issue, inbox) and the developments handler, pure."""
 
 from __future__ import annotations
 
