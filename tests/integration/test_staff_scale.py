@@ -9,9 +9,11 @@ value. Now a run reads its evidence back from the issue's log and a delivery its
 the run ends, every follower gets the update once, and no record on any topic of the stack —
 changelogs and dead letters included — is over the bound.
 
-The issue's log is written straight onto ``voice.issues`` (dense seqs, as its writer would):
-7,000 commands through the writer would take most of this test's time on a loaded machine,
-and the writer's own memory of followers is bounded by ``tests/unit/test_staff_writers.py``.
+The issue's log is written by its writer, from 7,000 commands put on ``voice.commands`` at
+once (as from past the edge, without 7,000 requests): since decision 0016 the writer tells the
+developments handler each record it put there, so a log written around it would start no
+delivery. The writer's own memory of followers is bounded by
+``tests/unit/test_staff_writers.py``.
 """
 
 from __future__ import annotations
@@ -25,17 +27,17 @@ import pytest
 from schemas.agent import ToolCallRecorded
 from schemas.base import Record
 from schemas.staff import (
-    DevelopmentRecorded,
-    EvidenceAdded,
-    FollowerAdded,
-    IssueOpened,
+    AddEvidence,
+    FollowIssue,
     NotificationRecorded,
+    OpenIssue,
+    RecordDevelopment,
 )
 from schemas.workflow import WorkflowCompleted
 from streams.envelope import Envelope
 from streams.producer import record_size
 from streams.settings import VoiceSettings
-from streams.topics import AGENT, INBOX, ISSUES, WORKFLOWS
+from streams.topics import AGENT, COMMANDS, INBOX, WORKFLOWS
 from tests.faults.test_long_conversation import stack_topics
 from tests.integration.test_staff_helpers import Api, envelopes, produce
 from tests.support import read_all, wait_for
@@ -59,19 +61,16 @@ def test_research_and_delivery_over_thousands_of_evidence_and_followers_stay_und
     api = Api(start_edge(VOICE_MAX_RECORD_BYTES=str(BOUND)), settings)
     issue = f"iss-{secrets.token_hex(8)}"
     development = f"{issue}:dev-1"
-    log: list[Record] = [
-        IssueOpened(issue=issue, title="Streetlights on Elm Road are broken",
-                    summary="The corner is dark.", by="sam", at="2026-03-01T09:00:00+00:00"),
-        *(EvidenceAdded(issue=issue, evidence=f"evd-{n:016x}", title=f"Source {n}",
-                        body=f"{n}. {BODY}", added_by="sam", at="2026-03-01T09:00:00+00:00")
-          for n in range(EVIDENCE)),
-        *(FollowerAdded(issue=issue, participant=follower(n)) for n in range(FOLLOWERS)),
-        DevelopmentRecorded(issue=issue, development=development, title="Repairs approved",
-                            body="Next week.", by="sam", at="2026-03-02T09:00:00+00:00")]
-    produce(settings, ISSUES, *(Envelope(record=r, key=issue, source="/voice/issue-writer",
-                                         subject=issue, seq=seq, id=f"{issue}-{seq}",
-                                         tenant="default")
-                                for seq, r in enumerate(log, start=1)))
+    commands: list[Record] = [
+        OpenIssue(issue=issue, title="Streetlights on Elm Road are broken",
+                  summary="The corner is dark.", by="sam"),
+        *(AddEvidence(issue=issue, evidence=f"evd-{n:016x}", title=f"Source {n}",
+                      body=f"{n}. {BODY}", added_by="sam") for n in range(EVIDENCE)),
+        *(FollowIssue(issue=issue, participant=follower(n)) for n in range(FOLLOWERS)),
+        RecordDevelopment(issue=issue, title="Repairs approved", body="Next week.", by="sam")]
+    produce(settings, COMMANDS, *(Envelope(record=r, key=issue, source="/test", subject=issue,
+                                           id=f"{issue}-cmd-{n}", tenant="default")
+                                  for n, r in enumerate(commands, start=1)))
     wait_for(lambda: api.get(f"/staff/issues/{issue}", "sam", "staff").json().get(
         "followers") == FOLLOWERS, timeout=120, interval=2, what="the edge to read the issue")
 
