@@ -220,9 +220,9 @@ class VoiceSettings(BaseSettings):
 
     test_crash_at: str = ""
     """Tests only: ``point[@match],…``; the worker SIGKILLs itself at the first named point it
-    reaches (``before_step``, ``model_call``, ``after_reply``, ``before_turn_over``) in a
-    workflow whose id contains ``match`` (``streams.crashpoints``). Unset in every
-    deployment."""
+    reaches (a turn's ``before_step``, ``model_call``, ``after_reply``, ``before_turn_over``;
+    a writer's ``before_follow_ups``, ``before_state_write``) in a workflow (or aggregate)
+    whose id contains ``match`` (``streams.crashpoints``). Unset in every deployment."""
 
     consumer_retry_attempts: int = Field(default=3, ge=1, le=20)
     """Attempts a consumer (a worker's agent, the telemetry sink) makes at one record before

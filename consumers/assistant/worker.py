@@ -53,7 +53,6 @@ from schemas.assistant import (
 from schemas.base import Record
 from schemas.workflow import WorkflowStarted
 from streams.assistant_settings import assistant_settings
-from streams.crashpoints import CrashPoints
 from streams.envelope import Envelope
 from streams.free_text import seal_text
 from streams.sealing import KeyErased, Sealer
@@ -83,7 +82,7 @@ class Assistant:
         self.ctx = ctx
         self.settings = assistant_settings(ctx.settings)
         self.out = ctx.publisher
-        self.crash = CrashPoints.parse(ctx.settings.test_crash_at)
+        self.crash = ctx.crash
         self.agents = ctx.agents
         ctx.aggregate(AssistantSequencer(ctx.settings.assistant_turn_deadline_s))
         self.transcripts = ctx.table("assistant_index")

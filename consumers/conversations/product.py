@@ -24,7 +24,6 @@ from consumers.conversations.sequencer import ConversationSequencer
 from consumers.conversations.turns import ConcernAgent, Turns
 from consumers.engine import AgentSpec, CancelToken
 from consumers.frame.context import WorkerContext
-from streams.crashpoints import CrashPoints
 from streams.topics import CONVERSATIONS, ISSUES
 
 
@@ -55,7 +54,7 @@ class Conversations:
         self.turns = Turns(ctx.publisher, ctx.table("transcript_index"), ctx.sealer,
                            self._agent or self.concern_agent, ctx.log_reader,
                            ctx.settings.history_read_bytes,
-                           CrashPoints.parse(ctx.settings.test_crash_at))
+                           ctx.crash)
         ctx.workflow(self.turns.definition)
         # Told by the writer, not consumed back (decision 0016): no worker reads the log.
         ctx.on_recorded(CONVERSATIONS, self.turns.on_conversation_record)

@@ -40,8 +40,10 @@ class AgentRunner:
 
     def __init__(self, settings: VoiceSettings, producer: Callable[[], RecordSender],
                  sealer: Sealer | None = None, client: Any = None,
-                 model: ModelSettings | None = None) -> None:
-        """``producer`` returns the producer (a worker creates it lazily, in its loop)."""
+                 model: ModelSettings | None = None, crash: CrashPoints | None = None
+                 ) -> None:
+        """``producer`` returns the producer (a worker creates it lazily, in its loop);
+        ``crash``: the worker's test crash points (none by default)."""
         self.settings = settings
         self.sealer = sealer
         self._producer = producer
@@ -50,7 +52,7 @@ class AgentRunner:
         self._port: ModelPort | None = None
         self.budget = TokenBudget(settings.quota_tenant_tokens_per_day,
                                   max_tenants=settings.quota_tracked_keys)
-        self.crash = CrashPoints.parse(settings.test_crash_at)
+        self.crash = crash or CrashPoints()
 
     @property
     def client(self) -> Any:

@@ -121,18 +121,23 @@ class WorkerContext:
         self._producer: RecordProducer | None = None
         self.publisher = Publisher(settings, lambda: self.producer)
         self.sealer = sealer_for(settings)
-        self.agents = AgentRunner(settings, lambda: self.producer, self.sealer, client=client)
+        self.crash = CrashPoints.parse(settings.test_crash_at)
+        """Where this worker kills itself (tests only; ``streams.crashpoints``), parsed once
+        for every part that has a point."""
+        self.agents = AgentRunner(settings, lambda: self.producer, self.sealer, client=client,
+                                  crash=self.crash)
         self.log_reader = KafkaLogReader(settings)
         """Reads an aggregate's records back by position (what a step's input refers to)."""
         self.on_shutdown(self.log_reader.close)
         self.steps = StepLoop() if settings.worker_step_thread else None
         """Where steps run: a loop of their own, so none delays the writer (0007's acks)."""
         self.runtime = WorkflowRuntime(settings, self.table("workflows", held=True),
-                                       self.publisher, self.sealer, steps=self.steps)
+                                       self.publisher, self.sealer, steps=self.steps,
+                                       crash=self.crash)
         self.app.before_handover.append(self.runtime.release_leases)
         self.retry_policy = RetryPolicy.from_settings(settings)
         self.writer = Writer(self.publisher, topic_name(settings, COMMANDS), self.retry_policy,
-                             CrashPoints.parse(settings.test_crash_at),
+                             self.crash,
                              self.log_reader.produced)
         self.janitor = Janitor(settings.topic_partitions)
         """Ends the turns of this worker's aggregates that are past their deadline."""

@@ -184,10 +184,12 @@ class WorkflowRuntime:
     """Runs the registered workflow kinds for the partitions this worker owns."""
 
     def __init__(self, settings: VoiceSettings, table: Any, publisher: Publisher,
-                 sealer: TextSealer | None = None, steps: StepLoop | None = None) -> None:
+                 sealer: TextSealer | None = None, steps: StepLoop | None = None,
+                 crash: CrashPoints | None = None) -> None:
         """``sealer`` seals failing steps' messages (``WorkflowDef.sealed_by``); without
         one only their codes are kept. ``steps``: the loop steps run on (the worker's own, so
-        a step never delays its writer); without one they run on the caller's loop."""
+        a step never delays its writer); without one they run on the caller's loop.
+        ``crash``: the worker's test crash points (none by default)."""
         self.settings = settings
         self.steps = steps
         self.sealer = sealer
@@ -217,7 +219,7 @@ class WorkflowRuntime:
         self.cancels: dict[str, CancelToken] = {}
         """The cancel token of each step running here."""
         self.topic = topic_name(settings, WORKFLOWS)
-        self.crash = CrashPoints.parse(settings.test_crash_at)
+        self.crash = crash or CrashPoints()
         self._answers: set[asyncio.Future[Any]] = set()
         self._handing_over = False
         """Between ``release_leases`` and the next ``keep_only``: hold no record."""

@@ -533,3 +533,12 @@ def test_a_lane_that_halts_stops_the_agent_and_its_record_is_never_acked() -> No
     evs = [keyed(0, b"a"), keyed(1, b"a")]
     asyncio.run(consume(events_of(*evs), "t", guard, dispatch, False, halt, lane=by_key))
     assert len(halts) == 1 and evs[0].acks == [] and evs[1].acks == []
+
+
+def test_the_worker_parses_its_crash_points_once_for_every_part_that_has_one() -> None:
+    ctx, _producer, _halts = worker(test_crash_at="before_step@cnv-a, before_follow_ups")
+    assert ctx.crash.armed("before_step", "cnv-a:turn-2")
+    products = [p for p in ctx.products if hasattr(p, "crash")]  # the assistant
+    turns = [p.turns for p in ctx.products if hasattr(p, "turns")]  # the conversations'
+    parts = [ctx.runtime, ctx.agents, ctx.writer, *products, *turns]
+    assert products and turns and all(part.crash is ctx.crash for part in parts)
