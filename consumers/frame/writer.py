@@ -20,7 +20,8 @@ aggregate's commands arrive in order at one writer):
    decision 0016) and tell the hooks of the log (``on_recorded``), if any: the
    acknowledgement (7) first — what it announces is on the log, and the aggregate's next
    command waits for this one's table write all the same — then the follow-ups, awaited, then
-   the hooks; tried until the broker takes them;
+   the hooks; tried until the broker takes them (a record a hook fails on otherwise goes to
+   ``<log>.dlq`` with the reason, and the command goes on);
 6. **write the table** (only once the records are on the log; if the broker refused them,
    see ``_not_recorded``: the seqs move on, the command is dead-lettered and answered
    rejected, retryable);
@@ -63,7 +64,7 @@ from streams.envelope import Envelope
 from streams.free_text import describe, trace_of
 from streams.producer import ProduceError, RecordProducer, deliver_all, too_large
 from streams.retry import RetryPolicy, Unprocessable
-from streams.topics import ACKS, TopicSpec
+from streams.topics import ACKS, TopicSpec, topic_name
 
 log = logging.getLogger(__name__)
 
@@ -318,11 +319,12 @@ class Writer:
         if ack is not None:  # what it announces is on the log (step 7, early)
             self._send_ack(ack)
         self.crash.hit("before_follow_ups", key)
-        await self._until_taken(follow, hooks, where)
+        await self._until_taken(agg.log, follow, hooks, where)
         self.crash.hit("before_state_write", key)
         return None
 
-    async def _until_taken(self, follow: list[Output], hooks: Sequence[Recorded],
+    async def _until_taken(self, spec: TopicSpec, follow: list[Output],
+                           hooks: Sequence[Recorded],
                            where: list[tuple[Envelope, int, int]]) -> None:
         """Step 5b: produce what the placed records start, awaited, and tell each hook of
         their log of each; again, backing off as the worker's consumers do, until the broker
@@ -336,7 +338,7 @@ class Writer:
                     await deliver_all(self.publisher.produce, follow)
                 for env, partition, offset in where:
                     for hook in hooks:
-                        await hook(env, partition, offset)
+                        await self._tell(hook, spec, env, partition, offset)
                 return
             except (ProduceError, KafkaException) as exc:
                 attempt += 1
@@ -344,6 +346,26 @@ class Writer:
                 log.warning("what %s started was not recorded (%s); trying again in %.1f s",
                             where[0][0].causation, describe(exc), delay)
                 await asyncio.sleep(delay)
+
+    async def _tell(self, hook: Recorded, spec: TopicSpec, env: Envelope, partition: int,
+                    offset: int) -> None:
+        """``hook`` told of ``env``; a failure other than the broker's is not the command's.
+
+        The command is decided and its records are on the log: were its state left unwritten
+        (a hook's bug, an index value over the record bound), the aggregate's next command would
+        be given the same seqs. So the record goes to ``<log>.dlq`` with the reason — as a
+        consumer of the log sent a record it could not process — and the command goes on.
+        """
+        try:
+            await hook(env, partition, offset)
+        except (ProduceError, KafkaException):
+            raise  # the broker's: tried again with what the command started
+        except Exception as exc:
+            name = getattr(hook, "__qualname__", type(hook).__name__)
+            reason = f"{name} could not take {env.type!r}: {describe(exc)}"
+            log.error("%s\n%s", reason, trace_of(exc))
+            await dead_letter(self.publisher.producer, topic_name(self.publisher.settings, spec),
+                              env, reason, partition, offset)
 
     async def _not_recorded(self, agg: Aggregate[Any], table: MutableMapping[Any, Any],
                             new: Any, cmd: Envelope, raw: Raw | None,

@@ -30,6 +30,7 @@ from schemas.system import CommandAcknowledged
 from streams.envelope import Envelope, encode
 from streams.producer import ProduceError
 from streams.retry import RetryPolicy, Unprocessable
+from streams.settings import VoiceSettings
 from streams.topics import ACKS, CONVERSATIONS, OWNERS, WORKFLOWS, TopicSpec
 
 CNV = "cnv-00112233aabbccdd"
@@ -75,6 +76,8 @@ class FakePublisher:
         """A topic whose next record the broker refuses (its delivery fails)."""
         self.refuse_too_large = False
         """Refuse it as too large for the topic (else as out of in-sync replicas)."""
+
+    settings = VoiceSettings(topic_prefix="t.")
 
     @property
     def producer(self) -> FakePublisher:
@@ -561,3 +564,32 @@ def test_a_hook_on_the_log_is_told_each_placed_record_before_the_state(parts) ->
     run(writer.dispatch(send("c1")))
     assert told[1:] == [("c1-2", 0, 1)]  # told once the start was taken, not before
     assert journal[-2:] == [("hook", "c1-2"), ("table", CNV)]
+
+
+def test_a_record_a_hook_fails_on_is_dead_lettered_and_the_command_goes_on(parts) -> None:  # noqa: ANN001
+    """A hook's failure other than the broker's (a bug, an index value over the bound) is not
+    the command's: were its state left unwritten after its records are on the log, the next
+    command would be given the same seqs. The record goes to ``<log>.dlq`` with the reason."""
+    journal, out, table, writer = parts
+
+    async def hook(env: Envelope, partition: int, offset: int) -> None:  # noqa: ARG001
+        if env.id == "c1-2":
+            raise ValueError("an index value over the bound")
+        journal.append(("hook", env.id))
+
+    writer.on_recorded(CONVERSATIONS, hook)
+    run(writer.dispatch(start()))
+    run(writer.dispatch(send("c1")))  # its TurnOpened (folding the message): seq 2 on
+    assert [a.outcome for a in out.acks()] == ["accepted", "accepted"]
+    seq = table[CNV]["seq"]
+    assert seq > 1 and journal[-1] == ("table", CNV)  # written: the seqs moved on
+    [(topic, value, headers)] = out.dlq
+    assert topic == "t.voice.conversations.dlq"
+    assert value == encode(out.log()[1])[1] and headers["ce_id"] == b"c1-2"
+    assert headers["voice_dlq_reason"].startswith(b"test_a_record_a_hook_fails_on_is_dead_")
+    assert b"could not take 'voice.conversation.turn_opened.v1': ValueError" in headers[
+        "voice_dlq_reason"]
+    assert headers["voice_dlq_offset"] == b"1"
+    run(writer.dispatch(send("c2")))  # the next command: the next seqs, told as before
+    assert out.log()[-1].seq == seq + 1
+    assert journal[-2:] == [("hook", f"c2-{seq + 1}"), ("table", CNV)]
