@@ -119,6 +119,14 @@ def turn_ended(settings: VoiceSettings, cnv: str) -> list[Envelope] | None:
     return log if done else None
 
 
+def assistant_turns_ended(settings: VoiceSettings, conversation: str, n: int
+                          ) -> list[Envelope] | None:
+    """The assistant ``conversation``'s log once ``n`` of its turns have ended, else None."""
+    log = log_of(settings, ASSISTANT, conversation)
+    ends = [e for e in log if isinstance(e.record, AssistantTurnEnded)]
+    return log if len({e.seq for e in ends}) >= n else None
+
+
 def test_a_participant_turn_killed_at_each_point_replies_once_and_ends(
         settings: VoiceSettings, start_worker: Callable[..., Any],
         start_edge: Callable[..., str], held_model: str) -> None:
@@ -179,18 +187,14 @@ def test_an_assistant_turn_killed_at_each_point_replies_once_and_is_not_left_bus
                                             headers={"Idempotency-Key": f"k-{text}"}),
                         also=(409,))
 
-    def turns_ended(conversation: str, n: int) -> list[Envelope] | None:
-        log = log_of(settings, ASSISTANT, conversation)
-        ends = [e for e in log if isinstance(e.record, AssistantTurnEnded)]
-        return log if len({e.seq for e in ends}) >= n else None
-
     def open_one(point: str) -> str:
         # An assistant conversation is opened by its first chat (the edge names it): that
         # turn ends on the unarmed worker; the armed turn is the conversation's second.
         r = chat(f"{point}, opening")
         assert r.status_code == 202, r.text
         conversation, turn = str(r.json()["conversation_id"]), str(r.json()["turn"])
-        wait_for(lambda: turns_ended(conversation, 1), timeout=90, what="the opening turn")
+        wait_for(lambda: assistant_turns_ended(settings, conversation, 1), timeout=90,
+                 what="the opening turn")
         # Its pattern extraction too: a workflow of this conversation left running would be
         # resumed by the worker armed for it, and crash it at the wrong turn.
         wait_for(lambda: any(isinstance(e.record, (WorkflowCompleted, WorkflowFailed))
@@ -205,9 +209,10 @@ def test_an_assistant_turn_killed_at_each_point_replies_once_and_is_not_left_bus
     try:
         conversations = opened(start_worker, open_one)
         kill_at_each_point(start_worker, held_model, conversations, send,
-                           lambda c: turns_ended(c, 2))
+                           lambda c: assistant_turns_ended(settings, c, 2))
         for point, conversation in conversations.items():
-            log = no_duplicate_seqs(wait_for(lambda c=conversation: turns_ended(c, 2),
+            log = no_duplicate_seqs(wait_for(lambda c=conversation: assistant_turns_ended(
+                                                 settings, c, 2),
                                              timeout=120,
                                              what=f"the assistant turn killed at {point}"))
             ends = [r for e in log if isinstance(r := e.record, AssistantTurnEnded)]
@@ -321,18 +326,14 @@ def test_an_assistant_writer_killed_around_what_a_chat_starts_leaves_it_to_the_n
         return accepted(lambda: client.post("/chat", json=body,
                                             headers={"Idempotency-Key": key}))
 
-    def turns_ended(conversation: str, n: int) -> list[Envelope] | None:
-        log = log_of(settings, ASSISTANT, conversation)
-        return log if len([e for e in log if isinstance(e.record, AssistantTurnEnded)]) >= n \
-            else None
-
     try:
         # 1. An opening chat on an unarmed worker (the edge names the conversation), its turn
         # and its pattern extraction ended (a pattern is a command of the same writer).
         plain = start_worker()
         first = chat("open").json()
         conversation = str(first["conversation_id"])
-        wait_for(lambda: turns_ended(conversation, 1), timeout=90, what="the opening turn")
+        wait_for(lambda: assistant_turns_ended(settings, conversation, 1), timeout=90,
+                 what="the opening turn")
         wait_for(lambda: any(isinstance(e.record, (WorkflowCompleted, WorkflowFailed))
                              for e in log_of(settings, WORKFLOWS, f"{first['turn']}:extract")),
                  timeout=90, what="the opening turn's pattern extraction")
@@ -348,7 +349,8 @@ def test_an_assistant_writer_killed_around_what_a_chat_starts_leaves_it_to_the_n
         # 3. The next one starts the turn (again: the same start), and it replies once.
         start_worker()
         turn = str(posting.result(timeout=120).json()["turn"])
-        log = no_duplicate_seqs(wait_for(lambda: turns_ended(conversation, 2), timeout=120,
+        log = no_duplicate_seqs(wait_for(lambda: assistant_turns_ended(settings, conversation, 2),
+                                         timeout=120,
                                          what="the chat's turn to end"))
         ends = [r for e in log if isinstance(r := e.record, AssistantTurnEnded)
                 and r.turn == turn]
