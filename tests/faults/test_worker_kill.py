@@ -125,6 +125,34 @@ def assistant_turns_ended(settings: VoiceSettings, conversation: str, n: int
     return log if len({e.seq for e in ends}) >= n else None
 
 
+def assistant_chat(client: httpx.Client, text: str, conversation: str | None = None,
+                   also: tuple[int, ...] = ()) -> httpx.Response:
+    """A chat (a new conversation's, or ``conversation``'s) with ``k-{text}`` as its key,
+    posted until it is answered ``202`` or one of ``also`` (``accepted``)."""
+    body: dict[str, Any] = {"message": f"Good morning ({text}), can you help me?",
+                            "stream": False}
+    if conversation is not None:
+        body["conversation_id"] = conversation
+    return accepted(lambda: client.post("/chat", json=body,
+                                        headers={"Idempotency-Key": f"k-{text}"}), also=also)
+
+
+def open_assistant_conversation(settings: VoiceSettings, client: httpx.Client, text: str,
+                                also: tuple[int, ...] = ()) -> str:
+    """An assistant conversation opened by a first chat (the edge names it), once its turn
+    and its pattern extraction have ended: a workflow of it left running would be resumed by
+    a worker armed for it, and crash it at the wrong command."""
+    r = assistant_chat(client, text, also=also)
+    assert r.status_code == 202, r.text
+    conversation, turn = str(r.json()["conversation_id"]), str(r.json()["turn"])
+    wait_for(lambda: assistant_turns_ended(settings, conversation, 1), timeout=90,
+             what="the opening turn")
+    wait_for(lambda: any(isinstance(e.record, (WorkflowCompleted, WorkflowFailed))
+                         for e in log_of(settings, WORKFLOWS, f"{turn}:extract")),
+             timeout=90, what="the opening turn's pattern extraction")
+    return conversation
+
+
 def test_a_participant_turn_killed_at_each_point_replies_once_and_ends(
         settings: VoiceSettings, start_worker: Callable[..., Any],
         start_edge: Callable[..., str], held_model: str) -> None:
@@ -177,28 +205,12 @@ def test_an_assistant_turn_killed_at_each_point_replies_once_and_is_not_left_bus
     client = httpx.Client(base_url=f"{url}{ASSISTANT_BASE}", headers=auth, timeout=30)
 
     def chat(text: str, conversation: str | None = None) -> httpx.Response:
-        body: dict[str, Any] = {"message": f"Good morning ({text}), can you help me?",
-                                "stream": False}
-        if conversation is not None:
-            body["conversation_id"] = conversation
-        return accepted(lambda: client.post("/chat", json=body,
-                                            headers={"Idempotency-Key": f"k-{text}"}),
-                        also=(409,))
+        return assistant_chat(client, text, conversation, also=(409,))
 
     def open_one(point: str) -> str:
-        # An assistant conversation is opened by its first chat (the edge names it): that
-        # turn ends on the unarmed worker; the armed turn is the conversation's second.
-        r = chat(f"{point}, opening")
-        assert r.status_code == 202, r.text
-        conversation, turn = str(r.json()["conversation_id"]), str(r.json()["turn"])
-        wait_for(lambda: assistant_turns_ended(settings, conversation, 1), timeout=90,
-                 what="the opening turn")
-        # Its pattern extraction too: a workflow of this conversation left running would be
-        # resumed by the worker armed for it, and crash it at the wrong turn.
-        wait_for(lambda: any(isinstance(e.record, (WorkflowCompleted, WorkflowFailed))
-                             for e in log_of(settings, WORKFLOWS, f"{turn}:extract")),
-                 timeout=90, what="the opening turn's pattern extraction")
-        return conversation
+        # Its first turn ends on the unarmed worker; the armed turn is the conversation's
+        # second.
+        return open_assistant_conversation(settings, client, f"{point}, opening", also=(409,))
 
     def send(point: str, conversation: str) -> None:
         r = chat(point, conversation)
@@ -317,30 +329,17 @@ def test_an_assistant_writer_killed_around_what_a_chat_starts_leaves_it_to_the_n
     auth = {"Authorization": f"Bearer {mint_token(settings, 'alice', 'participant')}"}
     client = httpx.Client(base_url=f"{url}{ASSISTANT_BASE}", headers=auth, timeout=30)
 
-    def chat(key: str, conversation: str | None = None) -> httpx.Response:
-        body: dict[str, Any] = {"message": "Good morning, can you help me?", "stream": False}
-        if conversation is not None:
-            body["conversation_id"] = conversation
-        return accepted(lambda: client.post("/chat", json=body,
-                                            headers={"Idempotency-Key": key}))
-
     try:
         # 1. An opening chat on an unarmed worker (the edge names the conversation), its turn
         # and its pattern extraction ended (a pattern is a command of the same writer).
         plain = start_worker()
-        first = chat("open").json()
-        conversation = str(first["conversation_id"])
-        wait_for(lambda: assistant_turns_ended(settings, conversation, 1), timeout=90,
-                 what="the opening turn")
-        wait_for(lambda: any(isinstance(e.record, (WorkflowCompleted, WorkflowFailed))
-                             for e in log_of(settings, WORKFLOWS, f"{first['turn']}:extract")),
-                 timeout=90, what="the opening turn's pattern extraction")
+        conversation = open_assistant_conversation(settings, client, "open")
         stop(plain)
 
         # 2. A worker killed at the point of the second chat; the client posts across the
         # kill with its key (the acknowledgement, sent just before, may be lost with it).
         worker = start_worker(VOICE_TEST_CRASH_AT=f"{point}@{conversation}")
-        posting = ThreadPoolExecutor(1).submit(chat, "second", conversation)
+        posting = ThreadPoolExecutor(1).submit(assistant_chat, client, "second", conversation)
         worker.wait(timeout=120)
         assert worker.returncode == KILLED
 
