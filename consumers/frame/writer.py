@@ -20,8 +20,9 @@ aggregate's commands arrive in order at one writer):
    decision 0016) and tell the hooks of the log (``on_recorded``), if any: the
    acknowledgement (7) first — what it announces is on the log, and the aggregate's next
    command waits for this one's table write all the same — then the follow-ups, awaited, then
-   the hooks; tried until the broker takes them (a record a hook fails on otherwise goes to
-   ``<log>.dlq`` with the reason, and the command goes on);
+   the hooks; tried until the broker takes them (a follow-up it refuses for good — too large
+   for its topic — goes to ``<its topic>.dlq``, a record a hook fails on otherwise to
+   ``<log>.dlq``, each with the reason, and the command goes on);
 6. **write the table** (only once the records are on the log; if the broker refused them,
    see ``_not_recorded``: the seqs move on, the command is dead-lettered and answered
    rejected, retryable);
@@ -335,7 +336,7 @@ class Writer:
         while True:
             try:
                 if follow:
-                    await deliver_all(self.publisher.produce, follow)
+                    await self._follow(follow)
                 for env, partition, offset in where:
                     for hook in hooks:
                         await self._tell(hook, spec, env, partition, offset)
@@ -346,6 +347,29 @@ class Writer:
                 log.warning("what %s started was not recorded (%s); trying again in %.1f s",
                             where[0][0].causation, describe(exc), delay)
                 await asyncio.sleep(delay)
+
+    async def _follow(self, follow: list[Output]) -> None:
+        """Produce what the placed records start, awaited. One the broker refuses for good — too
+        large for its topic, which no try can change — goes to ``<its topic>.dlq`` with the
+        reason, as a hook's failure does, rather than holding its aggregate's commands for
+        ever; any other refusal is raised, to be tried again."""
+        try:
+            await deliver_all(self.publisher.produce, follow)
+            return
+        except (ProduceError, KafkaException) as exc:
+            if not too_large(exc):
+                raise
+        for spec, env in follow:  # one at a time: which of them the topic cannot take
+            try:
+                await self.publisher.produce(spec, env)
+            except (ProduceError, KafkaException) as exc:
+                if not too_large(exc):
+                    raise
+                reason = (f"what {env.causation} started was refused for good: "
+                          f"{describe(exc)}")
+                log.error("%s", reason)
+                await dead_letter(self.publisher.producer,
+                                  topic_name(self.publisher.settings, spec), env, reason)
 
     async def _tell(self, hook: Recorded, spec: TopicSpec, env: Envelope, partition: int,
                     offset: int) -> None:
@@ -358,9 +382,9 @@ class Writer:
         """
         try:
             await hook(env, partition, offset)
-        except (ProduceError, KafkaException):
-            raise  # the broker's: tried again with what the command started
         except Exception as exc:
+            if isinstance(exc, ProduceError | KafkaException) and not too_large(exc):
+                raise  # the broker's: tried again with what the command started
             name = getattr(hook, "__qualname__", type(hook).__name__)
             reason = f"{name} could not take {env.type!r}: {describe(exc)}"
             log.error("%s\n%s", reason, trace_of(exc))

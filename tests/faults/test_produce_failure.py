@@ -1,5 +1,8 @@
 """Fault 6 of issue 12: the broker refuses one record a writer produces.
 
+(And its sequel: the broker refuses for good what a writer's records start — a turn's
+``WorkflowStarted`` — after the command is answered; the last test.)
+
 The conversations topic's ``max.message.bytes`` is lowered below one message (which the edge,
 whose bound is the cluster's default, still takes): the writer's produce of that message's
 records fails. That command is dead-lettered with the reason, its client gets no ``202`` but a
@@ -24,7 +27,7 @@ from schemas.conversation import MessageRecorded, SendMessage, TurnStateChanged
 from streams.envelope import decode
 from streams.settings import VoiceSettings
 from streams.tokens import mint_token
-from streams.topics import COMMANDS, CONVERSATIONS, dlq_name, topic_name
+from streams.topics import COMMANDS, CONVERSATIONS, WORKFLOWS, dlq_name, topic_name
 from tests.faults.traffic import conversation_logs
 from tests.support import read_all, wait_for
 
@@ -104,4 +107,46 @@ def test_a_record_the_broker_refuses_dead_letters_its_command_and_the_next_seq_g
     ends = [e.record.turn for e in log if isinstance(e.record, TurnStateChanged)
             and e.record.state != "Thinking"]
     assert sorted(ends) == sorted([first.json()["turn"], nxt.json()["turn"]])
+    assert worker.poll() is None
+
+
+DEADLINE_S = 4
+"""The turn deadline of the last test: the janitor ends the turn whose start was refused."""
+
+
+def test_a_turn_start_refused_for_good_is_dead_lettered_its_turn_ends_and_the_next_goes_on(
+        settings: VoiceSettings, start_worker, start_edge) -> None:  # noqa: ANN001
+    """The writer sends what a message's records start (its turn's workflow) after answering
+    it. Refused as too large for its topic — which no try changes — the start goes to
+    ``<workflows>.dlq`` with the reason and the writer goes on: tried for ever, it would hold
+    every later command of the conversation, the janitor's too, and its partition's offsets."""
+    worker = start_worker(VOICE_TURN_DEADLINE_S=str(DEADLINE_S), VOICE_JANITOR_INTERVAL_S="1")
+    url = start_edge()
+    auth = {"Authorization": f"Bearer {mint_token(settings, 'alice', 'participant')}"}
+    workflows = topic_name(settings, WORKFLOWS)
+    with httpx.Client(base_url=url, headers=auth, timeout=settings.gateway_bound_s * 2) as c:
+        cnv = c.post("/me/conversations").json()["conversation"]
+        lower_max_message_bytes(settings, workflows, 100)  # below any workflow record
+        first = c.post(f"/me/conversations/{cnv}/messages",
+                       json={"text": "The streetlight on Elm Road is broken."})
+        assert first.status_code == 202, first.text
+        turn = first.json()["turn"]
+        [dead] = wait_for(lambda: read_all(settings, dlq_name(workflows)), timeout=30,
+                          what="the turn start's dead letter")
+        headers = dict(dead.headers())
+        assert headers["ce_id"] == f"{turn}:1".encode()
+        reason = headers["voice_dlq_reason"].decode()
+        assert "refused for good" in reason and "too large" in reason.lower(), reason
+        lower_max_message_bytes(settings, workflows, 1_048_588)  # the broker's default again
+
+        # Never started, the turn is ended by its deadline: the writer took the janitor's
+        # command, so it held nothing back.
+        ended = wait_for(lambda: turn_ended(c, cnv, turn), timeout=DEADLINE_S + 30,
+                         what="the unstarted turn's end")
+        assert ended["state"] != "Replied", ended
+        nxt = c.post(f"/me/conversations/{cnv}/messages",
+                     json={"text": "The crossing by the school is unsafe."})
+        assert nxt.status_code == 202, nxt.text
+        assert wait_for(lambda: turn_ended(c, cnv, nxt.json()["turn"]), timeout=90,
+                        what="the next turn's end")["state"] == "Replied"
     assert worker.poll() is None

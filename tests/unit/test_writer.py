@@ -76,6 +76,8 @@ class FakePublisher:
         """A topic whose next record the broker refuses (its delivery fails)."""
         self.refuse_too_large = False
         """Refuse it as too large for the topic (else as out of in-sync replicas)."""
+        self.too_large_for: set[str] = set()
+        """Topics that refuse every record as too large (for good: no try changes it)."""
 
     settings = VoiceSettings(topic_prefix="t.")
 
@@ -93,12 +95,13 @@ class FakePublisher:
         refused = self.refuse == spec.name
         if refused:
             self.refuse = None
+        for_good = spec.name in self.too_large_for
 
         offset = sum(1 for name, _ in self.sent if name == spec.name) - 1
 
         async def acked() -> Report:
             await asyncio.sleep(0)
-            if refused and self.refuse_too_large:
+            if (refused and self.refuse_too_large) or for_good:
                 raise ProduceError(f"produce to {spec.name!r} failed: Broker: Message size too "
                                    "large", retryable=False, code=KafkaError.MSG_SIZE_TOO_LARGE)
             if refused:
@@ -593,3 +596,50 @@ def test_a_record_a_hook_fails_on_is_dead_lettered_and_the_command_goes_on(parts
     run(writer.dispatch(send("c2")))  # the next command: the next seqs, told as before
     assert out.log()[-1].seq == seq + 1
     assert journal[-2:] == [("hook", f"c2-{seq + 1}"), ("table", CNV)]
+
+
+def test_what_a_command_starts_refused_for_good_is_dead_lettered_and_the_command_goes_on(
+        parts) -> None:  # noqa: ANN001
+    """A follow-up too large for its topic is refused at every try: tried for ever, it would
+    hold its aggregate's commands (and the partition's offsets) for good. It goes to
+    ``<its topic>.dlq`` with the reason; the command's state is written and the next goes on."""
+    journal, out, table, writer = parts
+    writer.backoff = RetryPolicy(initial_s=0.001, max_s=0.001)
+    run(writer.dispatch(start()))
+    out.too_large_for = {"voice.workflows"}
+    run(asyncio.wait_for(writer.dispatch(send("c1")), 5))
+    turn = f"{CNV}:turn-2:1"
+    [(topic, value, headers)] = out.dlq
+    assert topic == "t.voice.workflows.dlq"
+    assert value == encode(out.of(WORKFLOWS)[-1])[1] and headers["ce_id"] == turn.encode()
+    assert headers["voice_dlq_reason"].startswith(b"what c1-2 started was refused for good: ")
+    assert b"too large" in headers["voice_dlq_reason"]
+    assert journal[-1] == ("table", CNV)
+    seq = ConversationState.from_dict(table[CNV]).seq  # type: ignore[union-attr]
+    assert [a.outcome for a in out.acks()] == ["accepted", "accepted"]
+    out.too_large_for = set()
+    run(writer.dispatch(send("c2")))  # the conversation's next command: the next seqs
+    assert out.log()[-1].seq == seq + 1 and journal[-1] == ("table", CNV)
+
+
+def test_a_record_whose_hook_the_broker_refuses_for_good_is_dead_lettered(parts) -> None:  # noqa: ANN001
+    """A hook's produce refused as too large is its failure, not the broker's passing one:
+    dead-lettered like any other, not tried for ever."""
+    journal, out, table, writer = parts
+    writer.backoff = RetryPolicy(initial_s=0.001, max_s=0.001)
+    calls: list[str] = []
+
+    async def hook(env: Envelope, partition: int, offset: int) -> None:  # noqa: ARG001
+        calls.append(env.id)
+        if env.id == "c1-2":
+            raise ProduceError("a record of 2000000 bytes is over the limit", retryable=False,
+                               code=KafkaError.MSG_SIZE_TOO_LARGE)
+
+    writer.on_recorded(CONVERSATIONS, hook)
+    run(writer.dispatch(start()))
+    run(asyncio.wait_for(writer.dispatch(send("c1")), 5))
+    assert calls == ["c-start-1", "c1-2"]  # told once: not tried again
+    [(topic, _value, headers)] = out.dlq
+    assert topic == "t.voice.conversations.dlq" and headers["ce_id"] == b"c1-2"
+    assert b"over the limit" in headers["voice_dlq_reason"]
+    assert journal[-1] == ("table", CNV) and table[CNV]["seq"] > 1
