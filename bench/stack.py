@@ -30,6 +30,7 @@ from bench.harness import Context
 from bench.settings import BenchSettings
 from deploy.kafka_local import free_port
 from deploy.processes import (
+    pinned_worker_env,
     spawn_voice,
     stop,
     wait_group_stable,
@@ -215,7 +216,7 @@ def start_stack(ctx: Context, label: str, workers: int | None = None,
         for i in range(count):
             st.procs[f"worker{i}"] = spawn_voice(
                 settings, "worker", log=state / f"worker{i}.log", **model_env, **BENCH_QUOTAS,
-                VOICE_WORKER_READY_FILE=str(ready[i]))
+                **pinned_worker_env(i), VOICE_WORKER_READY_FILE=str(ready[i]))
         # All of them: a group stable with the first to join rebalances again, mid-run, when
         # the next one joins (docs/benchmarks.md, issue 14, thirteenth pass); and each with
         # its tables read back after that last rebalance.

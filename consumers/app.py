@@ -106,8 +106,10 @@ def run_worker(settings: VoiceSettings, loglevel: str = "warning", client: Any =
     """Run the worker in the foreground until SIGINT/SIGTERM."""
     from faust.worker import Worker as FaustWorker
 
+    from streams.affinity import pin_threads
     from streams.heap import settle_heap
 
+    pin_threads(settings.worker_pin_python)  # before its clients start their threads
     if settings.worker_uvloop:
         use_uvloop()
     w = create_worker(settings, client=client)

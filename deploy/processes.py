@@ -44,6 +44,25 @@ def voice_env(settings: VoiceSettings, **extra: str) -> dict[str, str]:
     return env
 
 
+def worker_core(index: int) -> str | None:
+    """The core the ``index``-th worker of a stack on this host pins its Python threads to
+    (``VOICE_WORKER_PIN_PYTHON``, decision 0017): the allowed cores in turn; None with one
+    core allowed (nothing to pin) or where the system cannot say."""
+    if not hasattr(os, "sched_getaffinity"):
+        return None
+    cores = sorted(os.sched_getaffinity(0))
+    return str(cores[index % len(cores)]) if len(cores) >= 2 else None
+
+
+def pinned_worker_env(index: int) -> dict[str, str]:
+    """``VOICE_WORKER_PIN_PYTHON`` for the ``index``-th worker of a stack on this host, unless
+    the environment sets it already."""
+    core = worker_core(index)
+    if core is None or "VOICE_WORKER_PIN_PYTHON" in os.environ:
+        return {}
+    return {"VOICE_WORKER_PIN_PYTHON": core}
+
+
 def spawn_voice(settings: VoiceSettings, *args: str, log: Path, **extra: str
                 ) -> subprocess.Popen[bytes]:
     """Start ``voice ARGS`` as a child with the stack's settings; output goes to ``log``."""

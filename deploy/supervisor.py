@@ -27,7 +27,7 @@ from pathlib import Path
 from confluent_kafka.admin import AdminClient
 
 from deploy.kafka_local import LocalKafka, LocalKafkaSettings
-from deploy.processes import stack_waits_for
+from deploy.processes import pinned_worker_env, stack_waits_for
 from deploy.simulator import SimulatorSettings
 from streams.model_settings import SIMULATOR_KEY, ModelSettings
 from streams.settings import VoiceSettings
@@ -177,7 +177,8 @@ def up(settings: VoiceSettings, with_simulator: bool | None = None) -> int:
             children["simulator"] = _spawn("the model simulator (replies come from it, "
                                            "not from a real model)", ["simulator"], env)
         worker_ready = worker_ready_file(settings)
-        worker_env = {**env, "VOICE_WORKER_READY_FILE": str(worker_ready)}
+        worker_env = {**env, "VOICE_WORKER_READY_FILE": str(worker_ready),
+                      **pinned_worker_env(0)}  # its Python on one core (decision 0017)
         start: dict[str, Callable[[], subprocess.Popen[bytes]]] = {
             "worker": lambda: _spawn("the worker", ["worker"], worker_env),
             "telemetry": lambda: _spawn("the telemetry sink (ClickHouse: embedded unless "

@@ -268,6 +268,15 @@ class VoiceSettings(BaseSettings):
     their own (``consumers.workflows.steploop``), so a step never delays the writer's
     acknowledgements on the worker's loop. Off: steps share the worker's loop."""
 
+    worker_pin_python: str = Field(default="off", pattern=r"^\s*(?i:off|auto|\d+)\s*$")
+    """``VOICE_WORKER_PIN_PYTHON``: ``off`` (the default), a core number, or ``auto``. Pinned, a
+    worker's Python threads run on that one core and librdkafka's threads on the others
+    (``streams.affinity``, decision 0017): only one thread runs Python at a time anyway, and
+    spread over every core each hand-over of the GIL crossed cores. ``auto`` takes a core by
+    the process id among those the worker may use. Nothing is pinned where only one core is
+    allowed. For a worker with cores of its own (a host or VM each, a CPU set); ``voice up``
+    gives its worker the first core it may use."""
+
     worker_changelog_linger_s: float = Field(default=2.0, ge=0, le=60)
     """``VOICE_WORKER_CHANGELOG_LINGER_S``: how long at most a write of the workflows table
     has its changelog record held back, so that a later write of the same key replaces it
