@@ -68,9 +68,12 @@ def test_off_leaves_every_thread_where_the_process_may_run(start_worker) -> None
 
 def test_a_core_the_worker_may_not_use_stops_it_at_start_naming_the_setting(
         settings, tmp_path: Path) -> None:  # noqa: ANN001
-    from deploy.processes import spawn_voice
+    from deploy.processes import spawn_voice, stop
 
     log = tmp_path / "worker.log"
     proc = spawn_voice(settings, "worker", log=log, VOICE_WORKER_PIN_PYTHON="4096")
-    assert proc.wait(timeout=60) != 0
+    try:
+        assert proc.wait(timeout=60) != 0
+    finally:
+        stop(proc)  # a worker that did not stop is not left running
     assert "VOICE_WORKER_PIN_PYTHON=4096" in log.read_text()
