@@ -106,8 +106,11 @@ CHAT_DISPLAY_EVENTS = 8
 
 
 def _worker_run(ctx: Context, workers: int) -> Result:
-    """Sustained turns on a fresh ``PARTITIONS``-partition stack with ``workers`` workers."""
-    st = start_stack(ctx, f"scale{workers}", workers=workers, partitions=PARTITIONS)
+    """Sustained turns on a fresh ``PARTITIONS``-partition stack with ``workers`` workers,
+    none pinned: more workers than the cores can give each a core of its own (decision 0017)
+    would put two workers' Python on one, and the row compares like with like."""
+    st = start_stack(ctx, f"scale{workers}", workers=workers, partitions=PARTITIONS,
+                     pin=False)
     try:
         return _measure(ctx, st, workers)
     finally:

@@ -187,10 +187,11 @@ def stack_settings(ctx: Context, label: str, partitions: int | None = None) -> V
 
 def start_stack(ctx: Context, label: str, workers: int | None = None,
                 model_url: str | None = None, edge_env: dict[str, str] | None = None,
-                partitions: int | None = None) -> Stack:
+                partitions: int | None = None, pin: bool = True) -> Stack:
     """A stack of its own (topics ``…<run id>.<label>.``): the simulator at zero latency, or
     the model at ``model_url``; ``edge_env`` adds settings of the edge alone; ``partitions``
-    per topic when given; the caller closes it (``stack`` keeps the run's one)."""
+    per topic when given; ``pin``: its workers' Python on the cores in turn, as ``voice up``
+    pins its one (decision 0017); the caller closes it (``stack`` keeps the run's one)."""
     settings = stack_settings(ctx, label, partitions)
     state = settings.state_dir
     ctx.log(f"  starting the {label} (state {state})")
@@ -216,7 +217,8 @@ def start_stack(ctx: Context, label: str, workers: int | None = None,
         for i in range(count):
             st.procs[f"worker{i}"] = spawn_voice(
                 settings, "worker", log=state / f"worker{i}.log", **model_env, **BENCH_QUOTAS,
-                **pinned_worker_env(i), VOICE_WORKER_READY_FILE=str(ready[i]))
+                **(pinned_worker_env(i) if pin else {}),
+                VOICE_WORKER_READY_FILE=str(ready[i]))
         # All of them: a group stable with the first to join rebalances again, mid-run, when
         # the next one joins (docs/benchmarks.md, issue 14, thirteenth pass); and each with
         # its tables read back after that last rebalance.
