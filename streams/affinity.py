@@ -17,6 +17,7 @@ from __future__ import annotations
 import logging
 import os
 import threading
+import time
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from pathlib import Path
@@ -75,46 +76,41 @@ class ThreadPinning:
         self.tasks = tasks
         self.pin = pin
         self.interval_s = interval_s
-        self.pinned: dict[int, str] = {}
-        """Thread id → its name when pinned."""
-        self._stop = threading.Event()
-        self._thread: threading.Thread | None = None
+        self.pinned: set[int] = set()
+        """Ids of the live threads already pinned (an ended thread's id is forgotten: the
+        kernel may give it to a new thread, which is then pinned as its own kind)."""
 
     def scan(self) -> int:
         """Pin every thread not pinned yet; returns how many were."""
-        done = 0
         try:
-            ids = [int(name) for name in os.listdir(self.tasks) if name.isdigit()]
+            ids = {int(name) for name in os.listdir(self.tasks) if name.isdigit()}
         except OSError:
             return 0
-        for tid in ids:
-            if tid in self.pinned:
-                continue
+        self.pinned &= ids
+        done = 0
+        for tid in ids - self.pinned:
             try:
                 name = (self.tasks / str(tid) / "comm").read_text().strip()
                 self.pin(tid, self.cores.native if name.startswith(NATIVE_PREFIX)
                          else self.cores.python)
             except OSError:  # gone meanwhile, or not ours to move
                 continue
-            self.pinned[tid] = name
+            self.pinned.add(tid)
             done += 1
         return done
 
     def start(self) -> ThreadPinning:
         """Pin what runs now, then look again every ``interval_s`` in a daemon thread."""
         self.scan()
-        self._thread = threading.Thread(target=self._run, name="voice-pinning", daemon=True)
-        self._thread.start()
+        threading.Thread(target=self._run, name="voice-pinning", daemon=True).start()
         log.info("Python threads on core(s) %s, librdkafka's on %s",
                  sorted(self.cores.python), sorted(self.cores.native))
         return self
 
     def _run(self) -> None:
-        while not self._stop.wait(self.interval_s):
+        while True:
+            time.sleep(self.interval_s)
             self.scan()
-
-    def stop(self) -> None:
-        self._stop.set()
 
 
 def pin_threads(setting: str) -> ThreadPinning | None:

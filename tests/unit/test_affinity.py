@@ -54,6 +54,21 @@ def test_each_thread_is_pinned_once_by_its_name_and_later_ones_at_the_next_look(
     assert pinning.scan() == 1 and pins[-1] == (104, {1, 2})
 
 
+def test_an_ended_threads_id_is_forgotten_so_a_new_thread_given_it_is_pinned(
+        tmp_path: Path) -> None:
+    import shutil
+
+    pins: list[tuple[int, frozenset[int]]] = []
+    root = tasks(tmp_path, {100: "python", 101: "python"})
+    pinning = ThreadPinning(Split(python=frozenset({0}), native=frozenset({1})), tasks=root,
+                            pin=lambda tid, cores: pins.append((tid, cores)))
+    assert pinning.scan() == 2
+    shutil.rmtree(root / "101")  # ended
+    assert pinning.scan() == 0 and pinning.pinned == {100}
+    tasks(root, {101: "rdk:broker1"})  # its id given to a librdkafka thread
+    assert pinning.scan() == 1 and pins[-1] == (101, {1})
+
+
 def test_a_thread_gone_or_not_movable_is_skipped_and_tried_again(tmp_path: Path) -> None:
     refused = {101}
     pins: list[int] = []
