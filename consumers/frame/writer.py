@@ -368,8 +368,7 @@ class Writer:
                 reason = (f"what {env.causation} started was refused for good: "
                           f"{describe(exc)}")
                 log.error("%s", reason)
-                await dead_letter(self.publisher.producer,
-                                  topic_name(self.publisher.settings, spec), env, reason)
+                await self._dead_letter_record(spec, env, reason)
 
     async def _tell(self, hook: Recorded, spec: TopicSpec, env: Envelope, partition: int,
                     offset: int) -> None:
@@ -388,8 +387,7 @@ class Writer:
             name = getattr(hook, "__qualname__", type(hook).__name__)
             reason = f"{name} could not take {env.type!r}: {describe(exc)}"
             log.error("%s\n%s", reason, trace_of(exc))
-            await dead_letter(self.publisher.producer, topic_name(self.publisher.settings, spec),
-                              env, reason, partition, offset)
+            await self._dead_letter_record(spec, env, reason, partition, offset)
 
     async def _not_recorded(self, agg: Aggregate[Any], table: MutableMapping[Any, Any],
                             new: Any, cmd: Envelope, raw: Raw | None,
@@ -416,6 +414,14 @@ class Writer:
         await self._dead_letter(cmd, reason, raw)
         if agg.acknowledges(cmd):
             self._send_ack(acknowledgement(cmd, _refusal(exc), agg.source))
+
+    async def _dead_letter_record(self, spec: TopicSpec, env: Envelope, reason: str,
+                                  partition: int | None = None, offset: int | None = None
+                                  ) -> None:
+        """``env``, a record of ``spec`` (placed at ``partition``/``offset``, or never placed),
+        to ``<its topic>.dlq`` with ``reason``."""
+        await dead_letter(self.publisher.producer, topic_name(self.publisher.settings, spec),
+                          env, reason, partition, offset)
 
     async def _dead_letter(self, cmd: Envelope, reason: str, raw: Raw | None) -> None:
         await dead_letter(self.publisher.producer, self.topic, cmd, reason,
