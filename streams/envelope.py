@@ -33,7 +33,7 @@ from pydantic import ValidationError
 from schemas.base import Record, model_for
 from streams.entropy import random_uuid_hex
 from streams.free_text import fields_of
-from streams.tracing import TRACEPARENT, inject
+from streams.tracing import TRACE_HEADERS, TRACEPARENT, inject
 
 SPECVERSION = "1.0"
 CONTENT_TYPE = "application/json"
@@ -43,6 +43,8 @@ _SPEC, _JSON = SPECVERSION.encode(), CONTENT_TYPE.encode()
 _DIRECT = frozenset({"ce_specversion", "ce_id", "ce_type", "ce_source", "ce_time", "ce_subject",
                      "content-type"})
 """The CloudEvents headers of a record the direct path decodes (what ``encode`` writes)."""
+_WRITTEN = _DIRECT | frozenset(VOICE_HEADERS) | frozenset(TRACE_HEADERS)
+"""Every header ``encode`` writes: a record with no other is told direct by one set test."""
 _UTC_TIME = re.compile(rb"\d{4}-\d\d-\d\dT\d\d:\d\d:\d\d(\.\d{1,6})?Z")
 
 Headers = list[tuple[str, bytes]]
@@ -180,9 +182,10 @@ def _decode_direct(key: bytes | None, value: bytes | None, hmap: dict[str, bytes
     if (key is None or not value or hmap.get("ce_specversion") != _SPEC
             or hmap.get("content-type") != _JSON):
         return None
-    ce = [n for n in hmap if n.lower().startswith("ce_") or n.lower() == "content-type"]
-    if not _DIRECT.issuperset(ce):
-        return None
+    if not _WRITTEN.issuperset(hmap):  # a header ``encode`` never writes: is it CloudEvents'?
+        ce = [n for n in hmap if n.lower().startswith("ce_") or n.lower() == "content-type"]
+        if not _DIRECT.issuperset(ce):
+            return None
     stamp = hmap.get("ce_time")
     try:
         ce_type, ce_id, source = (hmap["ce_type"].decode(), hmap["ce_id"].decode(),
@@ -196,15 +199,30 @@ def _decode_direct(key: bytes | None, value: bytes | None, hmap: dict[str, bytes
         model = model_for(ce_type)
         record = model.model_validate_json(value)
         seq_raw = hmap.get("voice_seq")
-        seq = int(seq_raw) if seq_raw is not None else None
-        str_or_none = lambda n: hmap[n].decode() if n in hmap else None  # noqa: E731
-        return Envelope(
-            record=record, key=aggregate, source=source, subject=subject, seq=seq,
-            tenant=str_or_none("voice_tenant"), correlation=str_or_none("voice_correlation"),
-            causation=str_or_none("voice_causation"), id=ce_id, time=time,
-            traceparent=hmap[TRACEPARENT].decode("latin-1") if TRACEPARENT in hmap else None)
+        tenant, correlation, causation, trace = (hmap.get("voice_tenant"),
+                                                 hmap.get("voice_correlation"),
+                                                 hmap.get("voice_causation"),
+                                                 hmap.get(TRACEPARENT))
+        return _envelope({
+            "record": record, "key": aggregate, "source": source, "subject": subject,
+            "seq": int(seq_raw) if seq_raw is not None else None,
+            "tenant": tenant.decode() if tenant is not None else None,
+            "correlation": correlation.decode() if correlation is not None else None,
+            "causation": causation.decode() if causation is not None else None,
+            "id": ce_id, "time": time,
+            "traceparent": trace.decode("latin-1") if trace is not None else None})
     except (KeyError, ValueError):  # ValidationError and UnicodeDecodeError are ValueErrors
         return None
+
+
+def _envelope(values: dict[str, object]) -> Envelope:
+    """``Envelope(**values)`` for ``values`` naming every field (``tests/unit/test_envelope``
+    holds them to ``fields(Envelope)``): the frozen dataclass's ``__init__`` sets each field
+    through ``object.__setattr__`` (1.6 µs of a decode's 7), this fills the instance's dict
+    at once (0.4 µs)."""
+    env = object.__new__(Envelope)
+    env.__dict__.update(values)
+    return env
 
 
 def _decode_checked(key: bytes | None, value: bytes | None, hmap: dict[str, bytes]
