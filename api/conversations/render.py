@@ -6,7 +6,7 @@ perhaps by another edge whose record this edge has not read yet); routes turn it
 
 from __future__ import annotations
 
-from fastapi.sse import ServerSentEvent, format_sse_event
+from fastapi.sse import ServerSentEvent
 from pydantic import JsonValue
 
 from api.conversations.models import (
@@ -23,7 +23,7 @@ from api.conversations.models import (
     TurnSummary,
 )
 from api.conversations.views import ConversationView, TurnView
-from api.frame.sse import Frame
+from api.frame.sse import Frame, event_frame_bytes
 from schemas.conversation import (
     MessageRecorded,
     ProposalRecorded,
@@ -146,12 +146,12 @@ def event_frame(sealer: Sealer, env: Envelope) -> Frame | None:
     Bytes, not a ``ServerSentEvent``: a view renders each event once for all its streams
     (``KeptEvents.render_once``) and every stream writes the same bytes — the event's data
     is built and serialised once, no SSE model is built, nothing is framed per stream (the
-    framing is FastAPI's own, ``format_sse_event``, as ``sse_frame(sse_event(…))`` gives)."""
+    framing is FastAPI's, ``format_sse_event``, as ``sse_frame(sse_event(…))`` gives)."""
     found = event_data(sealer, env)
     if found is None:
         return None
     event, data = found
-    return format_sse_event(data_str=data.model_dump_json(), event=event, id=str(env.seq))
+    return event_frame_bytes(data.model_dump_json(), event, str(env.seq))
 
 
 def delta_event(sealer: Sealer, env: Envelope) -> ServerSentEvent:

@@ -17,11 +17,11 @@ from dataclasses import dataclass
 from typing import Annotated, Any
 
 from confluent_kafka import KafkaException, Message
-from fastapi import Depends, HTTPException
+from fastapi import Depends, HTTPException, Request
 
 from api.frame.auth import Principal
 from api.frame.deadline import remaining
-from api.frame.deps import PrincipalDep, ProducerDep, SettingsDep, TailDep, not_found
+from api.frame.deps import PrincipalDep, not_found
 from api.frame.tail import AckTimeout, EdgeTail
 from schemas.base import Record
 from schemas.system import CommandAcknowledged
@@ -140,9 +140,15 @@ def conversation_refused(ack: CommandAcknowledged, conversation: str) -> HTTPExc
     return refused(ack, f"conversation {conversation!r}", not_found("conversation", conversation))
 
 
-async def get_commands(settings: SettingsDep, producer: ProducerDep, tail: TailDep,
-                       principal: PrincipalDep) -> Commands:
-    return Commands(settings, Publisher(settings, lambda: producer), tail, principal)
+async def get_commands(request: Request, principal: PrincipalDep) -> Commands:
+    """The caller's ``Commands``. The app's settings, producer and tail are read here, not
+    taken as dependencies: FastAPI solves each dependency node of every request (~7 µs each
+    on an idle core), and this one is on every route that records (docs/benchmarks.md,
+    thirty-fifth pass)."""
+    state = request.app.state
+    producer = state.producer
+    return Commands(state.settings, Publisher(state.settings, lambda: producer), state.tail,
+                    principal)
 
 
 CommandsDep = Annotated[Commands, Depends(get_commands)]

@@ -184,23 +184,26 @@ async def find_owned(projection: Projection[V], key: str, who: Principal,
     return projection.owned(key, who)
 
 
-def owned_dependency(projection_of: Callable[..., Any], *, valid: Callable[[str], bool],
-                     description: str, what: str = "conversation"
-                     ) -> Callable[..., Awaitable[Any]]:
+def owned_dependency(projection_of: Callable[[Request], Awaitable[Projection[Any]]], *,
+                     valid: Callable[[str], bool], description: str,
+                     what: str = "conversation") -> Callable[..., Awaitable[Any]]:
     """A dependency giving the caller's own ``{conversation}`` of ``projection_of``'s views.
 
     404 if the id is malformed, unknown, erased, or someone else's — never 403: the answer
     must not reveal that another caller's resource exists.
+
+    The projection and the sealer are read here, not taken as dependencies: FastAPI solves
+    each dependency node of every request (~7 µs each on an idle core), and this one is on
+    every route of a conversation (docs/benchmarks.md, thirty-fifth pass).
     """
 
     async def owned(
+        request: Request,
         conversation: Annotated[str, Path(description=description)],
-        projection: Annotated[Projection[Any], Depends(projection_of)],
         principal: ConverseDep,
-        sealer: SealerDep,
     ) -> Any:
-        return await owned_view(projection, conversation, principal, sealer, valid=valid,
-                                what=what)
+        return await owned_view(await projection_of(request), conversation, principal,
+                                request.app.state.sealer, valid=valid, what=what)
 
     return owned
 

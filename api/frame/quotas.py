@@ -13,7 +13,7 @@ opens one) takes ``AdmissionDep`` and calls it. The counters are this edge proce
 from __future__ import annotations
 
 import time
-from collections.abc import AsyncIterator, Awaitable, Callable
+from collections.abc import AsyncIterator
 from dataclasses import dataclass, field
 from typing import Annotated, Any, Literal
 
@@ -99,10 +99,7 @@ class Admission:
 
     def charge(self, quota: Quota) -> None:
         """Count one unit of ``quota``; 429 when the principal has none left."""
-        try:
-            self.quotas.windows[quota].take(key_of(self.principal))
-        except OverQuota as exc:
-            raise too_many(exc) from None
+        charge(self.quotas, self.principal, quota)
 
     def open_stream(self) -> None:
         """Hold one of the principal's stream slots for this response; 429 when all are held."""
@@ -112,6 +109,14 @@ class Admission:
         for slot in self.slots:
             slot.release()
         self.slots.clear()
+
+
+def charge(quotas: EdgeQuotas, principal: Principal, quota: Quota) -> None:
+    """Count one unit of ``principal``'s ``quota``; 429 when it has none left."""
+    try:
+        quotas.windows[quota].take(key_of(principal))
+    except OverQuota as exc:
+        raise too_many(exc) from None
 
 
 def hold_stream(quotas: EdgeQuotas, principal: Principal) -> Slot:
@@ -137,22 +142,28 @@ AdmissionDep = Annotated[Admission, Depends(admission)]
 
 
 def quota(name: Quota, capability: Capability = "converse") -> Any:
-    """A route dependency charging one unit of ``name`` to a caller with ``capability``."""
-    return Depends(_checked(capability, lambda held: held.charge(name)))
+    """A route dependency charging one unit of ``name`` to a caller with ``capability``.
 
-
-def stream_slot(capability: Capability = "converse") -> Any:
-    """A route dependency holding one of the caller's stream slots until the response ends."""
-    return Depends(_checked(capability, Admission.open_stream))
-
-
-def _checked(capability: Capability, claim: Callable[[Admission], None]
-             ) -> Callable[..., Awaitable[None]]:
+    Not through ``admission``: a charge holds nothing until the response ends, and FastAPI
+    solves every occurrence of a dependency's sub-tree again, cached or not (the principal's
+    and its bearer's), and enters a dependency with an exit on its exit stack — together ~60 µs
+    of a POST's dependencies on an idle core (docs/benchmarks.md, thirty-fifth pass)."""
     allowed = Depends(require(capability))
 
     # The capability first (dependencies resolve in this order): a caller refused 401/403
     # uses no quota.
-    async def claimed(*, principal: Principal = allowed, held: AdmissionDep) -> None:
-        claim(held)
+    async def charged(request: Request, *, principal: Principal = allowed) -> None:
+        charge(edge_quotas(request), principal, name)
 
-    return claimed
+    return Depends(charged)
+
+
+def stream_slot(capability: Capability = "converse") -> Any:
+    """A route dependency holding one of the caller's stream slots until the response ends."""
+    allowed = Depends(require(capability))
+
+    # The capability first, as for ``quota``: a caller refused 401/403 holds no slot.
+    async def claimed(*, principal: Principal = allowed, held: AdmissionDep) -> None:
+        held.open_stream()
+
+    return Depends(claimed)

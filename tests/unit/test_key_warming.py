@@ -10,6 +10,7 @@ from __future__ import annotations
 import asyncio
 import threading
 import time
+from types import SimpleNamespace
 from typing import Any
 
 from api.frame.auth import Principal
@@ -61,7 +62,11 @@ async def test_an_unknown_key_is_learnt_in_a_thread_while_the_loop_runs_on() -> 
     store = SlowStore()
     sealer = Sealer(store)
     sealer.create(CNV)
-    owned = owned_dependency(lambda: None, valid=lambda _c: True, description="id")
+    async def views(_request: Any) -> Any:
+        return OneView("the view")
+
+    owned = owned_dependency(views, valid=lambda _c: True, description="id")
+    request = SimpleNamespace(app=SimpleNamespace(state=SimpleNamespace(sealer=sealer)))
     who = Principal(sub="ann", role="participant")
     ticks = 0
 
@@ -72,13 +77,13 @@ async def test_an_unknown_key_is_learnt_in_a_thread_while_the_loop_runs_on() -> 
             ticks += 1
 
     beat = asyncio.create_task(ticker())
-    view = await owned(CNV, OneView("the view"), who, sealer)
+    view = await owned(request, CNV, who)
     beat.cancel()
     assert view == "the view"
     assert store.warmed_on and store.warmed_on[0] != threading.main_thread().name
     assert ticks >= 10, "the event loop ran while the key was being learnt"
     # Known now: the next request asks the key service nothing.
-    await owned(CNV, OneView("the view"), who, sealer)
+    await owned(request, CNV, who)
     assert len(store.warmed_on) == 1
 
 
