@@ -142,6 +142,15 @@ def log_of(settings: VoiceSettings, spec: TopicSpec, key: str) -> list[Envelope]
     return sorted(out, key=lambda e: e.seq or 0)
 
 
+def table_holds(settings: VoiceSettings, table: str, key: str) -> bool:
+    """Whether the worker group's ``table`` has a value for ``key`` in its changelog: a
+    worker killed after that has its state for the next one (a kill before may lose it, and
+    the next worker then decides the key's command again)."""
+    topic = f"{worker_group(settings)}-{table}-changelog"
+    return any((m.key() or b"").strip(b'"') == key.encode() and m.value()
+               for m in read_all(settings, topic))
+
+
 def step_running(settings: VoiceSettings, workflow: str, step_index: int = 0) -> bool:
     """Whether a worker has started ``workflow``'s step ``step_index``: its workflow table
     says so (the runtime writes the table, then starts the step's task). A first step has no

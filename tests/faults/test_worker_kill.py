@@ -49,6 +49,7 @@ from tests.support import (
     no_duplicate_seqs,
     send_message,
     stop,
+    table_holds,
     wait_for,
 )
 
@@ -263,6 +264,11 @@ def test_a_writer_killed_around_what_a_command_starts_leaves_it_to_the_next(
         worker = start_worker(VOICE_TEST_CRASH_AT=f"{point}@{forged}")
         cnv = str(accepted(lambda: client.post(
             "/me/conversations", headers={"Idempotency-Key": "open"})).json()["conversation"])
+        # The next worker's crash point names ``cnv``, for its turn's start. Were ``cnv``'s
+        # state lost with this worker (a kill can lose a table write not yet sent), the next
+        # one would decide its start again, and die there before writing ``forged``'s entry.
+        wait_for(lambda: table_holds(settings, "conversations", cnv), timeout=60,
+                 what="the conversation's state in its table's changelog")
         forge_command(settings, Envelope(
             record=StartConversation(conversation=forged, owner="alice"), key=forged,
             source="/test", subject=forged, id=f"open-{forged}", correlation=f"open-{forged}",
@@ -278,8 +284,13 @@ def test_a_writer_killed_around_what_a_command_starts_leaves_it_to_the_next(
         # acknowledgement of the message goes just before (its delivery not awaited), so the
         # kill may lose it: the client retries with the same key until a worker answers.
         worker = start_worker(VOICE_TEST_CRASH_AT=f"{point}@{cnv}")
-        wait_for(lambda: [e for e in log_of(settings, OWNERS, mine) if e.subject == forged],
-                 timeout=120, what="the entry written by the next worker")
+
+        def entry_written() -> bool:
+            assert worker.poll() is None, (
+                f"the next worker exited ({worker.returncode}) before writing the entry")
+            return any(e.subject == forged for e in log_of(settings, OWNERS, mine))
+
+        wait_for(entry_written, timeout=120, what="the entry written by the next worker")
         poster = httpx.Client(base_url=url, headers=auth, timeout=30)
         posting = ThreadPoolExecutor(1).submit(
             send_message, poster, cnv, "k-1", "The streetlight on Elm Road is broken.")
