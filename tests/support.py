@@ -142,13 +142,19 @@ def log_of(settings: VoiceSettings, spec: TopicSpec, key: str) -> list[Envelope]
     return sorted(out, key=lambda e: e.seq or 0)
 
 
+def table_values(settings: VoiceSettings, table: str, key: str) -> list[bytes]:
+    """The values the worker group's ``table`` has written for ``key`` to its changelog, in
+    order (deletions left out)."""
+    topic = f"{worker_group(settings)}-{table}-changelog"
+    return [value for m in read_all(settings, topic)
+            if (m.key() or b"").strip(b'"') == key.encode() and (value := m.value())]
+
+
 def table_holds(settings: VoiceSettings, table: str, key: str) -> bool:
     """Whether the worker group's ``table`` has a value for ``key`` in its changelog: a
     worker killed after that has its state for the next one (a kill before may lose it, and
     the next worker then decides the key's command again)."""
-    topic = f"{worker_group(settings)}-{table}-changelog"
-    return any((m.key() or b"").strip(b'"') == key.encode() and m.value()
-               for m in read_all(settings, topic))
+    return bool(table_values(settings, table, key))
 
 
 def step_running(settings: VoiceSettings, workflow: str, step_index: int = 0) -> bool:
@@ -157,14 +163,8 @@ def step_running(settings: VoiceSettings, workflow: str, step_index: int = 0) ->
     record of its own on ``voice.workflows`` (its start is ``WorkflowStarted``'s), so a test
     that must stop a worker mid-step waits on the table's changelog instead (where a running
     step's state is held back at most ``VOICE_WORKER_CHANGELOG_LINGER_S``)."""
-    topic = f"{worker_group(settings)}-workflows-changelog"
-    for m in read_all(settings, topic):
-        if (m.key() or b"").strip(b'"') != workflow.encode() or not m.value():
-            continue
-        state = json.loads(m.value())
-        if state.get("status") == "running" and state.get("step_index") == step_index:
-            return True
-    return False
+    return any(state.get("status") == "running" and state.get("step_index") == step_index
+               for state in map(json.loads, table_values(settings, "workflows", workflow)))
 
 
 def accepted(post: Callable[[], httpx.Response], also: tuple[int, ...] = ()

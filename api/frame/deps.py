@@ -1,4 +1,4 @@
-"""Typed dependencies every product's routes share: settings, tail, sealer, principal and
+"""Typed dependencies every product's routes share: settings, sealer, principal and
 roles, the caller's own resource (404 for anyone else's), views that must catch up with the
 log, and the byte limit of a text field."""
 
@@ -15,10 +15,8 @@ from api.frame.cold import SCAN_TIMEOUT_S as COLD_READ_WAIT_S
 from api.frame.cold import ColdReadFailed
 from api.frame.deadline import cut_short, remaining
 from api.frame.projection import Projection
-from api.frame.tail import EdgeTail
 from streams.capabilities import Capability
 from streams.ids import TENANT_PATTERN, parse_turn
-from streams.producer import RecordProducer
 from streams.sealing import Sealer
 from streams.settings import VoiceSettings
 from streams.tokens import AuthError, KeysUnavailable, verify_token
@@ -34,14 +32,6 @@ or changed, through another edge a moment ago) before it answers 404."""
 
 async def get_settings(request: Request) -> VoiceSettings:
     return request.app.state.settings
-
-
-async def get_producer(request: Request) -> RecordProducer:
-    return request.app.state.producer
-
-
-async def get_tail(request: Request) -> EdgeTail:
-    return request.app.state.tail
 
 
 async def get_sealer(request: Request) -> Sealer:
@@ -98,8 +88,6 @@ def allowed(principal: Principal, capability: Capability) -> Principal:
 
 
 SettingsDep = Annotated[VoiceSettings, Depends(get_settings)]
-ProducerDep = Annotated[RecordProducer, Depends(get_producer)]
-TailDep = Annotated[EdgeTail, Depends(get_tail)]
 SealerDep = Annotated[Sealer, Depends(get_sealer)]
 PrincipalDep = Annotated[Principal, Depends(get_principal)]
 ConverseDep = Annotated[Principal, Depends(require("converse"))]

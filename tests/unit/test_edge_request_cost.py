@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import inspect
 from collections.abc import Iterator
-from typing import Any
 
 import pytest
 from fastapi.dependencies.models import Dependant
@@ -21,16 +20,7 @@ from fastapi.sse import ServerSentEvent, format_sse_event
 from api.app import create_app
 from api.frame.deps import get_principal
 from api.frame.sse import event_frame_bytes, sse_frame
-
-
-def _routes(routes: list[Any]) -> Iterator[APIRoute]:
-    for r in routes:
-        if isinstance(r, APIRoute):
-            yield r
-        elif hasattr(r, "original_router"):  # an included router
-            yield from _routes(r.original_router.routes)
-        elif hasattr(r, "routes"):
-            yield from _routes(r.routes)
+from tests.unit.test_edge_input import api_routes
 
 
 def _nodes(d: Dependant) -> Iterator[Dependant]:
@@ -44,7 +34,7 @@ def _has_exit(d: Dependant) -> bool:
 
 
 def _route(method: str, path: str) -> APIRoute:
-    found = [r for r in _routes(create_app().routes) if r.path == path and method in r.methods]
+    found = [r for r in api_routes(create_app().routes) if r.path == path and method in r.methods]
     assert len(found) == 1, f"{method} {path}: {len(found)} routes"
     return found[0]
 
