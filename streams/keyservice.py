@@ -23,8 +23,9 @@ import secrets
 import threading
 import time
 import uuid
+from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, TypeVar
 
 from confluent_kafka import OFFSET_BEGINNING, Consumer, KafkaError, Producer, TopicPartition
 from cryptography.hazmat.primitives.ciphers.aead import AESGCM
@@ -37,6 +38,8 @@ from streams.keyring import KeyRing, wrap_record
 from streams.sealing import KeyErased, KeyNotFound, SealingError, check_id
 from streams.settings import VoiceSettings
 from streams.topics import KEYS, topic_name
+
+T = TypeVar("T")
 
 log = logging.getLogger(__name__)
 
@@ -120,13 +123,21 @@ class ClusterKeyStore:
 
     def get(self, conversation: str, version: int) -> bytes:
         """The data key (a dict hit); on a miss, read the topic to its end once and look again."""
+        return self._looked_up(self.ring.key, conversation, version)
+
+    def cipher(self, conversation: str, version: int) -> AESGCM:
+        """The data key as a ready cipher (the ring keeps those used last), looked up as
+        ``get`` does."""
+        return self._looked_up(self.ring.cipher, conversation, version)
+
+    def _looked_up(self, look: Callable[[str, int], T], conversation: str, version: int) -> T:
         try:
-            return self.ring.key(conversation, version)
+            return look(conversation, version)
         except KeyNotFound:
             if self.ring.state(conversation) != "absent":
                 raise
         self.sync()
-        return self.ring.key(conversation, version)
+        return look(conversation, version)
 
     def holds(self, conversation: str) -> bool:
         """Whether the ring has the id (live or erased): then no call waits on the topic."""

@@ -61,6 +61,9 @@ class KeyStore(Protocol):
     def get(self, conversation: str, version: int) -> bytes:
         """The data key; ``KeyErased`` after ``destroy``, ``KeyNotFound`` if never created."""
 
+    def cipher(self, conversation: str, version: int) -> AESGCM:
+        """The data key as a cipher to seal and open with; raises as ``get`` does."""
+
     def destroy(self, conversation: str) -> None:
         """Delete every version and leave a tombstone, so the keys can never come back."""
 
@@ -109,6 +112,9 @@ class MemoryKeyStore:
                 raise KeyNotFound(f"conversation {conversation!r} has no key version {version}")
             return keys[version]
 
+    def cipher(self, conversation: str, version: int) -> AESGCM:
+        return AESGCM(self.get(conversation, version))
+
     def destroy(self, conversation: str) -> None:
         with self._lock:
             self._keys.pop(conversation, None)
@@ -152,9 +158,9 @@ class Sealer:
         """The key store this sealer seals with."""
         return self._store
 
-    def _current_key(self, conversation: str) -> tuple[int, bytes]:
+    def _current_cipher(self, conversation: str) -> tuple[int, AESGCM]:
         version = self._store.create(conversation)  # lazily, at the first content
-        return version, self._store.get(conversation, version)
+        return version, self._store.cipher(conversation, version)
 
     def create(self, conversation: str, tenant: str | None = None) -> int:
         """Make sure the id has a data key (before its first content); its version."""
@@ -166,9 +172,9 @@ class Sealer:
         check_id("conversation", conversation)
         check_id("content_id", content_id)
         data = plaintext.encode("utf-8") if isinstance(plaintext, str) else bytes(plaintext)
-        version, key = self._current_key(conversation)
+        version, cipher = self._current_cipher(conversation)
         nonce = random_bytes(_NONCE_BYTES)
-        ciphertext = AESGCM(key).encrypt(nonce, data, _aad(conversation, content_id, version))
+        ciphertext = cipher.encrypt(nonce, data, _aad(conversation, content_id, version))
         return Sealed(key_version=version, nonce=_b64(nonce), ciphertext=_b64(ciphertext))
 
     def open(self, conversation: str, content_id: str, sealed: Sealed) -> bytes:
@@ -176,10 +182,10 @@ class Sealer:
         blob is tampered or belongs to another conversation or content id."""
         check_id("conversation", conversation)
         check_id("content_id", content_id)
-        key = self._store.get(conversation, sealed.key_version)
+        cipher = self._store.cipher(conversation, sealed.key_version)
         aad = _aad(conversation, content_id, sealed.key_version)
         try:
-            return AESGCM(key).decrypt(_unb64(sealed.nonce), _unb64(sealed.ciphertext), aad)
+            return cipher.decrypt(_unb64(sealed.nonce), _unb64(sealed.ciphertext), aad)
         except (InvalidTag, ValueError):  # binascii.Error is a ValueError
             raise OpenFailed(
                 f"cannot open content {content_id!r} of conversation {conversation!r}: "

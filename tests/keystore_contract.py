@@ -7,6 +7,7 @@ from __future__ import annotations
 import base64
 
 import pytest
+from cryptography.hazmat.primitives.ciphers.aead import AESGCM
 
 from schemas.base import Sealed
 from streams.sealing import KeyErased, KeyNotFound, KeyStore, OpenFailed, Sealer, SealingError
@@ -27,6 +28,10 @@ class CountingStore:
     def get(self, conversation: str, version: int) -> bytes:
         self.gets += 1
         return self.inner.get(conversation, version)
+
+    def cipher(self, conversation: str, version: int) -> AESGCM:
+        self.gets += 1
+        return self.inner.cipher(conversation, version)
 
     def destroy(self, conversation: str) -> None:
         self.inner.destroy(conversation)

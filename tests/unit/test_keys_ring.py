@@ -8,8 +8,10 @@ import base64
 import os
 
 import pytest
+from cryptography.hazmat.primitives.ciphers.aead import AESGCM
 
 from schemas.keys import DataKeyWrapped, KekVersions
+from streams import keyring
 from streams.kek import KekError, MasterKek
 from streams.keyring import KeyRing, wrap_record
 from streams.sealing import KeyErased, KeyNotFound, SealingError
@@ -201,3 +203,38 @@ def test_a_rotation_to_a_new_master_secret_leaves_the_old_versions_to_nobody() -
     for bad in ("2", "x=abc", "0=abc", "2="):
         with pytest.raises(KekError, match="VOICE_MASTER_KEYS item 1"):
             master_keys_from_env("prod", bad)
+
+
+def test_a_cipher_is_its_key_made_ready_and_kept_for_the_next_call(kek: MasterKek) -> None:
+    ring = KeyRing(kek)
+    key = os.urandom(32)
+    ring.apply_key(proposal(kek, key, "key-aaaaaaaa"))
+    cipher = ring.cipher(ID, 1)
+    nonce = os.urandom(12)
+    assert AESGCM(key).decrypt(nonce, cipher.encrypt(nonce, b"hi", b"aad"), b"aad") == b"hi"
+    assert ring.cipher(ID, 1) is cipher  # not built again from the key
+    with pytest.raises(KeyNotFound):
+        ring.cipher(ID, 2)  # a kept cipher answers only for its own version
+
+
+def test_an_erasure_drops_the_kept_cipher_with_the_key(kek: MasterKek) -> None:
+    ring = KeyRing(kek)
+    ring.apply_key(proposal(kek, os.urandom(32), "key-aaaaaaaa"))
+    ring.cipher(ID, 1)
+    ring.apply_tombstone(ID)
+    with pytest.raises(KeyErased):
+        ring.cipher(ID, 1)
+
+
+def test_the_ring_keeps_the_ciphers_used_last_and_no_more(kek: MasterKek,
+                                                          monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(keyring, "CIPHERS_KEPT", 2)
+    ring = KeyRing(kek)
+    ids = [f"cnv-{n:08x}" for n in range(3)]
+    for id_ in ids:
+        ring.apply_key(proposal(kek, os.urandom(32), "key-aaaaaaaa", id_=id_))
+    first, second = ring.cipher(ids[0], 1), ring.cipher(ids[1], 1)
+    assert ring.cipher(ids[0], 1) is first  # used again: now the latest
+    ring.cipher(ids[2], 1)  # one too many: the least recently used goes
+    assert ring.cipher(ids[0], 1) is first
+    assert ring.cipher(ids[1], 1) is not second  # built again, from the key the ring holds
