@@ -69,7 +69,6 @@ partitions that have nothing new: at 1 MiB a worker read a changelog of ~360-byt
 at 2,900 records/s, at 8 MiB at 8,500 (then its own loop is the limit). A fetch of a few new
 records is as small as before."""
 Dispatch = Callable[[Envelope, Any], Awaitable[None]]
-Watch = Callable[[Envelope], Awaitable[None]]
 SOURCE = "/voice/worker"
 
 
@@ -145,7 +144,6 @@ class WorkerContext:
         self.products: list[Product] = []
         self.guards: dict[str, RecordGuard] = {}
         """Each agent's guard, by agent name (its dead-letter count)."""
-        self._workflow_watches: list[Watch] = []
         self.on_command((WorkflowCommandReceived,), self._forward_workflow_command)
         # One lane per aggregate: its commands in order, different aggregates' at once
         # (each command waits on the broker for its records before it is acknowledged).
@@ -207,15 +205,6 @@ class WorkerContext:
                    handler: Callable[[Envelope], Awaitable[None]]) -> None:
         """Hand commands of ``types`` that no aggregate owns to ``handler``."""
         self.writer.route(types, handler)
-
-    def watch_workflows(self, watch: Watch) -> None:
-        """Show ``watch`` each record of ``voice.workflows`` this worker takes, before its
-        runtime applies it. One agent reads the topic and decodes each record once: a second
-        agent of its own cost every workflow record (four a turn) Faust's hand-over and a
-        decode again. A watch that raises fails the record, which is tried again (the
-        watches first) and then dead-lettered, as every handler's; so a watch must act
-        idempotently, as the runtime does on a record it sees again."""
-        self._workflow_watches.append(watch)
 
     def follow(self, spec: TopicSpec, apply: Apply, name: str,
                types: frozenset[str] | None = None) -> Follower:
@@ -312,8 +301,6 @@ class WorkerContext:
                 env, Ack.accepted(None, workflow=rec.workflow, command=rec.command), SOURCE))
 
     async def _on_workflow_record(self, env: Envelope, event: Any) -> None:
-        for watch in self._workflow_watches:
-            await watch(env)
         await self.runtime.handle(env, event.ack, event.message.tp, event.message.offset)
 
     def close(self) -> None:

@@ -10,8 +10,7 @@ each id once, so a ``notify`` re-run after a crash sends every follower the upda
 once however far the first run got. Deliveries started before inputs were references (their
 input a copy) still run.
 
-The watcher is shown each record of ``voice.workflows`` the workflow engine takes (before the
-engine applies it, ``WorkerContext.watch_workflows``) and, when a delivery
+The watcher reads ``voice.workflows`` beside the workflow engine and, when a delivery
 completes or fails, submits ``EndDelivery`` to the issue's writer (id derived from the
 workflow), so the developments handler can start the issue's next development. It acts on
 the log rather than on the engine's ``on_end`` hook because the hook runs once, in memory,

@@ -10,6 +10,7 @@ watcher reads ``voice.workflows``.
 from __future__ import annotations
 
 import logging
+from typing import Any
 
 from consumers.frame.context import WorkerContext
 from consumers.staff.delivery import Delivery
@@ -45,8 +46,10 @@ class Staff:
         self.delivery = Delivery(self.out, delays, ctx.log_reader)
         ctx.workflow(self.research.definition, self.review.definition, self.delivery.definition)
         ctx.on_recorded(ISSUES, self._on_issue_record)
-        # A delivery's end, seen on the log beside the runtime (``Delivery``'s docstring).
-        ctx.watch_workflows(self.delivery.on_workflow_record)
+        # A second agent on ``voice.workflows`` (Faust hands each record to every agent of a
+        # topic). It only produces commands; the runtime's agent dead-letters bad records.
+        ctx.wire(WORKFLOWS, self._on_workflow_record, agent_name="staff_workflow_watch",
+                 dead_letter=False)
 
     async def _on_issue_record(self, env: Envelope, partition: int, offset: int) -> None:
         """Told by the issue's writer of each record it put at ``partition``/``offset``
@@ -56,3 +59,6 @@ class Staff:
         if start is not None:
             await self.out.send(WORKFLOWS, start)
         self.deliveries[env.key] = queue.to_dict()
+
+    async def _on_workflow_record(self, env: Envelope, event: Any) -> None:  # noqa: ARG002
+        await self.delivery.on_workflow_record(env)

@@ -23,7 +23,7 @@ from consumers.frame.failures import Halt, RecordGuard, consume
 from consumers.frame.writer import Raw
 from schemas.base import Sealed
 from schemas.conversation import ConversationStarted, TurnRequested
-from schemas.workflow import WorkflowCompleted, WorkflowStarted
+from schemas.workflow import WorkflowStarted
 from streams.envelope import Envelope, encode
 from streams.producer import ProduceError
 from streams.retry import RetryPolicy, Unprocessable, attempt, retryable
@@ -358,25 +358,10 @@ def test_a_workflow_kind_nobody_runs_is_dead_lettered_not_logged_and_committed()
     [(topic, _k, _v, headers)] = producer.sent
     assert topic == "t.voice.workflows.dlq"
     assert b"no workflow kind 'no-such-kind'" in headers["voice_dlq_reason"]
-
-
-def test_one_agent_reads_the_workflows_and_shows_each_record_to_the_delivery_watch() -> None:
-    """A second agent on the topic (the delivery watch's, until the 36th pass of issue 14)
-    cost every workflow record Faust's hand-over and a decode again."""
-    ctx, producer, halts = worker()
-    topic = topic_name(SETTINGS, WORKFLOWS)
-    assert [name for name, agent in ctx.app.agents.items()
-            if topic in agent.channel.topics] == ["voice_workflows_agent"]
-    ended = Envelope(record=WorkflowCompleted(workflow="iss-0123abcd:dev-1"),
-                     key="iss-0123abcd:dev-1", source="/test", seq=5, id="iss-0123abcd:dev-1:5",
-                     tenant="t1")
-    ev = event(9, ended, topic=topic)
-    run_agent(ctx, "voice_workflows_agent", ev)
-    assert ev.acks == [9] and halts == []  # the runtime took it too
-    [(to, key, _v, headers)] = producer.sent
-    assert (to, key) == ("t.voice.commands", b"iss-0123abcd")
-    assert headers["ce_type"] == b"voice.issue.end_delivery.v1"
-    assert headers["ce_id"] == b"iss-0123abcd:dev-1:ended:iss-0123abcd:dev-1:5"
+    # The delivery watcher reads the same topic and leaves dead letters to the runtime.
+    ev2 = event(5, started, topic="t.voice.workflows")
+    run_agent(ctx, "staff_workflow_watch", ev2)
+    assert ev2.acks == [5] and len(producer.sent) == 1
 
 
 def test_the_worker_consumes_exactly_the_topics_marked_read_by_workers() -> None:
@@ -390,9 +375,10 @@ def test_the_worker_consumes_exactly_the_topics_marked_read_by_workers() -> None
     assert read == {"t.voice.commands", "t.voice.workflows"}
 
 
-def test_undecodable_bytes_are_dead_lettered() -> None:
+def test_undecodable_bytes_are_dead_lettered_once_per_topic() -> None:
     ctx, producer, _ = worker()
     run_agent(ctx, "voice_workflows_agent", event(1, value=b"\xff", topic="t.voice.workflows"))
+    run_agent(ctx, "staff_workflow_watch", event(1, value=b"\xff", topic="t.voice.workflows"))
     assert [t for t, *_ in producer.sent] == ["t.voice.workflows.dlq"]
     assert producer.reasons() == ["ce_specversion is None, expected '1.0'"]
 

@@ -85,7 +85,7 @@ def test_the_worker_holds_the_log_records_its_writer_placed() -> None:
     assert held.id == f"{CNV}:2"
     # A record its agents consume is not held (none is an aggregate's log).
     other = event(5, record(1), topic="t.voice.workflows")
-    run_agent(ctx, "voice_workflows_agent", other)
+    run_agent(ctx, "staff_workflow_watch", other)
     assert halts == [] and other.acks == [5]
     assert ctx.log_reader.recent.held("t.voice.workflows", 0, CNV, [Position(1, 5)]) is None
 
