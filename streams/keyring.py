@@ -35,8 +35,9 @@ record again, a losing proposal (ignored), or a record for an erased id (ignored
 
 CIPHERS_KEPT = 1024
 """Ready ciphers the ring keeps (the ids used last): building one from its key cost a seal or
-an open ~5 µs of its ~15 under load, and a conversation's turn seals ~17 times. Each is
-~2.5 KB, so a ring of every conversation an edge opened would outgrow the edge's memory."""
+an open ~7 µs of CPU in a running worker (a seal ~20), and a turn seals ~17 times (issue 14,
+thirty-sixth pass). Each is ~2.5 KB, so a ring of every conversation an edge opened would
+outgrow the edge's memory."""
 
 
 def wrap_aad(id_: str, version: int, key_id: str, kek_version: int) -> bytes:
