@@ -37,7 +37,7 @@ from typing import Any
 from confluent_kafka import OFFSET_BEGINNING, Consumer, Message, Producer, TopicPartition
 
 from bench.harness import Context, Result, benchmark, latency_summary
-from bench.stack import cpu_seconds, own_cpu_seconds
+from bench.stack import cpu_seconds, jit_cpu_seconds, own_cpu_seconds
 from streams.fetch import TAILING, take
 from streams.producer import PRODUCER_CONFIG
 
@@ -362,9 +362,11 @@ def close_chains() -> None:
 
 
 def _cpu(c: Chain, ctx: Context) -> dict[str, float | None]:
-    """CPU seconds so far of the chain's worker, its edge (this process) and the broker."""
+    """CPU seconds so far of the chain's worker, its edge (this process) and the broker
+    (``broker_jit``: the part of it its JIT compiler ran)."""
     return {"chain_worker": cpu_seconds(c.worker.pid), "chain_edge": own_cpu_seconds(),
-            "broker": cpu_seconds(ctx.broker_pid) if ctx.broker_pid else None}
+            "broker": cpu_seconds(ctx.broker_pid) if ctx.broker_pid else None,
+            "broker_jit": jit_cpu_seconds(ctx.broker_pid) if ctx.broker_pid else None}
 
 
 @benchmark("kafka.turn_chain")
@@ -402,7 +404,9 @@ def _sustained(ctx: Context, c: Chain) -> Result:
               "turns_per_s": round(SUSTAINED_TURNS / elapsed, 1),
               "concurrency": CONCURRENCY, "turn_latency": latency_summary(c.edge.replied),
               "records_per_turn": records_per_turn(), "cpu_ms_per_turn": cpu}
-    for rate in PACED_RATES:  # the broker batches less the fewer turns come at once
+    # The broker batches less the fewer turns come at once; at 30 turns/s most of its CPU a turn
+    # was its JIT still compiling (`broker_jit`; issue 14, thirty-seventh pass).
+    for rate in PACED_RATES:
         n = int(rate * PACED_SECONDS)
         before = _cpu(c, ctx)
         c.edge.play(CONCURRENCY, n, f"paced{rate:g}", rate=rate)

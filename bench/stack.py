@@ -74,6 +74,28 @@ def live_threads_cpu_seconds(pid: int) -> float | None:
     return None if threads is None else sum(threads.values())
 
 
+JIT_THREADS = ("C1 Compiler", "C2 Compiler")
+"""How HotSpot's JIT compiler threads' names (``C2 CompilerThread0``, cut to 15 characters in
+``/proc``) begin."""
+
+
+def jit_seconds(threads: dict[str, float]) -> float:
+    """Of ``threads_cpu_seconds``' reading, the seconds of a JVM's JIT compiler threads."""
+    return sum(s for name, s in threads.items() if name.startswith(JIT_THREADS))
+
+
+def jit_cpu_seconds(pid: int) -> float | None:
+    """CPU seconds a JVM's JIT compiler threads have run so far, or None.
+
+    A broker started for the run is still compiling minutes later, in the figures' windows too
+    (~15 % of its CPU in ``turn.sustained``, issue 14's thirty-seventh pass); one that has run
+    for days is not. The figures give this part of the broker's CPU beside the whole. Live
+    threads only: a compiler thread HotSpot stopped no longer counts (two cores run one of
+    each, and they live as long as the JVM)."""
+    threads = threads_cpu_seconds(pid)
+    return None if threads is None else jit_seconds(threads)
+
+
 def rss_kib(pid: int) -> int:
     """The process's resident set, KiB (Linux ``/proc``)."""
     for line in Path(f"/proc/{pid}/status").read_text().splitlines():
@@ -103,9 +125,11 @@ class Stack:
                 "worker_concurrency": self.settings.worker_concurrency}
 
     def cpu(self) -> dict[str, float | None]:
-        """CPU seconds used so far by each child, the broker (when local) and this process."""
+        """CPU seconds used so far by each child, the broker (when local; ``broker_jit`` is the
+        part of it its JIT compiler ran) and this process."""
         out: dict[str, float | None] = {n: cpu_seconds(p.pid) for n, p in self.procs.items()}
         out["broker"] = cpu_seconds(self.broker_pid) if self.broker_pid else None
+        out["broker_jit"] = jit_cpu_seconds(self.broker_pid) if self.broker_pid else None
         out["bench_client"] = own_cpu_seconds()
         return out
 
