@@ -99,6 +99,21 @@ def _java_version() -> str | None:
     return None
 
 
+def _request_reader(broker: Any) -> Any:
+    """A reader of the local broker's request counts (``bench.broker_requests``), or None
+    (no local broker, or no JDK to run the reader: the figures then give no counts)."""
+    if broker is None or broker.jmx_port is None:
+        return None
+    from bench.broker_requests import BrokerRequests
+    from deploy.kafka_local import check_java
+
+    try:
+        return BrokerRequests.start(check_java(), broker.jmx_port)
+    except Exception as exc:
+        print(f"[bench] no request counts of the broker: {exc}", file=sys.stderr, flush=True)
+        return None
+
+
 def machine(broker: str) -> dict[str, Any]:
     from deploy.kafka_local import KAFKA_VERSION
 
@@ -156,7 +171,8 @@ def main(argv: list[str] | None = None) -> int:
                 from deploy.kafka_local import LocalKafka, free_port
 
                 tmp = tempfile.TemporaryDirectory(prefix="voice-bench-")
-                broker = LocalKafka(data_dir=Path(tmp.name), port=free_port())
+                broker = LocalKafka(data_dir=Path(tmp.name), port=free_port(),
+                                    jmx_port=free_port())
                 print("[bench] starting a local broker …", file=sys.stderr, flush=True)
                 bootstrap = broker.start()
                 where = "local"
@@ -166,6 +182,7 @@ def main(argv: list[str] | None = None) -> int:
             ctx = Context(settings=settings, bootstrap=bootstrap, records=args.records,
                           throughput_records=args.throughput_records, runs=args.runs,
                           broker_pid=broker.process.pid if broker and broker.process else None,
+                          broker_requests=_request_reader(broker),
                           external=where == "external")
             load_before = os.getloadavg()
             try:
@@ -177,6 +194,8 @@ def main(argv: list[str] | None = None) -> int:
             if where == "external":
                 ctx.delete_topics()
         finally:
+            if ctx is not None and ctx.broker_requests is not None:
+                ctx.broker_requests.close()
             if broker is not None:
                 print("[bench] stopping the broker", file=sys.stderr, flush=True)
                 broker.stop()

@@ -36,6 +36,7 @@ from typing import Any
 
 from confluent_kafka import OFFSET_BEGINNING, Consumer, Message, Producer, TopicPartition
 
+from bench.broker_requests import per_unit, reading
 from bench.harness import Context, Result, benchmark, latency_summary
 from bench.stack import cpu_seconds, jit_cpu_seconds, own_cpu_seconds
 from streams.fetch import TAILING, take
@@ -397,21 +398,25 @@ def turn_chain_sustained(ctx: Context) -> Result:
 def _sustained(ctx: Context, c: Chain) -> Result:
     c.edge.play(CONCURRENCY, SUSTAINED_WARMUP, "warm")
     time.sleep(1.0)
-    before = _cpu(c, ctx)
+    before, asked = _cpu(c, ctx), reading(ctx.broker_requests)
     elapsed = c.edge.play(CONCURRENCY, SUSTAINED_TURNS, "sus")
     cpu = _cpu_per_turn(before, _cpu(c, ctx), SUSTAINED_TURNS)
     result = {"turns": SUSTAINED_TURNS, "seconds": round(elapsed, 3),
               "turns_per_s": round(SUSTAINED_TURNS / elapsed, 1),
               "concurrency": CONCURRENCY, "turn_latency": latency_summary(c.edge.replied),
-              "records_per_turn": records_per_turn(), "cpu_ms_per_turn": cpu}
+              "records_per_turn": records_per_turn(), "cpu_ms_per_turn": cpu,
+              "broker_requests_per_turn": per_unit(asked, reading(ctx.broker_requests),
+                                                   SUSTAINED_TURNS)}
     # The broker batches less the fewer turns come at once; at 30 turns/s most of its CPU a turn
     # was its JIT still compiling (`broker_jit`; issue 14, thirty-seventh pass).
     for rate in PACED_RATES:
         n = int(rate * PACED_SECONDS)
-        before = _cpu(c, ctx)
+        before, asked = _cpu(c, ctx), reading(ctx.broker_requests)
         c.edge.play(CONCURRENCY, n, f"paced{rate:g}", rate=rate)
-        result[f"at_{rate:g}_per_s"] = {"turns": n, "cpu_ms_per_turn": _cpu_per_turn(
-            before, _cpu(c, ctx), n), "turn_latency": latency_summary(c.edge.replied)}
+        result[f"at_{rate:g}_per_s"] = {
+            "turns": n, "cpu_ms_per_turn": _cpu_per_turn(before, _cpu(c, ctx), n),
+            "broker_requests_per_turn": per_unit(asked, reading(ctx.broker_requests), n),
+            "turn_latency": latency_summary(c.edge.replied)}
     result["produce_errors"] = c.edge.flow.errors
     return result
 

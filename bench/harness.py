@@ -25,9 +25,12 @@ import time
 import uuid
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from streams.settings import VoiceSettings
+
+if TYPE_CHECKING:
+    from bench.broker_requests import BrokerRequests
 
 Result = dict[str, Any]
 BenchFn = Callable[["Context"], Result]
@@ -114,6 +117,9 @@ class Context:
     run_id: str = field(default_factory=lambda: uuid.uuid4().hex[:8])
     broker_pid: int | None = None
     """The local broker's process id (for CPU accounting), when the run started one."""
+    broker_requests: BrokerRequests | None = None
+    """The reader of the local broker's request counts, when the run started one and a JDK is
+    here to run it."""
     external: bool = False
     """True on an existing cluster (``VOICE_KAFKA_BOOTSTRAP``): leave nothing behind there."""
     created_topics: list[str] = field(default_factory=list)

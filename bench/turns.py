@@ -28,6 +28,7 @@ from typing import Any
 
 import httpx
 
+from bench.broker_requests import per_unit, reading
 from bench.harness import Context, Result, benchmark, latency_summary, percentile
 from bench.settings import BenchSettings
 from bench.stack import Stack, stack
@@ -466,10 +467,10 @@ def turns_sustained(ctx: Context) -> Result:
     h = _headers(ctx, "bench-sustained")
     asyncio.run(_sustained_run(s, h, SUSTAINED_WARMUP, SUSTAINED_CONCURRENCY))  # unmeasured
     idle = _idle_cpu(s)
-    marks0, cpu0 = s.watermarks(), s.cpu()
+    marks0, cpu0, asked0 = s.watermarks(), s.cpu(), reading(ctx.broker_requests)
     elapsed, parts, latencies = asyncio.run(
         _sustained_run(s, h, BenchSettings().sustained_turns, SUSTAINED_CONCURRENCY))
-    cpu1, marks1 = s.cpu(), s.watermarks()
+    cpu1, asked1, marks1 = s.cpu(), reading(ctx.broker_requests), s.watermarks()
     n = sum(len(p.turns) for p in parts)
     app = worker_group(s.settings) + "-"
     written = {t.removeprefix(s.settings.topic_prefix).removeprefix(app):
@@ -484,6 +485,7 @@ def turns_sustained(ctx: Context) -> Result:
         "records_per_turn": round(total / n, 2),
         "records_per_turn_by_topic": {t: round(v / n, 2) for t, v in sorted(written.items())},
         "cpu_ms_per_turn": _cpu_delta(cpu0, cpu1, n),
+        "broker_requests_per_turn": per_unit(asked0, asked1, n),
         "idle_cpu_ms_per_s": idle,
         "rss_mib_after": s.rss_mib(),
         "stack": s.describe(),

@@ -123,6 +123,9 @@ class LocalKafka:
     controller_port: int | None = None
     cache_dir: Path | None = None
     heap: str = "768m"
+    jmx_port: int | None = None
+    """A JMX port on 127.0.0.1, without authentication, for a benchmark to read the broker's
+    request counts (``bench/broker_requests.py``); None: no JMX port."""
     process: subprocess.Popen[bytes] | None = None
 
     @property
@@ -194,6 +197,7 @@ class LocalKafka:
         log = open(self.log_path, "ab")
         self.process = subprocess.Popen(
             [java, "-Xms256m", f"-Xmx{self.heap}", "-XX:+UseG1GC",
+             *self._jmx_flags(),
              # Kafka's own variable for extra JVM flags (a profiler, say), as its scripts read it.
              *shlex.split(os.environ.get("KAFKA_OPTS", "")),
              f"-Dlog4j2.configurationFile={LOG4J}", "-cp", cp, "kafka.Kafka", str(props)],
@@ -201,6 +205,14 @@ class LocalKafka:
         )
         self._wait_ready(timeout)
         return self.bootstrap
+
+    def _jmx_flags(self) -> list[str]:
+        if self.jmx_port is None:
+            return []
+        jmx = "-Dcom.sun.management.jmxremote"
+        return [f"{jmx}.port={self.jmx_port}", f"{jmx}.rmi.port={self.jmx_port}",
+                f"{jmx}.host=127.0.0.1", "-Djava.rmi.server.hostname=127.0.0.1",
+                f"{jmx}.authenticate=false", f"{jmx}.ssl=false"]
 
     def _wait_ready(self, timeout: float) -> None:
         from confluent_kafka.admin import AdminClient

@@ -1,4 +1,5 @@
-"""The stack's CPU readings: a JVM's JIT compiler threads told apart from the rest."""
+"""The bench's readings: a JVM's JIT compiler threads told apart from the rest of its CPU;
+the broker's request counts a unit."""
 
 from __future__ import annotations
 
@@ -7,6 +8,7 @@ import subprocess
 import sys
 import time
 
+from bench.broker_requests import per_unit, reading
 from bench.stack import jit_cpu_seconds, jit_seconds, threads_cpu_seconds
 
 
@@ -27,3 +29,13 @@ def test_a_process_that_is_gone_reads_none() -> None:
     proc.wait()
     time.sleep(0.01)
     assert jit_cpu_seconds(proc.pid) is None
+
+
+def test_counts_a_unit_leave_out_what_is_counted_twice() -> None:
+    before = {"Produce": 10, "Fetch": 4, "FetchConsumer": 4, "Metadata": 1}
+    after = {"Produce": 40, "Fetch": 14, "FetchConsumer": 14, "Metadata": 1, "ListOffsets": 5}
+    assert per_unit(before, after, 10) == {"FetchConsumer": 1.0, "Fetch": 1.0,
+                                           "ListOffsets": 0.5, "Produce": 3.0, "total": 4.5}
+    assert per_unit(None, after, 10) is None
+    assert per_unit(before, after, 0) is None
+    assert reading(None) is None
