@@ -172,7 +172,10 @@ def create_app(settings: VoiceSettings | None = None, bind_host: str | None = No
                                   live={DELTAS: views.apply_delta,
                                         **({} if owners is None else {OWNERS: owners.on_tail})},
                                   before_window=app.state.staff.before_window(),
-                                  windowed=(ASSISTANT,))
+                                  windowed=(ASSISTANT,),
+                                  # What no turn of a conversation writes to: its own fetches.
+                                  apart=(*app.state.staff.quiet_topics(),
+                                         *app.state.assistant.tail_handlers()))
         app.state.tail.start()
         evicting = (None if settings.edge_history_s is None else
                     asyncio.create_task(evict_unused(

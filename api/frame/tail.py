@@ -60,7 +60,8 @@ class EdgeTail:
                  located: Mapping[TopicSpec, LocatedHandler] | None = None,
                  live: Mapping[TopicSpec, RecordHandler] | None = None,
                  before_window: Mapping[TopicSpec, Callable[[bytes | None], bool]] | None = None,
-                 windowed: Iterable[TopicSpec] = ()) -> None:
+                 windowed: Iterable[TopicSpec] = (),
+                 apart: Iterable[TopicSpec] = ()) -> None:
         self.settings = settings
         self.on_conversation = on_conversation
         self.acks_topic = topic_name(settings, ACKS)
@@ -82,13 +83,25 @@ class EdgeTail:
         """The topics read from the history window's start when there is one: the conversation
         log, and each other log of conversations that the edge reads on demand (the
         assistant's)."""
+        self.apart = {topic_name(settings, spec) for spec in apart}
+        """Topics read by a consumer of their own, beside the one that reads the rest. Each
+        fetch names every partition its consumer reads, and costs the broker ~1.8 µs a
+        partition named (docs/benchmarks.md, issue 14, thirty-seventh pass); a record on any of
+        them ends a fetch. Topics that a turn does not write to (the staff's, the assistant's),
+        read apart, are no longer named in the fetches that a turn's records end, ~7 a turn."""
         self.window_start_ms = 0
         """With ``VOICE_EDGE_HISTORY_S``: the record time the window starts at."""
         self.left_before_window = 0
         """Records ``before_window`` left unread at start (counted on the tail's thread)."""
         self._waiters: dict[str, asyncio.Future[Envelope]] = {}
         self._stop = threading.Event()
-        self._thread: threading.Thread | None = None
+        self._threads: list[threading.Thread] = []
+        self._consumers = 1 + bool(self.apart)
+        """How many consumers read: one, or two with topics ``apart``."""
+        self._ready: Counter[str] = Counter()
+        """Consumers assigned, caught up (under ``_lock``)."""
+        self._lock = threading.Lock()
+        self._ends: dict[tuple[str, int], int] = {}
         self._loop: asyncio.AbstractEventLoop | None = None
         self.starts: dict[tuple[str, int], int] = {}
         """Per partition of a ``windowed`` topic, the offset this tail started at (set before
@@ -96,21 +109,34 @@ class EdgeTail:
         self.partitions: dict[str, int] = {}
         """How many partitions each topic it reads has (set before ``assigned``)."""
         self.assigned = threading.Event()
+        """Set once every consumer has its partitions."""
         self.caught_up = threading.Event()
-        """Set once the conversation log has been read up to its end at start."""
+        """Set once every log read from a start has been read up to its end at start."""
         self.skipped: Counter[tuple[str, str]] = Counter()
         """(topic, ``undecodable`` | ``not applied``) → records skipped since the start
         (changed and read on the event loop only)."""
 
     def start(self) -> None:
         self._loop = asyncio.get_running_loop()
-        self._thread = threading.Thread(target=self._run, name="voice-edge-tail", daemon=True)
-        self._thread.start()
+        groups: list[tuple[str, bool]] = [("voice-edge-tail", False)]
+        if self.apart:
+            groups.append(("voice-edge-tail-apart", True))
+        self._threads = [threading.Thread(target=self._run, args=(apart,), name=name,
+                                          daemon=True) for name, apart in groups]
+        for t in self._threads:
+            t.start()
 
     def stop(self) -> None:
         self._stop.set()
-        if self._thread:
-            self._thread.join(timeout=5)
+        for t in self._threads:
+            t.join(timeout=5)
+
+    def _one_more(self, what: str, event: threading.Event) -> None:
+        """One more consumer is ``what`` (assigned, caught up): ``event`` once all are."""
+        with self._lock:
+            self._ready[what] += 1
+            if self._ready[what] >= self._consumers:
+                event.set()
 
     def expect_ack(self, command_id: str) -> asyncio.Future[Envelope]:
         """Register interest in a command's ack *before* producing the command."""
@@ -136,23 +162,27 @@ class EdgeTail:
         assert isinstance(env.record, CommandAcknowledged)
         return env.record
 
-    def _assign(self, consumer: Consumer) -> None:
+    def _assign(self, consumer: Consumer, apart: bool = False) -> dict[tuple[str, int], int]:
         """Assign every partition at once, each at a concrete offset (the log's start or end
         looked up here, not left to the client): every partition is then in the tail's first
         fetch. A logical offset is resolved by the client partition by partition after the
         assignment, and a partition resolved while a fetch was held joined only the next one,
-        up to ``fetch.wait.max.ms`` later — at start, each step of the catch-up."""
+        up to ``fetch.wait.max.ms`` later — at start, each step of the catch-up.
+
+        ``apart``: the consumer of the topics ``apart`` (else: of every other topic). Returns
+        where each log it reads from a start ended when it looked."""
         md = consumer.list_topics(timeout=10)
         parts: list[TopicPartition] = []
         starts = [(self.acks_topic, OFFSET_END), (self.conv_topic, OFFSET_BEGINNING),
                   *((t, OFFSET_BEGINNING) for t in (*self.more, *self.located)),
                   *((t, OFFSET_END) for t in self.live)]
+        starts = [(topic, start) for topic, start in starts if (topic in self.apart) == apart]
         for topic, start in starts:
             t = md.topics.get(topic)
             if t is None or t.error is not None:
                 raise RuntimeError(f"topic {topic!r} is missing: run `voice topics create`")
             parts += [TopicPartition(topic, p, start) for p in t.partitions]
-        self.partitions = {topic: len(md.topics[topic].partitions) for topic, _ in starts}
+        self.partitions.update({topic: len(md.topics[topic].partitions) for topic, _ in starts})
         # Where each log starts and ends now: the edge is caught up once it reaches the ends.
         marks = {(tp.topic, tp.partition): consumer.get_watermark_offsets(
             TopicPartition(tp.topic, tp.partition), 10) for tp in parts}
@@ -162,18 +192,22 @@ class EdgeTail:
         if self.settings.edge_history_s is not None:
             parts = self._windowed(consumer, parts, marks)
         consumer.assign(parts)
-        self._ends = {(topic, p): marks[(topic, p)][1]
-                      for topic in (self.conv_topic, *self.more, *self.located)
-                      for p in md.topics[topic].partitions}
-        self.assigned.set()
+        ends = {(topic, p): marks[(topic, p)][1]
+                for topic in (self.conv_topic, *self.more, *self.located)
+                if (topic in self.apart) == apart for p in md.topics[topic].partitions}
+        self._ends.update(ends)
+        self._one_more("assigned", self.assigned)
+        return ends
 
     def _windowed(self, consumer: Consumer, parts: list[TopicPartition],
                   marks: Mapping[tuple[str, int], tuple[int, int]]) -> list[TopicPartition]:
         """``parts`` with the ``windowed`` topics' partitions starting ``edge_history_s`` back
         (by record time); ``starts`` notes where, for the cold reads below it."""
         assert self.settings.edge_history_s is not None
-        since_ms = self.window_start_ms = int((time.time() - self.settings.edge_history_s)
-                                              * 1000)
+        with self._lock:  # one window for every consumer: the first to look sets it
+            if not self.window_start_ms:
+                self.window_start_ms = int((time.time() - self.settings.edge_history_s) * 1000)
+            since_ms = self.window_start_ms
         logs = [TopicPartition(tp.topic, tp.partition, since_ms) for tp in parts
                 if tp.topic in self.windowed]
         found = consumer.offsets_for_times(logs, timeout=10)
@@ -186,7 +220,7 @@ class EdgeTail:
             self.starts[(tp.topic, tp.partition)] = tp.offset
         return [*(tp for tp in parts if tp.topic not in self.windowed), *found]
 
-    def _run(self) -> None:
+    def _run(self, apart: bool = False) -> None:
         consumer = Consumer({
             "bootstrap.servers": self.settings.bootstrap,
             "group.id": f"{self.settings.group_prefix}-edge-unused",  # assign(): no group joins
@@ -201,21 +235,23 @@ class EdgeTail:
             "auto.offset.reset": "earliest",
         })
         try:
+            ends: dict[tuple[str, int], int] = {}
             while not self._stop.is_set():
                 try:
-                    self._assign(consumer)
+                    ends = self._assign(consumer, apart)
                     break
                 except Exception as exc:
                     log.warning("edge tail cannot assign yet: %s", exc)
                     self._stop.wait(1.0)
+            caught_up = False
             while not self._stop.is_set():
                 msgs = take(consumer, 0.1)
-                if self.before_window and not self.caught_up.is_set():
+                if self.before_window and not caught_up:
                     msgs = self._within_window(msgs)
                 self._hand_over([(m.topic(), m.partition(), m.offset(), m.key(), m.value(),
                                   m.headers()) for m in msgs if not m.error()])
-                if not self.caught_up.is_set():
-                    self._check_caught_up(consumer)
+                if not caught_up:
+                    caught_up = self._check_caught_up(consumer, ends)
         finally:
             consumer.close()
 
@@ -233,14 +269,21 @@ class EdgeTail:
             kept.append(m)
         return kept
 
-    def _check_caught_up(self, consumer: Consumer) -> None:
-        tps = [TopicPartition(t, p) for t, p in self._ends]
-        positions = {(tp.topic, tp.partition): tp.offset for tp in consumer.position(tps)}
+    def _check_caught_up(self, consumer: Consumer,
+                         ends: Mapping[tuple[str, int], int] | None = None) -> bool:
+        """Whether ``consumer`` has read each of ``ends`` (its logs' ends at start; default:
+        all of them) up to there; ``caught_up`` is set once every consumer has."""
+        ends = self._ends if ends is None else ends
+        tps = [TopicPartition(t, p) for t, p in ends]
+        positions = ({(tp.topic, tp.partition): tp.offset for tp in consumer.position(tps)}
+                     if tps else {})
         # A partition the window starts at its end has nothing to read (and no position yet).
         if all(end == 0 or positions[tp] >= end
                or self.starts.get(tp, -1) >= end
-               for tp, end in self._ends.items()):
-            self.caught_up.set()
+               for tp, end in ends.items()):
+            self._one_more("caught up", self.caught_up)
+            return True
+        return False
 
     def _hand_over(self, records: list[Read]) -> None:
         """Decode one poll's records here, then apply them all with one hand-over to the

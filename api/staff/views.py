@@ -382,6 +382,12 @@ class StaffViews:
         return {WORKFLOWS: self.workflows.apply, CONTRIBUTIONS: self.contributions.apply,
                 INBOX: self.inboxes.apply, REVIEW_QUEUE: self.queues.apply}
 
+    def quiet_topics(self) -> tuple[TopicSpec, ...]:
+        """The topics of these views that a conversation's turn does not write to (all but
+        ``voice.workflows``, four records a turn): the edge's tail reads them apart
+        (``EdgeTail(apart=…)``)."""
+        return tuple(t for t in (*self.handlers(), *self.located_handlers()) if t != WORKFLOWS)
+
     def before_window(self) -> dict[TopicSpec, Callable[[bytes | None], bool]]:
         """What a windowed edge leaves unread at start when older than its window
         (``EdgeTail(before_window=…)``): the records of the turns' workflows, told by key — four

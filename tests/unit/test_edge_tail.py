@@ -154,3 +154,55 @@ def test_every_partition_is_assigned_at_once_at_a_concrete_offset() -> None:
                   (tail.acks_topic, 0): 40, (tail.acks_topic, 1): 50}  # acks: their ends
     assert tail._ends == {(tail.conv_topic, 0): 7, (tail.conv_topic, 1): 9, (issues, 0): 2}
     assert tail.assigned.is_set()
+
+
+class PositionConsumer(AssignConsumer):
+    """An ``AssignConsumer`` that also says how far it has read."""
+
+    def __init__(self, partitions: dict[str, int], marks: dict[tuple[str, int], tuple[int, int]]
+                 ) -> None:
+        super().__init__(partitions, marks)
+        self.read: dict[tuple[str, int], int] = {}
+
+    def position(self, tps: list[TopicPartition]) -> list[TopicPartition]:
+        return [TopicPartition(tp.topic, tp.partition, self.read.get((tp.topic, tp.partition),
+                                                                      -1001)) for tp in tps]
+
+
+def test_topics_apart_are_read_by_a_consumer_of_their_own() -> None:
+    """The topics ``apart`` (those no turn writes to) are assigned to a second consumer, so the
+    fetches a turn's records end do not name their partitions (issue 14, thirty-seventh pass);
+    the tail is assigned and caught up only once both consumers are."""
+    tail = EdgeTail(SETTINGS, on_conversation=lambda env: None,
+                    more={ISSUES: lambda env: None}, apart=(ISSUES,))
+    issues = "t.voice.issues"
+    partitions = {tail.conv_topic: 2, tail.acks_topic: 1, issues: 2}
+    marks = {(tail.conv_topic, 0): (0, 7), (tail.conv_topic, 1): (0, 0),
+             (tail.acks_topic, 0): (0, 40), (issues, 0): (0, 2), (issues, 1): (0, 3)}
+    turn_path, quiet = PositionConsumer(partitions, marks), PositionConsumer(partitions, marks)
+    turn_ends = tail._assign(turn_path)  # type: ignore[arg-type]
+    assert {tp.topic for tp in turn_path.assigned[0]} == {tail.conv_topic, tail.acks_topic}
+    assert not tail.assigned.is_set()  # the other consumer has no partitions yet
+    quiet_ends = tail._assign(quiet, apart=True)  # type: ignore[arg-type]
+    assert {tp.topic for tp in quiet.assigned[0]} == {issues}
+    assert tail.assigned.is_set()
+    assert tail.partitions == partitions
+    assert turn_ends == {(tail.conv_topic, 0): 7, (tail.conv_topic, 1): 0}
+    assert quiet_ends == {(issues, 0): 2, (issues, 1): 3}
+
+    quiet.read = {(issues, 0): 2, (issues, 1): 3}
+    assert tail._check_caught_up(quiet, quiet_ends)  # type: ignore[arg-type]
+    assert not tail.caught_up.is_set()  # the conversation log is not read to its end yet
+    assert not tail._check_caught_up(turn_path, turn_ends)  # type: ignore[arg-type]
+    turn_path.read = {(tail.conv_topic, 0): 7}
+    assert tail._check_caught_up(turn_path, turn_ends)  # type: ignore[arg-type]
+    assert tail.caught_up.is_set()
+
+
+def test_without_topics_apart_one_consumer_reads_them_all() -> None:
+    tail = EdgeTail(SETTINGS, on_conversation=lambda env: None, more={ISSUES: lambda env: None})
+    consumer = AssignConsumer({tail.conv_topic: 1, tail.acks_topic: 1, "t.voice.issues": 1}, {})
+    tail._assign(consumer)  # type: ignore[arg-type]
+    assert {tp.topic for tp in consumer.assigned[0]} == {
+        tail.conv_topic, tail.acks_topic, "t.voice.issues"}
+    assert tail.assigned.is_set()
