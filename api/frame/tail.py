@@ -6,7 +6,9 @@ derived from the log; or, with ``VOICE_EDGE_HISTORY_S``, from that far back by r
 older conversations being read on demand by ``api.frame.cold``: decision 0011; so too
 ``voice.assistant``, a ``windowed`` topic). A thread
 polls with confluent-kafka and hands decoded records to the event loop, one hand-over per
-poll; nothing on a request path polls Kafka.
+poll; nothing on a request path polls Kafka. The topics ``apart`` (those no turn writes to) are
+read the same way by a second consumer in a thread of its own: a fetch costs the broker for
+each partition it names.
 
 A record the tail cannot use is skipped, logged (``topic[partition]@offset`` and why) and
 counted in ``skipped`` (``/readyz`` shows the counts): one the codec refuses, or one a view's
