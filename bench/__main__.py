@@ -23,7 +23,7 @@ import tempfile
 import time
 from datetime import UTC, datetime
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import confluent_kafka
 
@@ -41,6 +41,10 @@ import bench.writer  # noqa: F401  (registers the single writer's figures)
 from bench import stack as bench_stack
 from bench.harness import REGISTRY, Context, run, select
 from streams.settings import load_settings
+
+if TYPE_CHECKING:
+    from bench.broker_requests import BrokerRequests
+    from deploy.kafka_local import LocalKafka
 
 FIRST = ("edge.post_message", "turn.overhead", "turn.sustained")
 """The whole-stack figures run first among the figures, before anything else loads the machine
@@ -99,7 +103,7 @@ def _java_version() -> str | None:
     return None
 
 
-def _request_reader(broker: Any) -> Any:
+def _request_reader(broker: LocalKafka | None) -> BrokerRequests | None:
     """A reader of the local broker's request counts (``bench.broker_requests``), or None
     (no local broker, or no JDK to run the reader: the figures then give no counts)."""
     if broker is None or broker.jmx_port is None:

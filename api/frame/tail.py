@@ -103,7 +103,6 @@ class EdgeTail:
         self._ready: Counter[str] = Counter()
         """Consumers assigned, caught up (under ``_lock``)."""
         self._lock = threading.Lock()
-        self._ends: dict[tuple[str, int], int] = {}
         self._loop: asyncio.AbstractEventLoop | None = None
         self.starts: dict[tuple[str, int], int] = {}
         """Per partition of a ``windowed`` topic, the offset this tail started at (set before
@@ -197,7 +196,6 @@ class EdgeTail:
         ends = {(topic, p): marks[(topic, p)][1]
                 for topic in (self.conv_topic, *self.more, *self.located)
                 if (topic in self.apart) == apart for p in md.topics[topic].partitions}
-        self._ends.update(ends)
         self._one_more("assigned", self.assigned)
         return ends
 
@@ -271,11 +269,9 @@ class EdgeTail:
             kept.append(m)
         return kept
 
-    def _check_caught_up(self, consumer: Consumer,
-                         ends: Mapping[tuple[str, int], int] | None = None) -> bool:
-        """Whether ``consumer`` has read each of ``ends`` (its logs' ends at start; default:
-        all of them) up to there; ``caught_up`` is set once every consumer has."""
-        ends = self._ends if ends is None else ends
+    def _check_caught_up(self, consumer: Consumer, ends: Mapping[tuple[str, int], int]) -> bool:
+        """Whether ``consumer`` has read each of ``ends`` (its logs' ends at start, as
+        ``_assign`` gave them) up to there; ``caught_up`` is set once every consumer has."""
         tps = [TopicPartition(t, p) for t, p in ends]
         positions = ({(tp.topic, tp.partition): tp.offset for tp in consumer.position(tps)}
                      if tps else {})

@@ -89,11 +89,9 @@ def test_a_window_starts_the_conversation_log_by_time_and_is_caught_up_at_its_en
     assert all(abs(ms / 1000 - (time.time() - 60)) < 5 for ms in consumer.asked_ms)
     # Caught up: partition 1 starts at its end (nothing to read, no position yet); partition
     # 0 has 50 records to read first.
-    tail._ends = {(conv, 0): 90, (conv, 1): 90}
-    tail._check_caught_up(consumer)  # type: ignore[arg-type]
+    tail._check_caught_up(consumer, {(conv, 0): 90, (conv, 1): 90})  # type: ignore[arg-type]
     assert not tail.caught_up.is_set()
-    tail._ends = {(conv, 1): 90}
-    tail._check_caught_up(consumer)  # type: ignore[arg-type]
+    tail._check_caught_up(consumer, {(conv, 1): 90})  # type: ignore[arg-type]
     assert tail.caught_up.is_set()
 
 
@@ -146,13 +144,13 @@ def test_every_partition_is_assigned_at_once_at_a_concrete_offset() -> None:
         {tail.conv_topic: 2, tail.acks_topic: 2, issues: 1},
         {(tail.conv_topic, 0): (0, 7), (tail.conv_topic, 1): (3, 9),  # 1: retention ran
          (tail.acks_topic, 0): (0, 40), (tail.acks_topic, 1): (5, 50), (issues, 0): (0, 2)})
-    tail._assign(consumer)  # type: ignore[arg-type]
+    ends = tail._assign(consumer)  # type: ignore[arg-type]
     assert len(consumer.assigned) == 1  # one assignment, every partition in it
     at = {(tp.topic, tp.partition): tp.offset for tp in consumer.assigned[0]}
     assert at == {(tail.conv_topic, 0): 0, (tail.conv_topic, 1): 3,  # the logs' starts
                   (issues, 0): 0,
                   (tail.acks_topic, 0): 40, (tail.acks_topic, 1): 50}  # acks: their ends
-    assert tail._ends == {(tail.conv_topic, 0): 7, (tail.conv_topic, 1): 9, (issues, 0): 2}
+    assert ends == {(tail.conv_topic, 0): 7, (tail.conv_topic, 1): 9, (issues, 0): 2}
     assert tail.assigned.is_set()
 
 
