@@ -27,7 +27,7 @@ from consumers.engine.runner import AgentRunner
 from consumers.frame import state_dump
 from consumers.frame.aggregate import Ack, Aggregate
 from consumers.frame.bounded import TABLE_KEYS, BoundedTable
-from consumers.frame.failures import Halt, Lane, RawDispatch, RecordGuard, by_key, consume
+from consumers.frame.failures import Halt, Lane, RawDispatch, RecordGuard, Skip, by_key, consume
 from consumers.frame.follow import Apply, Follower
 from consumers.frame.handover import VoiceApp
 from consumers.frame.janitor import Janitor
@@ -149,7 +149,8 @@ class WorkerContext:
         # (each command waits on the broker for its records before it is acknowledged).
         self.wire_raw(COMMANDS, self._on_command_record, agent_name="voice_commands_agent",
                       lane=by_key)
-        self.wire(WORKFLOWS, self._on_workflow_record, manual_ack=True)
+        self.wire(WORKFLOWS, self._on_workflow_record, manual_ack=True,
+                  skip=self.runtime.already_applied)
         self._lifecycle()
 
     @property
@@ -228,13 +229,15 @@ class WorkerContext:
             fn()
 
     def wire(self, spec: TopicSpec, dispatch: Dispatch, manual_ack: bool = False,
-             agent_name: str | None = None, dead_letter: bool = True) -> None:
+             agent_name: str | None = None, dead_letter: bool = True,
+             skip: Skip | None = None) -> None:
         """Run ``dispatch(envelope, event)`` for every decodable record of ``spec``.
 
         Several agents may read one topic (each names itself); exactly one of them — the
         topic's first, ``dead_letter=True`` — sends undecodable records to the DLQ. Failures
         of ``dispatch`` are retried, then dead-lettered, as ``wire_raw`` says. An aggregate's
-        own log is not consumed: its writer tells what it put there (``on_recorded``).
+        own log is not consumed: its writer tells what it put there (``on_recorded``). A
+        record ``skip`` picks is acknowledged undecoded (``consumers.frame.failures.consume``).
         """
 
         async def on_raw(raw: Raw, event: Any) -> None:
@@ -249,10 +252,11 @@ class WorkerContext:
                 return
             await dispatch(env, event)
 
-        self.wire_raw(spec, on_raw, manual_ack, agent_name)
+        self.wire_raw(spec, on_raw, manual_ack, agent_name, skip=skip)
 
     def wire_raw(self, spec: TopicSpec, dispatch: RawDispatch, manual_ack: bool = False,
-                 agent_name: str | None = None, lane: Lane | None = None) -> None:
+                 agent_name: str | None = None, lane: Lane | None = None,
+                 skip: Skip | None = None) -> None:
         """Run ``dispatch(raw, event)`` for every record of ``spec``, undecoded.
 
         A record ``dispatch`` fails on is retried (``VOICE_CONSUMER_RETRY_*``), then sent to
@@ -273,7 +277,7 @@ class WorkerContext:
             # Never acknowledged by the stream: ``consume`` acknowledges a record once it is
             # handled or dead-lettered, and never one that is neither.
             await consume(stream.noack().events(), name, guard, dispatch, manual_ack,
-                          self._halt, self.app.in_flight, lane=lane)
+                          self._halt, self.app.in_flight, lane=lane, skip=skip)
 
         agent.__name__ = agent_name
         self.app.agent(topic, name=agent_name)(agent)

@@ -57,6 +57,7 @@ log = logging.getLogger(__name__)
 
 RawDispatch = Callable[[Raw, Any], Awaitable[None]]
 Lane = Callable[[Raw], Hashable]
+Skip = Callable[[Raw], bool]
 
 LANES_WINDOW = 128
 """At most this many records of one laned agent are in flight (read ahead, being handled)."""
@@ -147,18 +148,25 @@ async def consume(events: AsyncIterable[Any], topic: str, guard: RecordGuard,
                   dispatch: RawDispatch, manual_ack: bool,
                   halt: Callable[[Halt], Awaitable[object]],
                   in_flight: InFlight | None = None, lane: Lane | None = None,
-                  window: int = LANES_WINDOW) -> None:
+                  window: int = LANES_WINDOW, skip: Skip | None = None) -> None:
     """The body of one agent: every Faust event of ``topic`` through ``guard`` (module
     docstring), each counted in ``in_flight`` while it is handled; ``events`` must not
     acknowledge by itself (``stream.noack().events()``). With ``lane``, records of different
-    lanes are handled at once, each lane's in order, at most ``window`` in flight."""
+    lanes are handled at once, each lane's in order, at most ``window`` in flight. A record
+    ``skip`` picks is acknowledged at once, unread: ``skip`` may pick only records that the
+    handler would acknowledge and do nothing else with (none it would dead-letter)."""
     in_flight = in_flight or InFlight()
     if lane is not None:
+        if skip is not None:
+            raise ValueError("an agent with lanes skips nothing")
         await _consume_in_lanes(events, topic, guard, dispatch, manual_ack, halt, in_flight,
                                 lane, window)
         return
     async for event in events:
         raw = _raw(topic, event)
+        if skip is not None and skip(raw):
+            event.ack()
+            continue
         with in_flight.handling(raw):
             try:
                 with _span(raw):

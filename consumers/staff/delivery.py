@@ -47,6 +47,12 @@ NOTIFY_BATCH = 200
 DEVELOPMENT = re.compile(r"^(?P<issue>iss-[0-9a-f]{8,32}):dev-[1-9][0-9]*$")
 
 
+def of_a_delivery(key: bytes | None) -> bool:
+    """Whether a ``voice.workflows`` record (keyed by its workflow) is a delivery's, by key
+    alone: the watch leaves every other record unread (a turn's four a turn among them)."""
+    return key is not None and DEVELOPMENT.match(key.decode("utf-8", "replace")) is not None
+
+
 def notification_id(development: str, follower: str) -> str:
     """The one id of a development's notification to one follower."""
     return f"{development}:{follower}"

@@ -13,7 +13,7 @@ import logging
 from typing import Any
 
 from consumers.frame.context import WorkerContext
-from consumers.staff.delivery import Delivery
+from consumers.staff.delivery import Delivery, of_a_delivery
 from consumers.staff.developments import DeliveryQueue, apply_development
 from consumers.staff.inbox import InboxWriter
 from consumers.staff.issues import IssueWriter
@@ -49,7 +49,7 @@ class Staff:
         # A second agent on ``voice.workflows`` (Faust hands each record to every agent of a
         # topic). It only produces commands; the runtime's agent dead-letters bad records.
         ctx.wire(WORKFLOWS, self._on_workflow_record, agent_name="staff_workflow_watch",
-                 dead_letter=False)
+                 dead_letter=False, skip=lambda raw: not of_a_delivery(raw.key))
 
     async def _on_issue_record(self, env: Envelope, partition: int, offset: int) -> None:
         """Told by the issue's writer of each record it put at ``partition``/``offset``

@@ -31,7 +31,7 @@ from typing import Any
 
 from consumers.engine.cancel import CancelToken
 from consumers.frame.aggregate import Ack
-from consumers.frame.writer import answer_to
+from consumers.frame.writer import Raw, answer_to
 from consumers.workflows import commands, engine
 from consumers.workflows.engine import Pause, StepContext, Transition, WorkflowDef, WorkflowState
 from consumers.workflows.steploop import StepLoop
@@ -223,6 +223,9 @@ class WorkflowRuntime:
         self._answers: set[asyncio.Future[Any]] = set()
         self._handing_over = False
         """Between ``release_leases`` and the next ``keep_only``: hold no record."""
+        self._mine: set[tuple[int, int]] = set()
+        """Where the records this runtime wrote since its last rebalance landed (partition,
+        offset), until its agent reads them back (``already_applied``)."""
 
     def register(self, wf: WorkflowDef) -> None:
         self.defs[wf.kind] = wf
@@ -344,7 +347,7 @@ class WorkflowRuntime:
                            id=e.id(s.workflow))
             futs.append(self._send(env))
         for f in futs:
-            await f
+            self._landed(await f)
         self._write(s)
         for where, answer in t.answers:
             self._answer(where, answer)
@@ -397,6 +400,36 @@ class WorkflowRuntime:
 
     def _send(self, env: Envelope) -> Any:
         return self.publisher.produce(WORKFLOWS, env)
+
+    def _landed(self, delivered: Any) -> None:
+        """Note where a record of ``_apply`` landed (its delivery report), for
+        ``already_applied``."""
+        partition, offset = getattr(delivered, "partition", None), getattr(delivered, "offset",
+                                                                           None)
+        if callable(partition) and callable(offset):
+            self._mine.add((partition(), offset()))
+
+    def already_applied(self, raw: Raw) -> bool:
+        """Whether ``raw`` is a record this runtime wrote itself and ``handle`` would only
+        acknowledge, so its agent acknowledges it unread (issue 14: two of a turn's four
+        workflow records are its own ``StepStarted`` and ``LastStepSucceeded``, read back).
+
+        Exact: the record is one of ``_apply``'s, found by where it landed — a lifecycle record
+        (``StepStarted`` … ``WorkflowResumed``), never one ``handle`` decides on (a start, a
+        command, an outcome, a probe, a forgetting) — and its workflow either has its step
+        running here (``handle`` acknowledges any later record of it) or is neither running
+        nor ended unsettled in what this runtime wrote (``handle`` finds nothing to do). After
+        a rebalance nothing counts as this runtime's (``keep_only``, ``release_leases``):
+        the table may then hold a state this runtime did not write, which the record wakes
+        (``worker_lost``)."""
+        if raw.partition is None or raw.offset is None:
+            return False
+        spot = (raw.partition, raw.offset)
+        if spot not in self._mine:
+            return False
+        self._mine.discard(spot)
+        workflow = (raw.key or b"").decode("utf-8", "replace")
+        return workflow in self.tasks or workflow not in self._unfinished
 
     def _spawn(self, state: WorkflowState) -> None:
         task = asyncio.get_running_loop().create_task(self._run_step(state))
@@ -622,6 +655,7 @@ class WorkflowRuntime:
         ignored (``_outcome``); ``keep_only`` stops them here if their partition went elsewhere.
         """
         self._handing_over = True  # a record in flight that starts a step holds nothing
+        self._mine.clear()
         for ack, _tp, _offset in self._held.values():
             ack()
         self._held.clear()
@@ -631,6 +665,7 @@ class WorkflowRuntime:
         next owner resumes them); ``assigned`` holds topic-partitions (``.topic``,
         ``.partition``)."""
         self._handing_over = False
+        self._mine.clear()
         mine = {tp.partition for tp in assigned if tp.topic == self.topic}
         for workflow in list(self.tasks):
             if partition_of(workflow, self.settings.topic_partitions) in mine:
