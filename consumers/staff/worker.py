@@ -47,7 +47,8 @@ class Staff:
         ctx.workflow(self.research.definition, self.review.definition, self.delivery.definition)
         ctx.on_recorded(ISSUES, self._on_issue_record)
         # A second agent on ``voice.workflows`` (Faust hands each record to every agent of a
-        # topic). It only produces commands; the runtime's agent dead-letters bad records.
+        # topic). It only produces commands; the runtime's agent dead-letters bad records. It
+        # decodes only the records of deliveries (by key): a turn's are acknowledged unread.
         ctx.wire(WORKFLOWS, self._on_workflow_record, agent_name="staff_workflow_watch",
                  dead_letter=False, skip=lambda raw: not of_a_delivery(raw.key))
 
