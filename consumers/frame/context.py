@@ -93,6 +93,7 @@ def faust_app(settings: VoiceSettings) -> VoiceApp:
         web_enabled=False,
         gapless_topics=[topic_name(settings, spec) for spec in TOPICS if not spec.compacted],
         changelog_linger_s=settings.worker_changelog_linger_s,
+        fetch_wait_ms=settings.worker_fetch_wait_ms,
         consumer_auto_offset_reset="earliest",
         producer_acks=-1,
         broker_commit_every=100,

@@ -50,6 +50,7 @@ import faust
 from consumers.frame.changelog_fetch import fetch_only_read_changelogs
 from consumers.frame.commit_floor import CommitFloor
 from consumers.frame.failures import InFlight
+from consumers.frame.fetch_wait import hold_fetches_at_most
 from consumers.frame.stale_records import guard_stale_records
 from consumers.frame.thread_seek import seek_on_consumer_thread
 from consumers.frame.write_behind import WriteBehind, send_before_commit
@@ -71,12 +72,15 @@ class VoiceApp(faust.App):
     (module docstring)."""
 
     def __init__(self, *args: Any, gapless_topics: Iterable[str] = (),
-                 changelog_linger_s: float = 0.0, **kwargs: Any) -> None:
+                 changelog_linger_s: float = 0.0, fetch_wait_ms: int | None = None,
+                 **kwargs: Any) -> None:
         """``gapless_topics``: the topics that have no gaps of their own (not compacted,
         never written in transactions) — a gap Faust sees in one is a record it skipped.
         ``changelog_linger_s``: how long at most its tables hold a write back
-        (``write_behind``)."""
+        (``write_behind``). ``fetch_wait_ms``: how long at most the broker holds its fetch
+        (``fetch_wait``; Faust's 1,500 ms when None)."""
         self.gapless_topics = frozenset(gapless_topics)
+        self.fetch_wait_ms = fetch_wait_ms
         self.write_behind = WriteBehind(changelog_linger_s)
         """The tables' writes held back until a commit covers them (``send_before_commit``)."""
         self.commit_floor: CommitFloor | None = None
@@ -98,6 +102,8 @@ class VoiceApp(faust.App):
                                         lambda topic: topic in self.gapless_topics)
         fetch_only_read_changelogs(consumer, lambda: self.tables.changelog_topics)
         send_before_commit(consumer, self.write_behind)
+        if self.fetch_wait_ms is not None:
+            hold_fetches_at_most(consumer, self.fetch_wait_ms)
         return consumer
 
     async def _producer_flush(self, logger: Any) -> None:
