@@ -26,6 +26,23 @@ from tests.support import (
     worker_group,
 )
 
+LOG_TAIL_LINES = 40
+
+
+@pytest.hookimpl(wrapper=True)
+def pytest_runtest_makereport(item: pytest.Item, call: pytest.CallInfo[None]
+                              ) -> Iterator[None]:
+    """A failed test's processes' logs (``start_worker``, ``start_edge``: ``*.log`` in its
+    ``tmp_path``), their last lines each, in its report: CI keeps only pytest's output."""
+    report = yield
+    tmp_path = getattr(item, "funcargs", {}).get("tmp_path")
+    if report.failed and isinstance(tmp_path, Path):
+        for log in sorted(tmp_path.glob("*.log")):
+            lines = log.read_text(errors="replace").splitlines()[-LOG_TAIL_LINES:]
+            if lines:
+                report.sections.append((f"{log.name}, its last lines", "\n".join(lines)))
+    return report
+
 
 @pytest.fixture(scope="session")
 def kafka_bootstrap(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:

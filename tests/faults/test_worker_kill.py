@@ -39,7 +39,15 @@ from streams.envelope import Envelope
 from streams.ids import inbox_key, new_conversation_id, owner_key
 from streams.settings import VoiceSettings
 from streams.tokens import mint_token
-from streams.topics import ASSISTANT, CONVERSATIONS, INBOX, ISSUES, OWNERS, WORKFLOWS
+from streams.topics import (
+    ASSISTANT,
+    CONVERSATIONS,
+    INBOX,
+    ISSUES,
+    OWNERS,
+    WORKFLOWS,
+    TopicSpec,
+)
 from tests.integration.test_staff_delivery import follow, inbox
 from tests.integration.test_staff_helpers import Api
 from tests.support import (
@@ -71,21 +79,27 @@ def crash_env(point: str, conversation: str, held_model: str) -> dict[str, str]:
 
 def kill_at_each_point(start_worker: Callable[..., Any], held_model: str,
                        conversations: dict[str, str], send: Callable[[str, str], None],
-                       ended: Callable[[str], object]) -> None:
+                       ended: Callable[[str], object],
+                       explain: Callable[[str], str] = lambda c: "") -> None:
     """Run one worker per point, each killed at its point in its conversation's turn; then one
     armed for nothing. Each resumes the previous point's turn, which ends before the next
-    turn is sent: so each turn loses exactly one worker, at its own point."""
-    previous = None
+    turn is sent: so each turn loses exactly one worker, at its own point. ``explain``: what
+    a turn that did not end left on the log, for the failure's message."""
+    previous, killed_at = None, None
     for point in POINTS:
         cnv = conversations[point]
         worker = start_worker(**crash_env(point, cnv, held_model))
         if previous is not None:
-            wait_for(lambda c=previous: ended(c), timeout=120, what=f"{previous} to end")
+            try:
+                wait_for(lambda c=previous: ended(c), timeout=120, what=f"{previous} to end")
+            except TimeoutError as exc:
+                raise TimeoutError(f"the turn killed at {killed_at} did not end: "
+                                   f"{explain(previous)}") from exc
         send(point, cnv)
         worker.wait(timeout=120)
         assert worker.returncode == KILLED, f"the worker armed at {point} exited " \
                                             f"{worker.returncode}"
-        previous = cnv
+        previous, killed_at = cnv, point
     start_worker()
 
 
@@ -108,6 +122,11 @@ def workflow_failures(settings: VoiceSettings, workflow: str) -> list[str]:
     lifecycle = [e for e in log_of(settings, WORKFLOWS, workflow) if e.seq is not None]
     return [e.record.error_type for e in no_duplicate_seqs(lifecycle)
             if isinstance(e.record, StepFailed)]
+
+
+def what_is_logged(settings: VoiceSettings, spec: TopicSpec, key: str) -> str:
+    """``key``'s records on ``spec``, as seq and type, for a failure's message."""
+    return ", ".join(f"{e.seq}:{type(e.record).__name__}" for e in log_of(settings, spec, key))
 
 
 def turn_ended(settings: VoiceSettings, cnv: str) -> list[Envelope] | None:
@@ -172,8 +191,10 @@ def test_a_participant_turn_killed_at_each_point_replies_once_and_ends(
 
     try:
         conversations = opened(start_worker, open_one)
-        kill_at_each_point(start_worker, held_model, conversations, send,
-                           lambda c: turn_ended(settings, c))
+        kill_at_each_point(
+            start_worker, held_model, conversations, send, lambda c: turn_ended(settings, c),
+            lambda c: f"{CONVERSATIONS.name}: [{what_is_logged(settings, CONVERSATIONS, c)}]; "
+                      f"{WORKFLOWS.name}: [{what_is_logged(settings, WORKFLOWS, f'{c}:turn-2')}]")
         for point, cnv in conversations.items():
             log = no_duplicate_seqs(wait_for(lambda c=cnv: turn_ended(settings, c), timeout=120,
                                              what=f"the turn killed at {point} to end"))
@@ -219,8 +240,10 @@ def test_an_assistant_turn_killed_at_each_point_replies_once_and_is_not_left_bus
 
     try:
         conversations = opened(start_worker, open_one)
-        kill_at_each_point(start_worker, held_model, conversations, send,
-                           lambda c: assistant_turns_ended(settings, c, 2))
+        kill_at_each_point(
+            start_worker, held_model, conversations, send,
+            lambda c: assistant_turns_ended(settings, c, 2),
+            lambda c: f"{ASSISTANT.name}: [{what_is_logged(settings, ASSISTANT, c)}]")
         for point, conversation in conversations.items():
             log = no_duplicate_seqs(wait_for(lambda c=conversation: assistant_turns_ended(
                                                  settings, c, 2),
