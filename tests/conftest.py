@@ -26,7 +26,7 @@ from tests.support import (
     worker_group,
 )
 
-LOG_TAIL_LINES = 40
+LOG_TAIL_LINES = 80
 
 
 @pytest.hookimpl(wrapper=True)
@@ -120,9 +120,10 @@ def start_worker(settings: VoiceSettings, tmp_path: Path, simulator_url: str
     """Start ``voice worker`` processes for this test; all stopped at the end."""
     procs = []
 
-    def start(wait: bool = True, **env: str):  # noqa: ANN202
+    def start(wait: bool = True, loglevel: str = "warning", **env: str):  # noqa: ANN202
         env = {"ANTHROPIC_API_KEY": "simulator", "ANTHROPIC_BASE_URL": simulator_url, **env}
-        proc = spawn_voice(settings, "worker", log=tmp_path / f"worker{len(procs)}.log", **env)
+        proc = spawn_voice(settings, "worker", "--loglevel", loglevel,
+                           log=tmp_path / f"worker{len(procs)}.log", **env)
         procs.append(proc)
         if wait:
             wait_group_stable(settings, worker_group(settings))

@@ -88,7 +88,9 @@ def kill_at_each_point(start_worker: Callable[..., Any], held_model: str,
     previous, killed_at = None, None
     for point in POINTS:
         cnv = conversations[point]
-        worker = start_worker(**crash_env(point, cnv, held_model))
+        # At info: a turn that does not end shows what its worker did (its rebalance, its
+        # tables read back) in the failure's report.
+        worker = start_worker(loglevel="info", **crash_env(point, cnv, held_model))
         if previous is not None:
             try:
                 wait_for(lambda c=previous: ended(c), timeout=120, what=f"{previous} to end")
@@ -100,7 +102,7 @@ def kill_at_each_point(start_worker: Callable[..., Any], held_model: str,
         assert worker.returncode == KILLED, f"the worker armed at {point} exited " \
                                             f"{worker.returncode}"
         previous, killed_at = cnv, point
-    start_worker()
+    start_worker(loglevel="info")
 
 
 def opened(start_worker: Callable[..., Any], open_one: Callable[[str], str]
