@@ -30,7 +30,7 @@ async def test_without_one_it_is_fausts_own() -> None:
 
 
 def test_the_setting_and_its_default() -> None:
-    assert VoiceSettings().worker_fetch_wait_ms == 200
+    assert VoiceSettings().worker_fetch_wait_ms == 1500
     assert VoiceSettings(worker_fetch_wait_ms=50).worker_fetch_wait_ms == 50
 
 
