@@ -286,7 +286,7 @@ def test_a_writer_killed_around_what_a_command_starts_leaves_it_to_the_next(
     forged = new_conversation_id()
     try:
         # 1. A worker killed at the point of a started conversation (forged: its id known).
-        worker = start_worker(VOICE_TEST_CRASH_AT=f"{point}@{forged}")
+        worker = start_worker(loglevel="info", VOICE_TEST_CRASH_AT=f"{point}@{forged}")
         cnv = str(accepted(lambda: client.post(
             "/me/conversations", headers={"Idempotency-Key": "open"})).json()["conversation"])
         # The next worker's crash point names ``cnv``, for its turn's start. Were ``cnv``'s
@@ -308,7 +308,7 @@ def test_a_writer_killed_around_what_a_command_starts_leaves_it_to_the_next(
         # 2. The next one writes its entry, and is killed at the point of a turn's start. Its
         # acknowledgement of the message goes just before (its delivery not awaited), so the
         # kill may lose it: the client retries with the same key until a worker answers.
-        worker = start_worker(VOICE_TEST_CRASH_AT=f"{point}@{cnv}")
+        worker = start_worker(loglevel="info", VOICE_TEST_CRASH_AT=f"{point}@{cnv}")
 
         def entry_written() -> bool:
             assert worker.poll() is None, (
@@ -328,7 +328,7 @@ def test_a_writer_killed_around_what_a_command_starts_leaves_it_to_the_next(
         assert starts == ([] if point == "before_follow_ups" else [f"{turn}:1"]), starts
 
         # 3. The next one starts it (or starts it again, the same start), and it replies once.
-        start_worker()
+        start_worker(loglevel="info")
         posting.result(timeout=120)  # answered 202 (a lost answer given again)
         poster.close()
         log = no_duplicate_seqs(wait_for(lambda: turn_ended(settings, cnv), timeout=120,
@@ -374,13 +374,13 @@ def test_an_assistant_writer_killed_around_what_a_chat_starts_leaves_it_to_the_n
 
         # 2. A worker killed at the point of the second chat; the client posts across the
         # kill with its key (the acknowledgement, sent just before, may be lost with it).
-        worker = start_worker(VOICE_TEST_CRASH_AT=f"{point}@{conversation}")
+        worker = start_worker(loglevel="info", VOICE_TEST_CRASH_AT=f"{point}@{conversation}")
         posting = ThreadPoolExecutor(1).submit(assistant_chat, client, "second", conversation)
         worker.wait(timeout=120)
         assert worker.returncode == KILLED
 
         # 3. The next one starts the turn (again: the same start), and it replies once.
-        start_worker()
+        start_worker(loglevel="info")
         turn = str(posting.result(timeout=120).json()["turn"])
         log = no_duplicate_seqs(wait_for(lambda: assistant_turns_ended(settings, conversation, 2),
                                          timeout=120,
@@ -416,7 +416,7 @@ def test_an_issue_writer_killed_around_a_development_leaves_its_delivery_to_the_
     follow(api, issue, *followers)
     stop(plain)
 
-    worker = start_worker(VOICE_TEST_CRASH_AT=f"{point}@{issue}")
+    worker = start_worker(loglevel="info", VOICE_TEST_CRASH_AT=f"{point}@{issue}")
     # No idempotency key on this route: posted once; its acknowledgement, sent just before
     # the kill, may be lost with the worker (then 503), and the command is decided again.
     r = api.post(f"/staff/issues/{issue}/developments", "sam", "staff",
@@ -424,7 +424,7 @@ def test_an_issue_writer_killed_around_a_development_leaves_its_delivery_to_the_
     assert r.status_code in (202, 503), r.text
     worker.wait(timeout=120)
     assert worker.returncode == KILLED
-    start_worker()
+    start_worker(loglevel="info")
     dev = f"{issue}:dev-1"
     for sub in followers:
         assert [n["notification"] for n in inbox(api, sub, 1, timeout=120)["notifications"]] \
