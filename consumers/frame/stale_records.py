@@ -101,6 +101,8 @@ def guard_stale_records(consumer: Any, generation: Callable[[], int],
     awaiting_seek: dict[Any, tuple[int, float]] = {}
     """Each partition holding records back for its generation's seek: that generation, since
     when."""
+    first_handed: dict[Any, int] = {}
+    """Each gapless partition's generation whose first hand-over is logged (``info``)."""
 
     async def seek_and_follow(tp: Any, offset: int) -> None:
         await seek(tp, offset)
@@ -113,6 +115,10 @@ def guard_stale_records(consumer: Any, generation: Callable[[], int],
         for tp, offset in list(consumer._committed_offset.items()):
             if offset is not None and gapless(tp.topic):
                 following[tp] = (offset, now)
+        if log.isEnabledFor(logging.INFO):  # what a takeover reads from, for its post-mortem
+            log.info("generation %s: sought to the committed offsets %s; held back before it: "
+                     "%s", now, _where(following, now),
+                     _where({tp: (low, of) for tp, (of, low) in held_early.items()}, now))
         for tp in consumer.assignment():
             if gapless(tp.topic) and following.get(tp, (None, None))[1] != now:
                 following[tp] = (None, now)  # no offset named: from its next record
@@ -158,6 +164,10 @@ def guard_stale_records(consumer: Any, generation: Callable[[], int],
                     return
             following[tp] = (message.offset + 1, now)
             rewinding.pop(tp, None)
+            if first_handed.get(tp) != now:
+                first_handed[tp] = now
+                log.info("generation %s: %s[%s] first hands over offset %s", now,
+                         message.topic, message.partition, message.offset)
         await deliver(message)
 
     def seek_overdue(tp: Any, now: int) -> bool:
@@ -204,3 +214,12 @@ def guard_stale_records(consumer: Any, generation: Callable[[], int],
     consumer._add_gap = no_gap_here
     consumer.seek = seek_and_follow
     consumer.perform_seek = perform_seek_and_follow
+
+
+def _where(offsets: dict[Any, tuple[int | None, int]], generation: int) -> str:
+    """``topic[partition]@offset`` of each partition ``offsets`` names for ``generation``
+    (with an offset), sorted; for a log line."""
+    found = sorted(f"{tp.topic}[{tp.partition}]@{offset}"
+                   for tp, (offset, of) in offsets.items() if of == generation
+                   and offset is not None)
+    return ", ".join(found) or "none"

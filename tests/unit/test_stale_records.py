@@ -325,3 +325,19 @@ def test_a_partition_taken_away_before_the_seek_again_does_not_fail_the_seek() -
     guarded_gapless(consumer, app, deliver, 15, raw_seek)
     consumer.loop.run_until_complete(consumer.callback(message(15, 1)))
     consumer.loop.run_until_complete(consumer.perform_seek())
+
+
+def test_a_takeover_logs_where_it_reads_from(caplog: Any) -> None:
+    """For a takeover's post-mortem (a worker-kill fault test's report carries its log): at
+    ``info``, the generation's seek names each committed offset and each record held back
+    before it, and each partition's first hand-over names its offset."""
+    import logging
+
+    with caplog.at_level(logging.INFO, logger="consumers.frame.stale_records"):
+        handed, _, _ = run_gapless_loop(3, [], [3, 4], early=[4])
+    assert handed == [3, 4]
+    lines = [r.getMessage() for r in caplog.records]
+    assert (f"generation 1: sought to the committed offsets {TOPIC}[0]@3; held back before "
+            f"it: {TOPIC}[0]@4") in lines
+    assert f"generation 1: {TOPIC}[0] first hands over offset 3" in lines
+    assert not any("first hands over offset 4" in line for line in lines), "once a generation"
