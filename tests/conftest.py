@@ -26,7 +26,9 @@ from tests.support import (
     worker_group,
 )
 
-LOG_TAIL_LINES = 80
+LOG_TAIL_LINES = 300
+"""Lines of each log a failed test's report ends with: a worker logging at ``info`` writes
+~240 by the time it hands over its first records, its takeover's seek among them."""
 
 
 @pytest.hookimpl(wrapper=True)
