@@ -116,8 +116,9 @@ def guard_stale_records(consumer: Any, generation: Callable[[], int],
             if offset is not None and gapless(tp.topic):
                 following[tp] = (offset, now)
         if log.isEnabledFor(logging.INFO):  # what a takeover reads from, for its post-mortem
-            log.info("generation %s: sought to the committed offsets %s; held back before it: "
-                     "%s", now, _where(following, now),
+            log.info("generation %s: sought to %s (each partition's committed offset, or its "
+                     "first if never committed); held back before it: %s", now,
+                     _where(following, now),
                      _where({tp: (low, of) for tp, (of, low) in held_early.items()}, now))
         for tp in consumer.assignment():
             if gapless(tp.topic) and following.get(tp, (None, None))[1] != now:

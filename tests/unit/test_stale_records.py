@@ -337,7 +337,7 @@ def test_a_takeover_logs_where_it_reads_from(caplog: Any) -> None:
         handed, _, _ = run_gapless_loop(3, [], [3, 4], early=[4])
     assert handed == [3, 4]
     lines = [r.getMessage() for r in caplog.records]
-    assert (f"generation 1: sought to the committed offsets {TOPIC}[0]@3; held back before "
-            f"it: {TOPIC}[0]@4") in lines
+    assert (f"generation 1: sought to {TOPIC}[0]@3 (each partition's committed offset, or "
+            f"its first if never committed); held back before it: {TOPIC}[0]@4") in lines
     assert f"generation 1: {TOPIC}[0] first hands over offset 3" in lines
     assert not any("first hands over offset 4" in line for line in lines), "once a generation"
