@@ -57,6 +57,7 @@ from confluent_kafka import Producer
 from bench.harness import Context, Result, benchmark, latency_summary
 from bench.stack import (
     Stack,
+    jit_seconds,
     live_threads_cpu_seconds,
     rss_kib,
     start_stack,
@@ -433,7 +434,8 @@ def _fanout(ctx: Context, label: str, spread_s: float) -> Result:
                         and expected["turn"] in e.group(2)):
                     arrived.setdefault(of_stream[id(stream)], now)
 
-        async def run() -> list[tuple[dict[str, float], float, float | None, list[int]]]:
+        async def run() -> list[tuple[dict[str, float], float, float | None, list[int],
+                                      dict[str, float]]]:
             paths = [f"/me/conversations/{c}/stream?after=0" for c in conversations]
             streams = await open_all(paths, port, token, on_data)
             for c, s in zip(conversations, streams, strict=True):
@@ -453,8 +455,20 @@ def _fanout(ctx: Context, label: str, spread_s: float) -> Result:
 
         edge_log = st.settings.state_dir / "edge.log"
 
+        def others_cpu_s() -> dict[str, float]:
+            """CPU seconds so far of what shares the cores with the edge in a burst: this
+            process (the clients' loop and the producer), the broker, its JIT compilers."""
+            out = {}
+            if (mine := live_threads_cpu_seconds(os.getpid())) is not None:
+                out["bench"] = mine
+            if ctx.broker_pid is not None and (
+                    broker := threads_cpu_seconds(ctx.broker_pid)) is not None:
+                out["broker"], out["broker_jit"] = sum(broker.values()), jit_seconds(broker)
+            return out
+
         async def one_burst(n: int, topic: str, producer: Producer, streams: list[Stream]
-                            ) -> tuple[dict[str, float], float, float | None, list[int]]:
+                            ) -> tuple[dict[str, float], float, float | None, list[int],
+                                       dict[str, float]]:
             arrived.clear()
             log_at = _size(edge_log)
             expected["turn"] = f":turn-{n}\"".encode()
@@ -484,12 +498,16 @@ def _fanout(ctx: Context, label: str, spread_s: float) -> Result:
             edge = st.procs["edge"].pid
             with _profiled(edge, f"sse.{label}.{n}"):
                 threads0 = threads_cpu_seconds(edge)  # one reading: the total and by thread
+                others0 = others_cpu_s()
                 t0 = time.perf_counter()
                 await asyncio.to_thread(burst)
                 burst_s = time.perf_counter() - t0
                 await _until(lambda: len(arrived) == len(conversations), 60,
                              "every turn event")
                 threads1 = threads_cpu_seconds(edge)
+                others1 = others_cpu_s()
+            others = {k: round((others1[k] - v) * 1000, 1) for k, v in others0.items()
+                      if k in others1}
             edge_cpu_ms = (None if threads0 is None or threads1 is None
                            else (sum(threads1.values()) - sum(threads0.values())) * 1000)
             by_thread = {} if threads0 is None or threads1 is None else {
@@ -498,29 +516,34 @@ def _fanout(ctx: Context, label: str, spread_s: float) -> Result:
             ctx.log(f"  burst {n}: edge CPU "
                     f"{'?' if edge_cpu_ms is None else round(edge_cpu_ms)} ms, by thread (ms) "
                     f"{ {k: v for k, v in by_thread.items() if v >= 1} }, "
-                    f"full collections (ms) {pauses}")
+                    f"full collections (ms) {pauses}, others' CPU (ms) {others}")
             return ({c: arrived[c] - sent[c] for c in conversations}, burst_s, edge_cpu_ms,
-                    pauses)
+                    pauses, others)
 
         bursts = asyncio.run(run())
     finally:
         st.close()
     # The edge's CPU from the first produce to the last arrival (its tail, loop and writes):
     # the figure that carries over from this loaded machine; the clock ones do not.
-    latencies = [lat for got, _, _, _ in bursts for lat in got.values()]
+    latencies = [lat for got, *_ in bursts for lat in got.values()]
     per_event = [None if cpu is None else round(cpu * 1000 / len(got), 1)
-                 for got, _, cpu, _ in bursts]
+                 for got, _, cpu, *_ in bursts]
     known = sorted(x for x in per_event if x is not None)
     cpu = {} if not known else {"edge_cpu_us_per_event": known[len(known) // 2]}
     return {**latency_summary(latencies), "streams": len(conversations),
             "bursts": len(bursts),
             "burst_p50_ms": [latency_summary(list(got.values()))["p50_ms"]
-                             for got, _, _, _ in bursts],
+                             for got, *_ in bursts],
             "burst_edge_cpu_us_per_event": per_event,
             # The edge's full collections of LONG_PAUSE_MS or more during each burst (its log):
             # the whole edge stops meanwhile, every stream waits.
-            "burst_edge_full_collections_ms": [pauses for _, _, _, pauses in bursts],
-            "burst_produce_s": [round(s, 3) for _, s, _, _ in bursts],
+            "burst_edge_full_collections_ms": [pauses for _, _, _, pauses, _ in bursts],
+            # The CPU of what shares the two cores with the edge meanwhile: this process (the
+            # clients and the producer) and the broker, its JIT compilers apart (a fresh
+            # broker compiles for minutes; one that has run for days does not).
+            "burst_others_cpu_ms": {name: [others.get(name) for *_, others in bursts]
+                                    for name in ("bench", "broker", "broker_jit")},
+            "burst_produce_s": [round(s, 3) for _, s, *_ in bursts],
             "spread_s": spread_s, **cpu}
 
 
