@@ -41,6 +41,7 @@ from typing import Any
 from confluent_kafka import OFFSET_BEGINNING, Consumer, Producer, TopicPartition
 
 from bench.harness import Context, Result, benchmark, latency_summary
+from streams.reading import end_offset
 from streams.settings import VoiceSettings
 from streams.topics import AGENT, CONVERSATIONS, create_topics, topic_name
 
@@ -452,7 +453,9 @@ def read_topic_raw(ctx: Context) -> Result:
             t0 = time.perf_counter()
             md = c.list_topics(topic, timeout=10)
             parts = list(md.topics[topic].partitions)
-            ends = {p: c.get_watermark_offsets(TopicPartition(topic, p), 10)[1] for p in parts}
+            # Asked again while the broker answers "not leader" for a moment after the
+            # topic's creation.
+            ends = {p: end_offset(c, TopicPartition(topic, p), 10) for p in parts}
             todo = {p for p in parts if ends[p] > 0}
             c.assign([TopicPartition(topic, p, OFFSET_BEGINNING) for p in todo])
             n = 0

@@ -40,6 +40,7 @@ from schemas.base import Sealed
 from schemas.conversation import MessageRecorded
 from streams.envelope import Envelope, encode
 from streams.producer import PRODUCER_CONFIG, RecordProducer, producer_config
+from streams.reading import end_offset
 
 LATENCY_PARTITIONS = 1
 THROUGHPUT_PARTITIONS = 6
@@ -155,7 +156,7 @@ def tail_consumer(ctx: Context, topic: str, partition: int = 0) -> Consumer:
             "fetch.wait.max.ms": FETCH_WAIT_MAX_MS,
         }
     )
-    _, high = consumer.get_watermark_offsets(TopicPartition(topic, partition), timeout=10)
+    high = end_offset(consumer, TopicPartition(topic, partition), 10)
     consumer.assign([TopicPartition(topic, partition, high)])
     return consumer
 
@@ -173,8 +174,7 @@ def high_watermarks(ctx: Context, topic: str, partitions: int) -> int:
     )
     try:
         return sum(
-            consumer.get_watermark_offsets(TopicPartition(topic, p), timeout=10, cached=False)[1]
-            for p in range(partitions)
+            end_offset(consumer, TopicPartition(topic, p), 10) for p in range(partitions)
         )
     finally:
         consumer.close()

@@ -38,6 +38,7 @@ from deploy.processes import (
     wait_workers_ready,
     worker_group,
 )
+from streams.reading import end_offset
 from streams.settings import VoiceSettings
 from streams.topics import create_topics
 
@@ -161,8 +162,7 @@ class Stack:
                 meta = md.topics.get(t)
                 if meta is None:
                     continue
-                out[t] = sum(c.get_watermark_offsets(TopicPartition(t, p), timeout=10,
-                                                     cached=False)[1] for p in meta.partitions)
+                out[t] = sum(end_offset(c, TopicPartition(t, p), 10) for p in meta.partitions)
             return out
         finally:
             c.close()

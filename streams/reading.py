@@ -41,7 +41,7 @@ def read_batches(settings: VoiceSettings, topic: str, timeout: float = 30.0
         if topic not in md.topics or md.topics[topic].error is not None:
             raise LookupError(f"topic {topic!r} does not exist")
         parts = list(md.topics[topic].partitions)
-        ends = {p: _end_offset(c, TopicPartition(topic, p), timeout) for p in parts}
+        ends = {p: end_offset(c, TopicPartition(topic, p), timeout) for p in parts}
         todo = {p for p in parts if ends[p] > 0}
         c.assign([TopicPartition(topic, p, OFFSET_BEGINNING) for p in todo])
         deadline = time.monotonic() + timeout
@@ -65,7 +65,7 @@ _MOMENTARY = {KafkaError.NOT_LEADER_FOR_PARTITION, KafkaError.LEADER_NOT_AVAILAB
               KafkaError.UNKNOWN_TOPIC_OR_PART, KafkaError._TIMED_OUT, KafkaError._TRANSPORT}
 
 
-def _end_offset(c: Consumer, tp: TopicPartition, timeout: float) -> int:
+def end_offset(c: Consumer, tp: TopicPartition, timeout: float) -> int:
     """The partition's high watermark. Right after a topic is created (or while a leader
     moves) the broker answers ``NOT_LEADER_FOR_PARTITION`` and the like for a moment: those
     retriable answers are asked again until ``timeout``."""

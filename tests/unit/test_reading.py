@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 from confluent_kafka import KafkaError, KafkaException, TopicPartition
 
-from streams.reading import _end_offset
+from streams.reading import end_offset
 
 
 class Flaky:
@@ -26,12 +26,12 @@ def test_a_new_topics_not_leader_answer_is_asked_again() -> None:
     """Regression: right after its topic was created, test_spine's read failed on
     NOT_LEADER_FOR_PARTITION (a loaded machine; the leader was still being elected)."""
     c = Flaky(KafkaError.NOT_LEADER_FOR_PARTITION, KafkaError.LEADER_NOT_AVAILABLE)
-    assert _end_offset(c, TopicPartition("t", 0), timeout=10) == 7  # type: ignore[arg-type]
+    assert end_offset(c, TopicPartition("t", 0), timeout=10) == 7  # type: ignore[arg-type]
     assert c.calls == 3
 
 
 def test_a_lasting_error_is_raised() -> None:
     c = Flaky(KafkaError.TOPIC_AUTHORIZATION_FAILED)
     with pytest.raises(KafkaException):
-        _end_offset(c, TopicPartition("t", 0), timeout=10)  # type: ignore[arg-type]
+        end_offset(c, TopicPartition("t", 0), timeout=10)  # type: ignore[arg-type]
     assert c.calls == 1
