@@ -49,7 +49,7 @@ import sys
 import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
-from typing import Any
+from typing import Any, NamedTuple
 
 import httpx
 from confluent_kafka import Producer
@@ -163,6 +163,20 @@ from streams.settings import VoiceSettings
 uvicorn.run(app, host="127.0.0.1", port=int(sys.argv[1]), log_level="warning",
             backlog=4096, **{**server_options(VoiceSettings()), "timeout_keep_alive": 600})
 '''
+
+
+class Burst(NamedTuple):
+    """One burst of ``sse.fanout``: what arrived and what it cost."""
+
+    latencies: dict[str, float]
+    """Per conversation: its record's produce call → its turn event read by its client (s)."""
+    produce_s: float
+    edge_cpu_ms: float | None
+    pauses: list[int]
+    """The edge's logged full collections meanwhile (ms)."""
+    others_cpu_ms: dict[str, float]
+    """The CPU meanwhile of what shares the cores with the edge (``bench``, ``broker``,
+    ``broker_jit``)."""
 
 
 class Stream:
@@ -434,8 +448,7 @@ def _fanout(ctx: Context, label: str, spread_s: float) -> Result:
                         and expected["turn"] in e.group(2)):
                     arrived.setdefault(of_stream[id(stream)], now)
 
-        async def run() -> list[tuple[dict[str, float], float, float | None, list[int],
-                                      dict[str, float]]]:
+        async def run() -> list[Burst]:
             paths = [f"/me/conversations/{c}/stream?after=0" for c in conversations]
             streams = await open_all(paths, port, token, on_data)
             for c, s in zip(conversations, streams, strict=True):
@@ -467,8 +480,7 @@ def _fanout(ctx: Context, label: str, spread_s: float) -> Result:
             return out
 
         async def one_burst(n: int, topic: str, producer: Producer, streams: list[Stream]
-                            ) -> tuple[dict[str, float], float, float | None, list[int],
-                                       dict[str, float]]:
+                            ) -> Burst:
             arrived.clear()
             log_at = _size(edge_log)
             expected["turn"] = f":turn-{n}\"".encode()
@@ -517,33 +529,33 @@ def _fanout(ctx: Context, label: str, spread_s: float) -> Result:
                     f"{'?' if edge_cpu_ms is None else round(edge_cpu_ms)} ms, by thread (ms) "
                     f"{ {k: v for k, v in by_thread.items() if v >= 1} }, "
                     f"full collections (ms) {pauses}, others' CPU (ms) {others}")
-            return ({c: arrived[c] - sent[c] for c in conversations}, burst_s, edge_cpu_ms,
-                    pauses, others)
+            return Burst({c: arrived[c] - sent[c] for c in conversations}, burst_s, edge_cpu_ms,
+                         pauses, others)
 
         bursts = asyncio.run(run())
     finally:
         st.close()
     # The edge's CPU from the first produce to the last arrival (its tail, loop and writes):
     # the figure that carries over from this loaded machine; the clock ones do not.
-    latencies = [lat for got, *_ in bursts for lat in got.values()]
-    per_event = [None if cpu is None else round(cpu * 1000 / len(got), 1)
-                 for got, _, cpu, *_ in bursts]
+    latencies = [lat for b in bursts for lat in b.latencies.values()]
+    per_event = [None if b.edge_cpu_ms is None
+                 else round(b.edge_cpu_ms * 1000 / len(b.latencies), 1) for b in bursts]
     known = sorted(x for x in per_event if x is not None)
     cpu = {} if not known else {"edge_cpu_us_per_event": known[len(known) // 2]}
     return {**latency_summary(latencies), "streams": len(conversations),
             "bursts": len(bursts),
-            "burst_p50_ms": [latency_summary(list(got.values()))["p50_ms"]
-                             for got, *_ in bursts],
+            "burst_p50_ms": [latency_summary(list(b.latencies.values()))["p50_ms"]
+                             for b in bursts],
             "burst_edge_cpu_us_per_event": per_event,
             # The edge's full collections of LONG_PAUSE_MS or more during each burst (its log):
             # the whole edge stops meanwhile, every stream waits.
-            "burst_edge_full_collections_ms": [pauses for _, _, _, pauses, _ in bursts],
+            "burst_edge_full_collections_ms": [b.pauses for b in bursts],
             # The CPU of what shares the two cores with the edge meanwhile: this process (the
             # clients and the producer) and the broker, its JIT compilers apart (a fresh
             # broker compiles for minutes; one that has run for days does not).
-            "burst_others_cpu_ms": {name: [others.get(name) for *_, others in bursts]
+            "burst_others_cpu_ms": {name: [b.others_cpu_ms.get(name) for b in bursts]
                                     for name in ("bench", "broker", "broker_jit")},
-            "burst_produce_s": [round(s, 3) for _, s, *_ in bursts],
+            "burst_produce_s": [round(b.produce_s, 3) for b in bursts],
             "spread_s": spread_s, **cpu}
 
 
