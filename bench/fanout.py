@@ -175,7 +175,7 @@ class Burst(NamedTuple):
     pauses: list[int]
     """The edge's logged full collections meanwhile (ms)."""
     others_cpu_ms: dict[str, float]
-    """The CPU meanwhile of what shares the cores with the edge (``bench``, ``broker``,
+    """The CPU meanwhile of what shares the cores with the edge (``bench_client``, ``broker``,
     ``broker_jit``)."""
 
 
@@ -470,10 +470,11 @@ def _fanout(ctx: Context, label: str, spread_s: float) -> Result:
 
         def others_cpu_s() -> dict[str, float]:
             """CPU seconds so far of what shares the cores with the edge in a burst: this
-            process (the clients' loop and the producer), the broker, its JIT compilers."""
+            process (the clients' loop and the producer), the broker, its JIT compilers. The
+            keys of ``Stack.cpu``, read per thread to the nanosecond: a burst is tens of ms."""
             out = {}
             if (mine := live_threads_cpu_seconds(os.getpid())) is not None:
-                out["bench"] = mine
+                out["bench_client"] = mine
             if ctx.broker_pid is not None and (
                     broker := threads_cpu_seconds(ctx.broker_pid)) is not None:
                 out["broker"], out["broker_jit"] = sum(broker.values()), jit_seconds(broker)
@@ -554,7 +555,7 @@ def _fanout(ctx: Context, label: str, spread_s: float) -> Result:
             # clients and the producer) and the broker, its JIT compilers apart (a fresh
             # broker compiles for minutes; one that has run for days does not).
             "burst_others_cpu_ms": {name: [b.others_cpu_ms.get(name) for b in bursts]
-                                    for name in ("bench", "broker", "broker_jit")},
+                                    for name in ("bench_client", "broker", "broker_jit")},
             "burst_produce_s": [round(b.produce_s, 3) for b in bursts],
             "spread_s": spread_s, **cpu}
 
