@@ -11,11 +11,20 @@ UTF-8 is re-encoded with each undecodable byte as a ``\\udcXX`` escape (Python's
 ``surrogateescape``), so the field holding it fails validation like any lone surrogate: 422
 naming the field, not a 400 about the whole body, never a 500.
 
-It must never read more than the limit, nor let the app run before the body is complete.
+Past the limit the rest of the body is read only to be dropped, for at most ``LINGER_S`` and
+``LINGER_BYTES``, and then answered: a client still writing its body (httpx, curl without
+``Expect``) reads the 413 instead of a reset. (Closing with the rest unread made the kernel
+reset the connection, and the reset could reach the client before it read the answer.) A body
+that ended within those bounds leaves the connection open for the next request; one that did
+not, or a length declared past them, or a client waiting for ``100 Continue``, is answered at
+once and the connection closed.
+
+It must never keep more than the limit, nor let the app run before the body is complete.
 """
 
 from __future__ import annotations
 
+import asyncio
 import json
 from collections.abc import Mapping
 from dataclasses import dataclass
@@ -23,6 +32,12 @@ from dataclasses import dataclass
 from starlette.datastructures import Headers
 from starlette.responses import JSONResponse
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
+
+LINGER_S = 2.0
+"""The longest a refused body's rest is read (and dropped) before the 413 is sent anyway."""
+
+LINGER_BYTES = 8 * 1024 * 1024
+"""The most a refused body's rest is read past its limit (and dropped) before the 413."""
 
 
 @dataclass(frozen=True)
@@ -37,10 +52,10 @@ class BodyLimit:
     def detail(self) -> str:
         return f"the request body is larger than {self.max_bytes} bytes ({self.setting})"
 
-    def refusal(self) -> JSONResponse:
-        """The 413; the connection closes, since the rest of the body is left unread."""
+    def refusal(self, close: bool = True) -> JSONResponse:
+        """The 413; ``close`` when the rest of the body is left unread."""
         return JSONResponse({"detail": self.detail}, status_code=413,
-                            headers={"Connection": "close"})
+                            headers={"Connection": "close"} if close else None)
 
 
 class BodyGuard:
@@ -61,7 +76,11 @@ class BodyGuard:
         headers = Headers(scope=scope)
         declared = headers.get("content-length", "")
         if declared.isdigit() and int(declared) > limit.max_bytes:
-            await limit.refusal()(scope, receive, send)
+            if (int(declared) > limit.max_bytes + LINGER_BYTES
+                    or headers.get("expect", "").lower() == "100-continue"):
+                await limit.refusal()(scope, receive, send)  # nothing read, nothing to wait for
+            else:
+                await _refuse(limit, 0, scope, receive, send)
             return
         chunks: list[bytes] = []
         size = 0
@@ -73,7 +92,10 @@ class BodyGuard:
             chunk = message.get("body", b"")
             size += len(chunk)
             if size > limit.max_bytes:
-                await limit.refusal()(scope, receive, send)
+                if message.get("more_body", False):
+                    await _refuse(limit, size, scope, receive, send)
+                else:
+                    await limit.refusal(close=False)(scope, receive, send)
                 return
             chunks.append(chunk)
             more = message.get("more_body", False)
@@ -86,6 +108,26 @@ class BodyGuard:
                     *((k, v) for k, v in scope["headers"] if k.lower() != b"content-length"),
                     (b"content-length", str(len(body)).encode())]}
         await self.app(scope, _replay(body, receive), send)
+
+
+async def _refuse(limit: BodyLimit, read: int, scope: Scope, receive: Receive,
+                  send: Send) -> None:
+    """Reads and drops the rest of a body refused after ``read`` bytes, within ``LINGER_S``
+    and ``LINGER_BYTES`` past the limit, then answers 413: keeping the connection when the body
+    ended, closing it when it did not; not at all when the client went away."""
+    allowance = limit.max_bytes + LINGER_BYTES - read
+    ended = False
+    try:
+        async with asyncio.timeout(LINGER_S):
+            while allowance >= 0 and not ended:
+                message = await receive()
+                if message["type"] != "http.request":  # the client went away
+                    return
+                allowance -= len(message.get("body", b""))
+                ended = not message.get("more_body", False)
+    except TimeoutError:
+        pass
+    await limit.refusal(close=not ended)(scope, receive, send)
 
 
 def _replay(body: bytes, receive: Receive) -> Receive:

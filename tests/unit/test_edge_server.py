@@ -6,6 +6,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 from collections.abc import AsyncIterator
+from typing import Any
 
 import pytest
 import uvicorn
@@ -24,11 +25,11 @@ async def _ok(scope, receive, send) -> None:  # type: ignore[no-untyped-def]
 
 
 @contextlib.asynccontextmanager
-async def serving(settings: VoiceSettings) -> AsyncIterator[int]:
-    """A uvicorn server on the edge's options from ``settings`` (in this test's loop); its
-    port."""
+async def serving(settings: VoiceSettings, app: Any = _ok) -> AsyncIterator[int]:
+    """A uvicorn server for ``app`` (a plain 200 unless given) on the edge's options from
+    ``settings`` (in this test's loop); its port."""
     options = server_options(settings)
-    server = uvicorn.Server(uvicorn.Config(_ok, host="127.0.0.1", port=0, log_level="error",
+    server = uvicorn.Server(uvicorn.Config(app, host="127.0.0.1", port=0, log_level="error",
                                            http=options["http"],
                                            timeout_keep_alive=options["timeout_keep_alive"]))
     task = asyncio.create_task(server.serve())
