@@ -93,7 +93,8 @@ class Assistant:
         self.images = KafkaImages(self.settings, ctx.sealer,
                                   self.settings.assistant_dataset_cache_bytes // 4)
         ctx.workflow(WorkflowDef(TURN_KIND, (StepDef("reply", self.reply_step),),
-                                 on_end=self.turn_over, sealed_by=_conversation),
+                                 on_end=self.turn_over, sealed_by=_conversation,
+                                 outcome_recorded=False),
                      WorkflowDef(EXTRACT_KIND, (StepDef("provisional", self.provisional_step),
                                                 StepDef("extract", self.extract_step)),
                                  sealed_by=_conversation))

@@ -194,7 +194,8 @@ class Turns:
         # bookkeeping left (``on_end``), so only it waits to be settled.
         self.definition = WorkflowDef(KIND, (StepDef("reply", self.reply_step),),
                                       on_end=self.on_end, on_end_when=("failed",),
-                                      sealed_by=lambda i: i["conversation"])
+                                      sealed_by=lambda i: i["conversation"],
+                                      outcome_recorded=False)
 
     async def on_conversation_record(self, env: Envelope, partition: int, offset: int) -> None:
         """Told by the writer of each record it put at ``partition``/``offset``

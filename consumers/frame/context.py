@@ -134,7 +134,7 @@ class WorkerContext:
         """Where steps run: a loop of their own, so none delays the writer (0007's acks)."""
         self.runtime = WorkflowRuntime(settings, self.table("workflows", held=True),
                                        self.publisher, self.sealer, steps=self.steps,
-                                       crash=self.crash)
+                                       crash=self.crash, in_flight=self.app.in_flight)
         self.app.before_handover.append(self.runtime.release_leases)
         self.retry_policy = RetryPolicy.from_settings(settings)
         self.writer = Writer(self.publisher, topic_name(settings, COMMANDS), self.retry_policy,

@@ -85,6 +85,13 @@ class WorkflowDef:
     sealed_by: Callable[[dict[str, Any]], str | None] | None = None
     """The aggregate (from the input) whose data key seals a failing step's message, which
     may quote a model or a participant (``streams.free_text``); None keeps only its code."""
+    outcome_recorded: bool = True
+    """Whether a step's outcome is a record of its own (``StepOutcome``), applied when the
+    workflow's owner consumes it. False: the step's task applies it where the step ran, under
+    the workflow's lock, while it holds the lease (one record and one consume fewer a step) —
+    for kinds whose outcome no reader needs (a turn's: ``voice replay workflow --rerun`` folds
+    only the staff kinds' outcomes). Without the lease (a handover under way) it is recorded
+    all the same."""
 
     def step(self, index: int) -> StepDef:
         return self.steps[index]

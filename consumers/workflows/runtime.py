@@ -24,13 +24,18 @@ fails ``DEADLINE_EXCEEDED``, not retried, so its workflow fails and ``on_end`` e
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 import time
-from collections.abc import Callable
+import weakref
+from collections.abc import Callable, Iterator
 from typing import Any
+
+import faust.streams as faust_streams
 
 from consumers.engine.cancel import CancelToken
 from consumers.frame.aggregate import Ack
+from consumers.frame.failures import InFlight
 from consumers.frame.writer import Raw, answer_to
 from consumers.workflows import commands, engine
 from consumers.workflows.engine import Pause, StepContext, Transition, WorkflowDef, WorkflowState
@@ -130,6 +135,22 @@ def outcome_transition(wf: WorkflowDef, state: WorkflowState, rec: StepOutcome,
     return t
 
 
+@contextlib.contextmanager
+def _handling(ack: Callable[[], Any]) -> Iterator[None]:
+    """For the block, Faust's current event is the one whose ``ack`` this is (the lease's
+    record: ``WorkerContext`` hands the runtime ``event.ack``), as in the stream handling it.
+    Nothing changes for an ``ack`` of no event (a test's)."""
+    event = getattr(ack, "__self__", None)
+    if getattr(event, "message", None) is None:
+        yield
+        return
+    token = faust_streams._current_event.set(weakref.ref(event))
+    try:
+        yield
+    finally:
+        faust_streams._current_event.reset(token)
+
+
 class _Locked:
     """A workflow's lock, dropped from its map once nobody holds or waits for it: the map
     kept one for every workflow ever run (~210 bytes each), for good."""
@@ -185,11 +206,13 @@ class WorkflowRuntime:
 
     def __init__(self, settings: VoiceSettings, table: Any, publisher: Publisher,
                  sealer: TextSealer | None = None, steps: StepLoop | None = None,
-                 crash: CrashPoints | None = None) -> None:
+                 crash: CrashPoints | None = None, in_flight: InFlight | None = None
+                 ) -> None:
         """``sealer`` seals failing steps' messages (``WorkflowDef.sealed_by``); without
         one only their codes are kept. ``steps``: the loop steps run on (the worker's own, so
         a step never delays its writer); without one they run on the caller's loop.
-        ``crash``: the worker's test crash points (none by default)."""
+        ``crash``: the worker's test crash points (none by default). ``in_flight``: what a
+        handover waits for (the app's), where an outcome applied in its step's task counts."""
         self.settings = settings
         self.steps = steps
         self.sealer = sealer
@@ -220,6 +243,7 @@ class WorkflowRuntime:
         """The cancel token of each step running here."""
         self.topic = topic_name(settings, WORKFLOWS)
         self.crash = crash or CrashPoints()
+        self.in_flight = in_flight or InFlight()
         self._answers: set[asyncio.Future[Any]] = set()
         self._handing_over = False
         """Between ``release_leases`` and the next ``keep_only``: hold no record."""
@@ -304,20 +328,24 @@ class WorkflowRuntime:
                 ack()
                 return
             await self._apply(t, env.correlation or workflow, offset)
-            if t.run_step:
-                previous = self._held.pop(workflow, None)
-                if previous is not None and (previous[1], previous[2]) != (tp, offset):
-                    previous[0]()  # an earlier record: the lease moves to this one
-                if self._handing_over:
-                    ack()  # the table is the lease now (``release_leases``)
-                else:
-                    self._held[workflow] = (ack, tp, offset)
-                self._spawn(t.state)
-                return
-            held = self._held.pop(workflow, None)
-            if held is not None:
-                held[0]()
+            self._hand_on(t, ack, tp, offset)
+
+    def _hand_on(self, t: Transition, ack: Callable[[], Any], tp: Any, offset: int | None
+                 ) -> None:
+        """After ``t`` is made for the record at ``tp``/``offset`` (``ack``): start the next
+        step, that record now holding the lease, or let go of the lease and the record."""
+        workflow = t.state.workflow
+        previous = self._held.pop(workflow, None)
+        if previous is not None and (previous[1], previous[2]) != (tp, offset):
+            previous[0]()  # an earlier record: the lease moves to this one, or ends
+        if not t.run_step:
             ack()
+            return
+        if self._handing_over:
+            ack()  # the table is the lease now (``release_leases``)
+        else:
+            self._held[workflow] = (ack, tp, offset)
+        self._spawn(t.state)
 
     @staticmethod
     def _same_tenant(state: WorkflowState | None, env: Envelope) -> bool:
@@ -469,6 +497,8 @@ class WorkflowRuntime:
             outcome = self._failure(report, wf, state, step.name, exc)
         if self.cancels.get(state.workflow) is cancel:
             del self.cancels[state.workflow]
+        if not wf.outcome_recorded and await self._apply_here(outcome):
+            return
         env = Envelope(record=outcome, key=state.workflow, source=SOURCE,
                        subject=state.workflow, tenant=state.tenant, correlation=state.workflow,
                        id=f"{state.workflow}:outcome:{state.step_index}:{state.attempt}")
@@ -476,6 +506,39 @@ class WorkflowRuntime:
             await self._send(env)
         except Exception:
             log.exception("reporting the outcome of %s failed", state.workflow)
+
+    async def _apply_here(self, outcome: StepOutcome) -> bool:
+        """Apply a step's ``outcome`` in the step's own task (``WorkflowDef.outcome_recorded``
+        false), as ``handle`` applies its record, the record holding the lease standing as the
+        one handled: Faust's current event (a table write's changelog partition, the
+        write-behind's cause), in flight for a handover to wait on. False, nothing done, when
+        this task holds no lease (a handover under way; another attempt took over) or the
+        outcome changes nothing: the caller records it then, as for any kind."""
+        workflow = outcome.workflow
+        async with self._locked(workflow):
+            held = self._held.get(workflow)
+            if held is None or self._handing_over \
+                    or self.tasks.get(workflow) is not asyncio.current_task():
+                return False
+            state = WorkflowState.from_dict(self.table.get(workflow))
+            t = None if state is None else self._outcome(state, outcome)
+            if t is None:
+                return False
+            ack, tp, offset = held
+            lease = Raw(self.topic, getattr(tp, "partition", None), offset,
+                        workflow.encode(), None, None)
+            with self.in_flight.handling(lease), _handling(ack):
+                self.tasks.pop(workflow, None)
+                self._spawned.pop(workflow, None)
+                try:
+                    await self._apply(t, workflow, offset)
+                except Exception:
+                    # Its state stays running, or ended unsettled: its owner probes it
+                    # (``unheld``) and resumes or settles it, as after a worker's death.
+                    log.exception("applying the outcome of %s failed", workflow)
+                    return True
+                self._hand_on(t, ack, tp, offset)
+            return True
 
     def _overdue(self, report: dict[str, Any], state: WorkflowState, step: str
                  ) -> StepOutcome:

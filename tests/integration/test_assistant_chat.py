@@ -243,6 +243,9 @@ def test_the_louisiana_map_example_end_to_end(settings: VoiceSettings,
                                        for e in records(settings, WORKFLOWS))
               if done is not None and done.workflow == turn2]
     assert set(out["suggested"]) & {p.pattern_id for p in found}
+    # Issue 14: an assistant turn's step outcome is applied where it ran, not recorded.
+    turn_records = [e.type for e in records(settings, WORKFLOWS) if e.key == turn2]
+    assert "voice.workflow.step_outcome.v1" not in turn_records, turn_records
 
     # No plaintext of the CSV or of the messages on any raw topic.
     secrets = [b"Bayou Solvents", b"Pelican Chemical", b"RCRA facilities in Louisiana",

@@ -94,6 +94,10 @@ def test_a_message_gets_a_reply_and_a_proposal_exactly_once(settings: VoiceSetti
     wf = [type(e.record).__name__ for e in wf_log]
     # Issue 14: the step's success is the workflow's end.
     assert wf == ["WorkflowStarted", "StepStarted", "LastStepSucceeded"], wf
+    # …and the step's outcome was applied where it ran: no record of its own (unsequenced).
+    every = [decode(m.key(), m.value(), m.headers()).type
+             for m in read_all(settings, topic_name(settings, WORKFLOWS)) if m.key() == turn.encode()]
+    assert "voice.workflow.step_outcome.v1" not in every and len(every) == 3, every
     # The agent's model calls and tool calls are records of the turn, content sealed.
     agent = [decode(m.key(), m.value(), m.headers())
              for m in read_all(settings, topic_name(settings, AGENT)) if m.key() == turn.encode()]
