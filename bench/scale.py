@@ -62,7 +62,7 @@ from schemas.conversation import (
     TurnRequested,
     TurnStateChanged,
 )
-from schemas.workflow import LastStepSucceeded, StepOutcome, StepStarted, WorkflowStarted
+from schemas.workflow import LastStepSucceeded, StepStarted, WorkflowStarted
 from streams.envelope import Envelope, encode
 from streams.ids import new_assistant_conversation_id, new_conversation_id, turn_id
 from streams.producer import PRODUCER_CONFIG
@@ -218,8 +218,8 @@ def conversation_records(conversation: str, rng: random.Random) -> list[Record]:
 
 def turn_workflow_records(conversation: str) -> list[tuple[str, Record, int | None]]:
     """(workflow, record, seq) of each turn's workflow of ``conversation_records``, as the
-    runtime writes a one-step workflow that replies: started, its step, the step's outcome
-    (no seq) and its end."""
+    runtime writes a one-step workflow that replies: started, its step and its end (a turn's
+    step outcome is applied where it ran, with no record of its own)."""
     out: list[tuple[str, Record, int | None]] = []
     for t in range(TURNS_PER_CONVERSATION):
         msg_seq = 2 + 5 * t
@@ -231,8 +231,6 @@ def turn_workflow_records(conversation: str) -> list[tuple[str, Record, int | No
                 "tenant": TENANT, "history": {"partition": 0, "opened": [msg_seq, 0]}}), 1),
             (turn, StepStarted(workflow=turn, step="reply", attempt=1,
                                lease_until="2026-06-01T12:05:00+00:00", worker="bench"), 2),
-            (turn, StepOutcome(workflow=turn, step="reply", step_index=0, attempt=1,
-                               status="succeeded", output=done), None),
             (turn, LastStepSucceeded(workflow=turn, step="reply", attempt=1, output=done), 3),
         ]
     return out

@@ -8,10 +8,11 @@ Sequential turns through the whole stack; from each conversation-turn workflow's
   pass: a first step now starts with ``WorkflowStarted`` itself, no record marks it;
 - ``outcome_to_next``: the step's ``StepOutcome`` recorded → the engine's next lifecycle record
   (``StepSucceeded``, or ``LastStepSucceeded`` for a turn's one step): a step record → the next
-  transition.
+  transition — only on logs from before issue 14's forty-second pass: a turn's outcome is now
+  applied in the step's own task, with no record of its own (``in_place`` counts them).
 
-``step_overhead`` is their sum per workflow (the second alone where the first is not
-recorded), beside the raw Kafka round trip.
+``step_overhead`` is their sum per workflow (each where it is recorded), beside the raw Kafka
+round trip.
 """
 
 from __future__ import annotations
@@ -56,17 +57,21 @@ def step_overhead(ctx: Context) -> Result:
         name = type(env.record).__name__
         times.setdefault(env.key, {}).setdefault(name, msg.timestamp()[1] / 1000)
     start, outcome, total = [], [], []
+    in_place = 0
     for t in times.values():
         succeeded = t.get("StepSucceeded", t.get("LastStepSucceeded"))
-        if succeeded is None or "StepOutcome" not in t:
+        if succeeded is None or not {"StepStarted", "StepOutcome"} & t.keys():
             continue
-        b = succeeded - t["StepOutcome"]
         a = t["StepStarted"] - t["WorkflowStarted"] if "StepStarted" in t else 0.0
+        b = succeeded - t["StepOutcome"] if "StepOutcome" in t else 0.0
         if "StepStarted" in t:
             start.append(a)
-        outcome.append(b)
+        if "StepOutcome" in t:
+            outcome.append(b)
+        else:
+            in_place += 1
         total.append(a + b)
     summary = latency_summary(total)
-    return {**summary, "workflows": len(times),
+    return {**summary, "workflows": len(times), "in_place": in_place,
             "start_to_step": latency_summary(start) if start else None,
-            "outcome_to_next": latency_summary(outcome)}
+            "outcome_to_next": latency_summary(outcome) if outcome else None}

@@ -1,9 +1,12 @@
 """The workflow engine inside the worker: applies records to state, runs steps as tasks.
 
 A step never blocks the consumer's loop: it runs as an asyncio task and reports its outcome as
-a ``StepOutcome`` record, which this workflow's owner applies like any other (so only the
-agent, inside its stream, writes the table). The record that started the step is *held* (not
-acknowledged) until the workflow stops running. Faust commits an
+a ``StepOutcome`` record, which this workflow's owner applies like any other. A kind whose
+outcome no reader needs (a turn's: ``WorkflowDef.outcome_recorded``) has it applied by the
+step's own task instead, under the workflow's lock, as if handling the record that holds its
+lease (Faust's current event, counted in flight for a handover) — one record and one consume
+fewer a step; without the lease it is recorded all the same. The record that started the step
+is *held* (not acknowledged) until the workflow stops running. Faust commits an
 offset only up to the first unacknowledged record, so if this worker dies mid-step the
 partition's next owner re-reads from the held record, finds the step running with no task
 holding it, records the lost attempt and runs the step again. That is the lease.
@@ -465,7 +468,8 @@ class WorkflowRuntime:
         self._spawned[state.workflow] = time.monotonic()
 
     async def _run_step(self, state: WorkflowState) -> None:
-        """Run the step and report its outcome as a record (the task never writes state)."""
+        """Run the step, then apply its outcome here (``_apply_here``) or report it as a
+        record."""
         wf = self.defs[state.kind]
         step = wf.step(state.step_index)
         cancel = self.cancels[state.workflow] = CancelToken()
@@ -690,7 +694,7 @@ class WorkflowRuntime:
     def snapshot(self) -> dict[str, Any]:
         """What this runtime holds now, for an operator (``consumers.frame.state_dump``): each
         step task (seconds since it started, whether it has finished — a finished one waits
-        for its outcome record to come back), each lease (the record held, which the
+        for its outcome record to come back, or for the lock to apply it), each lease (the record held, which the
         partition's commit cannot pass), the workflows whose lock is held or awaited, the free
         step slots, and whether a handover is under way."""
         now = time.monotonic()

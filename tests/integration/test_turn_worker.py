@@ -96,7 +96,8 @@ def test_a_message_gets_a_reply_and_a_proposal_exactly_once(settings: VoiceSetti
     assert wf == ["WorkflowStarted", "StepStarted", "LastStepSucceeded"], wf
     # …and the step's outcome was applied where it ran: no record of its own (unsequenced).
     every = [decode(m.key(), m.value(), m.headers()).type
-             for m in read_all(settings, topic_name(settings, WORKFLOWS)) if m.key() == turn.encode()]
+             for m in read_all(settings, topic_name(settings, WORKFLOWS))
+             if m.key() == turn.encode()]
     assert "voice.workflow.step_outcome.v1" not in every and len(every) == 3, every
     # The agent's model calls and tool calls are records of the turn, content sealed.
     agent = [decode(m.key(), m.value(), m.headers())
