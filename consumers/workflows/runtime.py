@@ -694,9 +694,9 @@ class WorkflowRuntime:
     def snapshot(self) -> dict[str, Any]:
         """What this runtime holds now, for an operator (``consumers.frame.state_dump``): each
         step task (seconds since it started, whether it has finished — a finished one waits
-        for its outcome record to come back, or for the lock to apply it), each lease (the record held, which the
-        partition's commit cannot pass), the workflows whose lock is held or awaited, the free
-        step slots, and whether a handover is under way."""
+        for its outcome record to come back, or for the lock to apply it), each lease (the
+        record held, which the partition's commit cannot pass), the workflows whose lock is
+        held or awaited, the free step slots, and whether a handover is under way."""
         now = time.monotonic()
         return {
             "steps": {workflow: {"for_s": round(now - self._spawned.get(workflow, now), 1),
