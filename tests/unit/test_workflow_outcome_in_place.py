@@ -17,7 +17,7 @@ from schemas.workflow import WorkflowStarted
 from streams.envelope import Envelope
 from streams.producer import Publisher
 from streams.settings import VoiceSettings
-from tests.unit.test_workflow_runtime import FakeProducer
+from tests.unit.test_workflow_runtime import FakeProducer, retried_then_next
 
 OUTCOME = "voice.workflow.step_outcome.v1"
 TP0 = TP("voice.workflows", 0)
@@ -102,18 +102,7 @@ async def test_the_outcome_is_applied_in_the_steps_task_with_no_record_of_its_ow
 
 async def test_each_step_of_many_hands_on_in_place_and_the_lease_stays_with_the_start() -> None:
     calls: list[tuple[str, int]] = []
-
-    async def flaky(ctx: StepContext) -> dict[str, Any]:
-        calls.append((ctx.step, ctx.attempt))
-        if ctx.attempt == 1:
-            raise RuntimeError("once")
-        return {"n": 1}
-
-    async def second(ctx: StepContext) -> dict[str, Any]:
-        calls.append((ctx.step, ctx.attempt))
-        return {"n": 2}
-
-    rt, producer, table = runtime(StepDef("a", flaky), StepDef("b", second))
+    rt, producer, table = runtime(*retried_then_next(calls))
     event = Event(offset=7)
     await rt.handle(start(), event.ack, TP0, 7)
     await settle(rt, table)

@@ -33,6 +33,22 @@ class Acks:
         return lambda: self.done.append(name)
 
 
+def retried_then_next(calls: list[tuple[str, int]]) -> tuple[StepDef, StepDef]:
+    """Two steps, each call noted in ``calls``: "a" fails its first attempt, then "b"."""
+
+    async def first(ctx: StepContext) -> dict[str, Any]:
+        calls.append((ctx.step, ctx.attempt))
+        if ctx.attempt == 1:
+            raise RuntimeError("once")
+        return {"n": 1}
+
+    async def second(ctx: StepContext) -> dict[str, Any]:
+        calls.append((ctx.step, ctx.attempt))
+        return {"n": 2}
+
+    return StepDef("a", first), StepDef("b", second)
+
+
 async def test_a_redelivered_lease_record_is_never_acknowledged_twice() -> None:
     release = asyncio.Event()
 
@@ -77,21 +93,10 @@ async def test_a_workflow_writes_the_fewest_lifecycle_records_and_readers_see_th
     from schemas.workflow import LastStepSucceeded, StepFailed, WorkflowFailed, step_success
 
     calls: list[tuple[str, int]] = []
-
-    async def first(ctx: StepContext) -> dict[str, Any]:
-        calls.append((ctx.step, ctx.attempt))
-        if ctx.attempt == 1:
-            raise RuntimeError("once")
-        return {"n": 1}
-
-    async def second(ctx: StepContext) -> dict[str, Any]:
-        calls.append((ctx.step, ctx.attempt))
-        return {"n": 2}
-
     producer = FakeProducer()
     table: dict[str, Any] = {}
     rt = WorkflowRuntime(VoiceSettings(), table, Publisher(VoiceSettings(), lambda: producer))  # type: ignore[arg-type, return-value]
-    wf = WorkflowDef("k", (StepDef("a", first), StepDef("b", second)))
+    wf = WorkflowDef("k", retried_then_next(calls))
     rt.register(wf)
     started = Envelope(record=WorkflowStarted(workflow="w1", kind="k"), key="w1",
                        source="/t", seq=1, id="w1:1")
