@@ -49,8 +49,9 @@ class RanStep:
 
 def succeeded_steps(wf: WorkflowDef, lifecycle: Sequence[Envelope],
                     max_attempts: int) -> list[RanStep]:
-    """Fold the recorded lifecycle (start, commands, step outcomes, in log order) as the
-    runtime does; each succeeded step with its context."""
+    """Fold the recorded lifecycle (start, commands, step outcomes — or, where a step's
+    outcome was applied where it ran, its success record — in log order) as the runtime
+    does; each succeeded step with its context."""
     state: WorkflowState | None = None
     contexts: dict[tuple[int, int], StepContext] = {}
     out: list[RanStep] = []
@@ -63,7 +64,9 @@ def succeeded_steps(wf: WorkflowDef, lifecycle: Sequence[Envelope],
                 and state is not None:
             t = engine.Transition(copy.deepcopy(state))
             commands.receive(wf, t, rec, {})
-        elif isinstance(rec, StepOutcome) and state is not None:
+        elif (applied := _applied_in_place(wf, state, rec)) is not None:
+            rec = applied
+        if isinstance(rec, StepOutcome) and state is not None:
             while (state.status == "running" and state.step_index == rec.step_index
                    and state.attempt < rec.attempt):  # its worker died: a later attempt ran
                 lost = engine.worker_lost(wf, state, max_attempts)
@@ -82,6 +85,23 @@ def succeeded_steps(wf: WorkflowDef, lifecycle: Sequence[Envelope],
         state = t.state
         _keep(wf, contexts, t)
     return out
+
+
+def _applied_in_place(wf: WorkflowDef, state: WorkflowState | None, rec: Any
+                      ) -> StepOutcome | None:
+    """The outcome a step success on the log stands for when none was recorded before it:
+    a kind whose outcome is applied where its step ran (``WorkflowDef.outcome_recorded``
+    false: a turn's, since issue 14's forty-second pass) has only its lifecycle records. None
+    when the success is one the fold has made already (its outcome was recorded)."""
+    done = step_success(rec)
+    if done is None or state is None or state.status != "running":
+        return None
+    names = [s.name for s in wf.steps]
+    if done.step not in names or names.index(done.step) != state.step_index \
+            or done.attempt < state.attempt:
+        return None
+    return StepOutcome(workflow=done.workflow, step=done.step, step_index=state.step_index,
+                       attempt=done.attempt, status="succeeded", output=done.output)
 
 
 def _keep(wf: WorkflowDef, contexts: dict[tuple[int, int], StepContext],

@@ -89,9 +89,9 @@ class WorkflowDef:
     """Whether a step's outcome is a record of its own (``StepOutcome``), applied when the
     workflow's owner consumes it. False: the step's task applies it where the step ran, under
     the workflow's lock, while it holds the lease (one record and one consume fewer a step) —
-    for kinds whose outcome no reader needs (a turn's: ``voice replay workflow --rerun`` folds
-    only the staff kinds' outcomes). Without the lease (a handover under way) it is recorded
-    all the same."""
+    for a turn's kinds: the replay's fold (``deploy.rerun_steps.succeeded_steps``) takes a
+    step's success record for the outcome it stands for. Without the lease (a handover under
+    way) it is recorded all the same."""
 
     def step(self, index: int) -> StepDef:
         return self.steps[index]

@@ -86,3 +86,36 @@ def test_differing_names_paths() -> None:
     assert differing({"a": [1, {"b": 2}]}, {"a": [1, {"b": 3}]}) == [".a[1].b"]
     assert differing({"a": [1]}, {"a": [1, 2]}) == [".a"]
     assert differing({"x": 1}, {"x": 1}) == []
+
+
+# --- a turn's kinds: the outcome applied where the step ran, only lifecycle records -------------
+
+
+def test_a_step_whose_outcome_has_no_record_is_seen_from_its_success_record() -> None:
+    """Issue 14: a turn's outcome is applied in its step's task, so the log holds its
+    lifecycle records only; the fold takes each success record for the outcome it stands for,
+    with the attempt that succeeded, and counts a success once where the outcome was
+    recorded too (older logs)."""
+    from schemas.workflow import LastStepSucceeded, StepFailed, StepStarted, StepSucceeded
+
+    def started(index: int, attempt: int) -> Envelope:
+        return env(StepStarted(workflow="wf-1", step=WF.step(index).name, attempt=attempt))
+
+    ran = succeeded_steps(WF, [
+        START, started(0, 1),
+        env(StepFailed(workflow="wf-1", step="first", attempt=1, error_type="WorkerLost",
+                       error="lost")),
+        started(0, 2), env(StepSucceeded(workflow="wf-1", step="first", attempt=2,
+                                         output={"a": 1})),
+        started(1, 1), env(LastStepSucceeded(workflow="wf-1", step="second", attempt=1,
+                                             output={"b": 2}))], max_attempts=3)
+    assert [(r.ctx.step, r.ctx.attempt, r.output) for r in ran] == [
+        ("first", 2, {"a": 1}), ("second", 1, {"b": 2})]
+    assert ran[1].ctx.outputs == {"first": {"a": 1}}
+    both = succeeded_steps(WF, [
+        START, outcome(0, 1, output={"a": 1}),
+        env(StepSucceeded(workflow="wf-1", step="first", attempt=1, output={"a": 1})),
+        outcome(1, 1, output={"b": 2}),
+        env(LastStepSucceeded(workflow="wf-1", step="second", attempt=1, output={"b": 2}))],
+        max_attempts=3)
+    assert [(r.ctx.step, r.output) for r in both] == [("first", {"a": 1}), ("second", {"b": 2})]
