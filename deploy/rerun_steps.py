@@ -56,7 +56,7 @@ def succeeded_steps(wf: WorkflowDef, lifecycle: Sequence[Envelope],
     contexts: dict[tuple[int, int], StepContext] = {}
     out: list[RanStep] = []
     for env in lifecycle:
-        rec = env.record
+        rec = _applied_in_place(wf, state, env.record) or env.record
         t: engine.Transition | None = None
         if isinstance(rec, WorkflowStarted) and state is None:
             t = engine.start(wf, rec)
@@ -64,9 +64,7 @@ def succeeded_steps(wf: WorkflowDef, lifecycle: Sequence[Envelope],
                 and state is not None:
             t = engine.Transition(copy.deepcopy(state))
             commands.receive(wf, t, rec, {})
-        elif (applied := _applied_in_place(wf, state, rec)) is not None:
-            rec = applied
-        if isinstance(rec, StepOutcome) and state is not None:
+        elif isinstance(rec, StepOutcome) and state is not None:
             while (state.status == "running" and state.step_index == rec.step_index
                    and state.attempt < rec.attempt):  # its worker died: a later attempt ran
                 lost = engine.worker_lost(wf, state, max_attempts)
