@@ -15,8 +15,8 @@ the commands, conversation and workflow topics with one consumer and produces wi
 as a Voice worker does; the *edge* (in the bench process) produces each turn's command and tails
 the conversation, ack and delta topics with one consumer, as Voice's edge does. What each hop
 does is ``FLOW``: the records a Voice turn produces, topic by topic (``turn.sustained``'s
-``records_per_turn_by_topic``: 17 here, 16.3 measured a turn with its share of the keys and
-retries), in the order a turn produces them, each awaited
+``records_per_turn_by_topic``: 16.3 a turn in issue 14's forty-second pass; 17 here), in
+the order a turn produces them, each awaited
 where Voice awaits it (``docs/benchmarks.md``, "Issue 14, seventeenth pass" names the four
 acks a step awaits). No model, no HTTP, no decoding, no state, no offsets committed: every
 cost left is the broker's and the clients' for the flow itself, with Python doing only a dict
