@@ -50,6 +50,7 @@ from api.staff import StaffViews
 from api.web import install_web
 from streams.assistant_settings import assistant_settings
 from streams.envelope import Envelope
+from streams.heap import collect_when_idle
 from streams.ids import conversation_since_ms, workflow_since_ms
 from streams.sealing import sealer_for
 from streams.settings import VoiceSettings, load_settings
@@ -125,10 +126,13 @@ async def evict_unused(projections: tuple[ReadOnDemand[Any], ...], window_s: flo
             views.evict_idle(window_s)
 
 
-def create_app(settings: VoiceSettings | None = None, bind_host: str | None = None) -> FastAPI:
+def create_app(settings: VoiceSettings | None = None, bind_host: str | None = None,
+               idle_collections: bool = False) -> FastAPI:
     """Build the edge app for ``settings`` (read from the environment when omitted), to listen
     on ``bind_host`` (it decides whether the dev sign-in route exists; None: unknown, it does
-    not)."""
+    not). ``idle_collections``: the process's full garbage collections run while its tail is
+    idle (``streams.heap.collect_when_idle``); for an edge process whose heap is settled
+    (``voice edge``), not an app among others in one process (a test's)."""
     settings = settings or load_settings()
     chat_settings = assistant_settings(settings)
 
@@ -181,11 +185,14 @@ def create_app(settings: VoiceSettings | None = None, bind_host: str | None = No
                     asyncio.create_task(evict_unused(
                         (views, app.state.assistant.conversations,
                          *(() if owners is None else (owners,))), settings.edge_history_s)))
+        collecting = (asyncio.create_task(collect_when_idle(lambda: app.state.tail.applied_at))
+                      if idle_collections else None)
         try:
             yield
         finally:
-            if evicting is not None:
-                evicting.cancel()
+            for task in (evicting, collecting):
+                if task is not None:
+                    task.cancel()
             app.state.tail.stop()
             await asyncio.to_thread(cold.close)
             app.state.producer.close()

@@ -137,7 +137,7 @@ def edge(host: str = typer.Option(None), port: int = typer.Option(None)) -> None
     from streams.heap import settle_heap
 
     configure_tracing("voice-edge")
-    edge_app = create_app(settings, bind_host=bind)
+    edge_app = create_app(settings, bind_host=bind, idle_collections=True)
     settle_heap()  # loaded: out of every later full collection
     uvicorn.run(edge_app, host=bind, port=port or settings.edge_port,
                 log_level="warning", timeout_graceful_shutdown=5, **server_options(settings))

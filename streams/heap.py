@@ -24,10 +24,14 @@ meanwhile), not everything held. What it freezes and later drops is freed as bef
 cycle among frozen objects waits, for the next whole walk: the first full collection
 ``WHOLE_WALK_S`` or more after the last whole walk unfreezes everything first. It also logs
 every full collection that stops the process for ``LONG_PAUSE_MS`` or more.
+
+An edge also runs its full collection itself while it is idle (``collect_when_idle``), so that
+Python's own does not fall due inside the next burst of events.
 """
 
 from __future__ import annotations
 
+import asyncio
 import gc
 import logging
 import time
@@ -41,6 +45,8 @@ LONG_PAUSE_MS = 50.0
 WHOLE_WALK_S = 600.0
 """The first full collection this long or more after the last whole walk walks everything
 the process holds (the ones between walk what survived since the last full collection)."""
+IDLE_S = 0.2
+"""``collect_when_idle``: how long a process must have had nothing to do before it collects."""
 
 
 class FullCollections:
@@ -109,3 +115,25 @@ def settle_heap() -> None:
     gc.freeze()
     if WATCH not in gc.callbacks:
         gc.callbacks.append(WATCH)
+
+
+async def collect_when_idle(busy_at: Callable[[], float], idle_s: float = IDLE_S,
+                            every_s: float = IDLE_S / 2,
+                            counts: Callable[[], tuple[int, int, int]] = gc.get_count,
+                            collect: Callable[[], object] = gc.collect) -> None:
+    """Run a full collection whenever the process has had nothing to do for ``idle_s``
+    (``busy_at()``: the ``time.monotonic()`` its last work ended) and a middle collection ran
+    since the last full one (so it may have moved something into the oldest generation); until
+    cancelled, looking every ``every_s``.
+
+    Python runs a full collection once ten middle ones have run, whatever the process is doing
+    then: in an edge, inside a burst of events that a thousand streams wait on (26–32 ms of one
+    burst in five, ``docs/benchmarks.md``, issue 14, forty-third pass). Run while nothing waits,
+    it walks the same objects (what survived since the last full collection: ``FullCollections``
+    freezes what survives each) and leaves the next one ten middle collections away. A process
+    that is never idle collects as before."""
+    while True:
+        await asyncio.sleep(every_s)
+        if (gc.isenabled() and counts()[2] > 0
+                and time.monotonic() - busy_at() >= idle_s):
+            collect()

@@ -116,6 +116,9 @@ class EdgeTail:
         self.skipped: Counter[tuple[str, str]] = Counter()
         """(topic, ``undecodable`` | ``not applied``) → records skipped since the start
         (changed and read on the event loop only)."""
+        self.applied_at = 0.0
+        """``time.monotonic()`` when the loop last finished applying records (the edge is idle
+        while no more come: ``streams.heap.collect_when_idle``)."""
 
     def start(self) -> None:
         self._loop = asyncio.get_running_loop()
@@ -319,6 +322,7 @@ class EdgeTail:
                 handler(*args)
             else:
                 self._apply(where, handler, *args)
+        self.applied_at = time.monotonic()
 
     def _apply(self, where: tuple[str, int, int], handler: Callable[..., None],
                *args: Any) -> None:

@@ -49,8 +49,10 @@ def test_a_record_a_view_cannot_apply_is_skipped_counted_and_the_tail_goes_on() 
         await asyncio.sleep(0)
         return tail
 
+    before = time.monotonic()
     tail = asyncio.run(go())
     assert applied == [1, 3]
+    assert tail.applied_at >= before  # when the loop last applied records: idle since
     assert tail.skipped_counts() == {
         "t.voice.conversations": {"not applied": 1, "undecodable": 1},
         "t.voice.issues": {"undecodable": 1}}

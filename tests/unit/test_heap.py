@@ -3,9 +3,11 @@ an edge or a telemetry sink holds once built is frozen out of later collections.
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import gc
 import sys
+import time
 import types
 from collections.abc import Iterator
 from typing import Any
@@ -185,3 +187,82 @@ def test_without_freezing_survivors_a_full_collection_walks_everything_as_python
         del node
         gc.collect()
         assert gone() is None
+
+
+def _run_idle_collector(busy_at: Any, counts: Any, collect: Any, for_s: float = 0.15) -> None:
+    from streams.heap import collect_when_idle
+
+    async def go() -> None:
+        task = asyncio.create_task(collect_when_idle(busy_at, idle_s=0.05, every_s=0.01,
+                                                     counts=counts, collect=collect))
+        await asyncio.sleep(for_s)
+        task.cancel()
+        with contextlib.suppress(asyncio.CancelledError):
+            await task
+
+    asyncio.run(go())
+
+
+def test_an_idle_process_runs_its_full_collection_while_nothing_waits() -> None:
+    collected: list[float] = []
+    due = [3]  # middle collections since the last full one
+
+    def collect() -> None:
+        collected.append(time.monotonic())
+        due[0] = 0  # a full collection resets the count, as Python's does
+
+    _run_idle_collector(lambda: 0.0, lambda: (0, 0, due[0]), collect)
+    assert len(collected) == 1  # once: nothing more could have reached the oldest generation
+
+
+def test_a_busy_process_or_one_with_nothing_new_is_left_to_python() -> None:
+    collected: list[int] = []
+    _run_idle_collector(time.monotonic, lambda: (0, 0, 5), lambda: collected.append(1))
+    assert collected == []  # busy: its last work ended less than idle_s ago
+    _run_idle_collector(lambda: 0.0, lambda: (0, 0, 0), lambda: collected.append(1))
+    assert collected == []  # idle, but no middle collection since the last full one
+    gc.disable()
+    try:
+        _run_idle_collector(lambda: 0.0, lambda: (0, 0, 5), lambda: collected.append(1))
+    finally:
+        gc.enable()
+    assert collected == []  # the collector is off: so is this
+
+
+def test_the_idle_collection_is_a_real_full_collection_its_watch_sees() -> None:
+    from streams.heap import WATCH
+
+    settle_heap()
+    before = WATCH.count
+    gc.collect(1)  # a middle collection: a full one may now have something new to walk
+    assert gc.get_count()[2] > 0
+    ran: list[int] = []
+
+    def collect() -> None:
+        ran.append(WATCH.count)
+        gc.collect()
+
+    _run_idle_collector(lambda: 0.0, gc.get_count, collect, for_s=0.3)
+    assert ran and ran[0] == before  # the idle collector's own, not one Python ran
+    assert WATCH.count > before  # a full collection, timed and its survivors frozen
+
+
+def test_the_edge_collects_while_idle_the_app_of_a_test_does_not(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    import inspect
+
+    import uvicorn
+
+    import api.app
+    from deploy import cli
+
+    seen: dict[str, Any] = {}
+    real = api.app.create_app
+    monkeypatch.setenv("VOICE_KAFKA_BOOTSTRAP", "127.0.0.1:1")
+    monkeypatch.setattr(api.app, "create_app",
+                        lambda *a, **kw: seen.update(kw) or real(*a, **kw))
+    monkeypatch.setattr(uvicorn, "run", lambda app, **kw: None)
+    monkeypatch.setattr(cli, "configure_tracing", lambda name: None)
+    cli.edge(host="127.0.0.1", port=1)
+    assert seen["idle_collections"] is True
+    assert inspect.signature(real).parameters["idle_collections"].default is False
