@@ -28,6 +28,7 @@ from api.assistant.upload import UPLOAD_PATH, upload_body_limit
 from api.assistant.views import display_seq_of
 from api.conversations import ConversationViews
 from api.conversations.owners import OwnerIndex
+from api.frame.activity import LastRequest, NoteRequests
 from api.frame.body import BodyGuard, BodyLimit
 from api.frame.cold import (
     ColdLog,
@@ -130,11 +131,13 @@ def create_app(settings: VoiceSettings | None = None, bind_host: str | None = No
                idle_collections: bool = False) -> FastAPI:
     """Build the edge app for ``settings`` (read from the environment when omitted), to listen
     on ``bind_host`` (it decides whether the dev sign-in route exists; None: unknown, it does
-    not). ``idle_collections``: the process's full garbage collections run while its tail is
-    idle (``streams.heap.collect_when_idle``); for an edge process whose heap is settled
-    (``voice edge``), not an app among others in one process (a test's)."""
+    not). ``idle_collections``: the process's full garbage collections run while the edge is
+    idle, no request coming in and no record applied (``streams.heap.collect_when_idle``); for
+    an edge process whose heap is settled (``voice edge``), not an app among others in one
+    process (a test's)."""
     settings = settings or load_settings()
     chat_settings = assistant_settings(settings)
+    last_request = LastRequest()  # NoteRequests sets it; the idle collections read it
 
     @asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
@@ -185,8 +188,9 @@ def create_app(settings: VoiceSettings | None = None, bind_host: str | None = No
                     asyncio.create_task(evict_unused(
                         (views, app.state.assistant.conversations,
                          *(() if owners is None else (owners,))), settings.edge_history_s)))
-        collecting = (asyncio.create_task(collect_when_idle(lambda: app.state.tail.applied_at))
-                      if idle_collections else None)
+        collecting = (asyncio.create_task(collect_when_idle(
+            lambda: max(app.state.tail.applied_at, last_request.at)))
+            if idle_collections else None)
         try:
             yield
         finally:
@@ -214,7 +218,9 @@ def create_app(settings: VoiceSettings | None = None, bind_host: str | None = No
     # Held streams go no further: not gzipped, no body to read, no deadline (api.frame.lane).
     app.add_middleware(StreamLane, routes=[conversations.STREAM_LANE])
     app.add_middleware(EdgeErrors)
-    app.add_middleware(TraceRequests)  # outermost: the request's span covers all of it
+    app.add_middleware(TraceRequests)  # the request's span covers all of it
+    app.add_middleware(NoteRequests, last=last_request)  # outermost: every request, first
+    app.state.last_request = last_request
 
     @app.exception_handler(CursorTooOld)
     async def cursor_too_old(_request: Request, exc: CursorTooOld) -> JSONResponse:

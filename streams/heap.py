@@ -25,8 +25,9 @@ cycle among frozen objects waits, for the next whole walk: the first full collec
 ``WHOLE_WALK_S`` or more after the last whole walk unfreezes everything first. It also logs
 every full collection that stops the process for ``LONG_PAUSE_MS`` or more.
 
-An edge also runs its full collection itself while it is idle (``collect_when_idle``), so that
-Python's own does not fall due inside the next burst of events.
+An edge also runs its full collection itself while it is idle, no request coming in and no
+record applied (``collect_when_idle``), so that Python's own does not fall due inside the next
+burst of events.
 """
 
 from __future__ import annotations

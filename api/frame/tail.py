@@ -117,8 +117,9 @@ class EdgeTail:
         """(topic, ``undecodable`` | ``not applied``) → records skipped since the start
         (changed and read on the event loop only)."""
         self.applied_at = 0.0
-        """``time.monotonic()`` when the loop last finished applying records (the edge is idle
-        while no more come: ``streams.heap.collect_when_idle``)."""
+        """``time.monotonic()`` when the loop last finished applying records (with the last
+        request's, ``api.frame.activity``, what tells the edge it is idle:
+        ``streams.heap.collect_when_idle``)."""
 
     def start(self) -> None:
         self._loop = asyncio.get_running_loop()
