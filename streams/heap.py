@@ -123,7 +123,8 @@ async def collect_when_idle(busy_at: Callable[[], float], idle_s: float = IDLE_S
                             counts: Callable[[], tuple[int, int, int]] = gc.get_count,
                             collect: Callable[[], object] = gc.collect) -> None:
     """Run a full collection whenever the process has had nothing to do for ``idle_s``
-    (``busy_at()``: the ``time.monotonic()`` its last work ended) and a middle collection ran
+    (``busy_at()``: the ``time.monotonic()`` of its last work; an edge's is the later of its
+    last request's arrival and its tail's last records) and a middle collection ran
     since the last full one (so it may have moved something into the oldest generation); until
     cancelled, looking every ``every_s``.
 
