@@ -94,9 +94,7 @@ def _applied_in_place(wf: WorkflowDef, state: WorkflowState | None, rec: Any
     done = step_success(rec)
     if done is None or state is None or state.status != "running":
         return None
-    names = [s.name for s in wf.steps]
-    if done.step not in names or names.index(done.step) != state.step_index \
-            or done.attempt < state.attempt:
+    if wf.step(state.step_index).name != done.step or done.attempt < state.attempt:
         return None
     return StepOutcome(workflow=done.workflow, step=done.step, step_index=state.step_index,
                        attempt=done.attempt, status="succeeded", output=done.output)
