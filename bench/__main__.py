@@ -33,6 +33,7 @@ import bench.fanout  # noqa: F401  (registers the streams-per-edge figures)
 import bench.ingest  # noqa: F401  (registers the telemetry and replay figures)
 import bench.kafka_baseline as kafka_baseline  # registers the benchmarks
 import bench.keys  # noqa: F401  (registers the key service figures)
+import bench.push  # noqa: F401  (registers the in-process push figures)
 import bench.scale  # noqa: F401  (registers the scale-out and edge start figures)
 import bench.streaming  # noqa: F401  (registers the reply streaming figure)
 import bench.turns  # noqa: F401  (registers the turn figures; they run first, see FIRST)

@@ -270,13 +270,14 @@ class ConversationViews(OnDemandViews[ConversationView]):
         elif isinstance(rec, TurnStateChanged):
             tv = view.turn(rec.turn)
             tv.state, tv.ended = rec.state, rec
-            if rec.state != "Thinking":
+            if rec.state != "Thinking" and view.live:
                 view.drop_live(lambda d, turn=rec.turn: d.record.turn == turn)
         elif isinstance(rec, ReplyRecorded):
             view.content[env.seq] = env
             tv = view.turn(rec.turn)
             tv.reply, tv.reply_seq = env, env.seq
-            view.drop_live(lambda d, turn=rec.turn: d.record.turn == turn)
+            if view.live:
+                view.drop_live(lambda d, turn=rec.turn: d.record.turn == turn)
         elif isinstance(rec, ProposalRecorded):
             view.content[env.seq] = env
             tv = view.turn(rec.turn)

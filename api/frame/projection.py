@@ -92,18 +92,24 @@ class Changes:
         waiters = self._waiters.pop(key, None)
         if not waiters:
             return
-        asleep: dict[asyncio.Future[None], Push | None] | None = None
+        woken: list[asyncio.Future[None]] | None = None
         for fut, push in waiters.items():
-            if fut.done():
-                continue
-            if push is not None and push():
-                if asleep is None:
-                    asleep = {}
-                asleep[fut] = push
-            else:
-                fut.set_result(None)
-        if asleep is not None:
-            self._waiters.setdefault(key, {}).update(asleep)
+            if fut.done() or push is None or not push():
+                if woken is None:
+                    woken = []
+                woken.append(fut)
+        # The usual case: every waiter took the change and sleeps on, in the same dict.
+        if woken is not None:
+            for fut in woken:
+                del waiters[fut]
+                if not fut.done():
+                    fut.set_result(None)
+            if not waiters:
+                return
+        if (again := self._waiters.get(key)) is not None:  # a wait began meanwhile
+            again.update(waiters)
+        else:
+            self._waiters[key] = waiters
 
     async def wait(self, key: str, until: Callable[[], bool], timeout: float,
                    push: Push | None = None) -> bool:
@@ -200,6 +206,11 @@ class KeptEvents(AggregateView, Generic[E]):
     def events_after(self, cursor: int) -> list[E]:
         """Every kept event after ``cursor``, in order; ``CursorTooOld`` when some of them
         are no longer kept."""
+        events = self.events
+        # The usual case, a caught-up stream and one new event: that event alone.
+        if (len(events) > 1 and self.cursor_of(events[-2]) <= cursor
+                and self.cursor_of(events[-1]) > cursor):
+            return [events[-1]]
         oldest = self.oldest_cursor()
         if cursor < oldest:
             raise CursorTooOld(self.stream_name, cursor, oldest)

@@ -62,6 +62,15 @@ def test_events_after_with_gaps_and_the_oldest_cursor() -> None:
     assert numbers(head=4).oldest_cursor() == 4  # nothing kept: only "from now" is served
 
 
+def test_events_after_each_cursor_it_serves_is_every_kept_event_past_it() -> None:
+    # A caught-up stream's cursor (the next-to-last event) takes a shortcut: the same answer.
+    for kept in (1, 2, 3, 10):
+        view = numbers(2, 3, 7, 9, 12, kept=kept)
+        for cursor in range(view.oldest_cursor(), 14):
+            assert view.events_after(cursor) == [e for e in view.events if e > cursor], (
+                kept, cursor)
+
+
 def test_served_cursor_and_resume_rules() -> None:
     view = numbers(5, 6)
     assert served_cursor(view, 4) == 4

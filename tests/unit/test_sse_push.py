@@ -120,6 +120,37 @@ async def test_a_change_is_offered_to_a_waiters_push_first_and_wakes_it_only_if_
     assert changes.waiting("k") == 0, "a cancelled wait leaves nothing behind"
 
 
+async def test_one_notify_wakes_the_waiters_that_decline_and_keeps_those_that_take_it() -> None:
+    changes = Changes()
+    offered: list[str] = []
+
+    def push(name: str, takes: bool) -> Any:
+        def offer() -> bool:
+            offered.append(name)
+            return takes
+        return offer
+
+    moved = {"a": False, "b": False, "c": False}
+    waits = {n: asyncio.create_task(changes.wait("k", lambda n=n: moved[n], 5, push(n, takes)))
+             for n, takes in (("a", True), ("b", False), ("c", True))}
+    plain = asyncio.create_task(changes.wait("k", lambda: moved["a"], 5))
+    await asyncio.sleep(0)
+    assert changes.waiting("k") == 4
+    moved["b"] = True
+    changes.notify("k")
+    assert offered == ["a", "b", "c"], "every push offered, in the order they came"
+    assert changes.waiting("k") == 2, "the two that took it sleep on; the rest are woken"
+    assert await waits["b"] is True
+    await asyncio.sleep(0.01)
+    assert not plain.done() and changes.waiting("k") == 3, "the plain waiter waits again"
+    changes.notify("k")
+    assert offered == ["a", "b", "c", "a", "c"] and changes.waiting("k") == 2
+    for t in (waits["a"], waits["c"], plain):
+        t.cancel()
+    await asyncio.gather(waits["a"], waits["c"], plain, return_exceptions=True)
+    assert changes.waiting("k") == 0
+
+
 # --- the stream's push ------------------------------------------------------------------------
 
 
