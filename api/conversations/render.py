@@ -23,7 +23,7 @@ from api.conversations.models import (
     TurnSummary,
 )
 from api.conversations.views import ConversationView, TurnView
-from api.frame.sse import Frame, event_frame_bytes
+from api.frame.sse import Frame, event_frame_bytes, model_json
 from schemas.conversation import (
     MessageRecorded,
     ProposalRecorded,
@@ -151,7 +151,7 @@ def event_frame(sealer: Sealer, env: Envelope) -> Frame | None:
     if found is None:
         return None
     event, data = found
-    return event_frame_bytes(data.model_dump_json(), event, str(env.seq))
+    return event_frame_bytes(model_json(data), event, str(env.seq))
 
 
 def delta_event(sealer: Sealer, env: Envelope) -> ServerSentEvent:

@@ -14,9 +14,16 @@ from pydantic import BaseModel
 from starlette.types import Message
 
 from api.conversations import render
+from api.conversations.models import (
+    AgentMessageEvent,
+    DeltaEvent,
+    ParticipantMessageEvent,
+    ProposalEvent,
+    TurnEvent,
+)
 from api.conversations.views import ConversationViews
 from api.frame.projection import RENDERED_KEPT, Changes
-from api.frame.sse import EventStream, Frame, StreamEnd, sse_frame, wire
+from api.frame.sse import EventStream, Frame, StreamEnd, model_json, sse_frame, wire
 from schemas.conversation import (
     ConversationErased,
     ConversationStarted,
@@ -158,6 +165,21 @@ async def test_event_bytes_match_fastapis_framing_for_models_dicts_raw_data_and_
         'event: d\ndata: {"a":"é","b":[1,2]}\n\n'.encode(),
         b'event: r\ndata: {"seq":4}\nid: 4\n\n',
         b": keep-alive\n\n"]
+
+
+def test_a_models_json_is_its_model_dump_json() -> None:
+    odd = 'é \u2028 \x7f \n\t "quoted" <b>&</b> \\ 😀'
+    models: list[BaseModel] = [
+        ParticipantMessageEvent(seq=2, message_id="m-1", text=odd, at="2026-12-07T23:00:00Z"),
+        AgentMessageEvent(seq=3, turn="cnv-1:turn-2", text=odd),
+        DeltaEvent(turn="cnv-1:turn-2", attempt=1, offset=0, text=odd),
+        ProposalEvent(seq=4, turn="cnv-1:turn-2", proposal={"title": odd, "n": [1, 2.5, None]}),
+        TurnEvent(seq=5, turn="cnv-1:turn-2", state="CouldNotInterpret", reason=odd,
+                  reason_code="could_not_interpret"),
+        TurnEvent(seq=6, turn="cnv-1:turn-3", state="Replied"),
+    ]
+    for model in models:
+        assert model_json(model) == model.model_dump_json()
 
 
 # --- one rendering per event, shared by the streams of a view -------------------------------------
