@@ -30,7 +30,7 @@ from cloudevents.core.formats.json import JSONFormat
 from cloudevents.core.v1.event import CloudEvent
 from pydantic import ValidationError
 
-from schemas.base import Record, model_for
+from schemas.base import Record, json_bytes, model_for
 from streams.entropy import random_uuid_hex
 from streams.free_text import fields_of
 from streams.tracing import TRACE_HEADERS, TRACEPARENT, inject
@@ -122,7 +122,7 @@ def encode(env: Envelope) -> tuple[bytes, bytes, Headers]:
                         ("ce_time", stamp.encode()), ("content-type", _JSON)]
     if env.subject is not None:
         headers.append(("ce_subject", env.subject.encode()))
-    return env.key.encode(), env.record.model_dump_json().encode(), _voice_headers(env, headers)
+    return env.key.encode(), json_bytes(env.record), _voice_headers(env, headers)
 
 
 def _voice_headers(env: Envelope, headers: Headers) -> Headers:
@@ -153,7 +153,7 @@ def _encode_checked(env: Envelope) -> tuple[bytes, bytes, Headers]:
     }
     if env.subject is not None:
         attributes["subject"] = env.subject
-    event = CloudEvent(attributes=attributes, data=env.record.model_dump_json().encode())
+    event = CloudEvent(attributes=attributes, data=json_bytes(env.record))
     msg = to_binary(event, _FORMAT, key_mapper=lambda _e: env.key)
     return env.key.encode(), msg.value, _voice_headers(env, list(msg.headers.items()))
 

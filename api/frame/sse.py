@@ -31,6 +31,7 @@ from starlette.types import Receive, Scope, Send
 
 from api.frame.models import CursorTooOldOut, HeaderText
 from api.frame.projection import CursorTooOld, KeptEvents
+from schemas.base import json_bytes
 
 KEEPALIVE_S = 5.0
 """Silence after which a keep-alive comment is sent (a third of the bound, if smaller)."""
@@ -290,10 +291,9 @@ async def _events(source: EventSource, feed: Feed[E], cursor: int, bound_s: floa
 
 
 def model_json(model: BaseModel) -> str:
-    """``model.model_dump_json()``, the same text, without its Python wrapper around the
-    serializer: 0.3 µs against 1.0, on every event an edge renders (docs/benchmarks.md,
-    issue 14, forty-fourth pass)."""
-    return type(model).__pydantic_serializer__.to_json(model).decode()
+    """``model.model_dump_json()``, the same text (``json_bytes``: without its wrapper), on
+    every event an edge renders."""
+    return json_bytes(model).decode()
 
 
 def sse_data(sse: ServerSentEvent) -> str | None:
