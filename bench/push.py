@@ -23,7 +23,6 @@ from __future__ import annotations
 
 import asyncio
 import gc
-import os
 import re
 import statistics
 import time
@@ -35,12 +34,12 @@ from starlette.types import Message
 from api.conversations.routes import conversation_events
 from api.conversations.views import ConversationViews
 from api.frame.sse import Outlet, event_stream
+from bench.fanout import FANOUT
 from bench.harness import Context, Result, benchmark
 from schemas.conversation import ConversationStarted, TurnStateChanged
 from streams.envelope import Envelope
 from streams.sealing import MemoryKeyStore, Sealer
 
-FANOUT = int(os.environ.get("VOICE_BENCH_FANOUT", "1000"))
 PUSH_ROUNDS = 20
 PUSH_WARMUP = 3
 BOUND_S = 3600.0

@@ -87,6 +87,12 @@ class ConversationView(KeptEvents[Envelope]):
     def owned_by(self, owner: str) -> bool:
         return self.owner == owner and not self.erased
 
+    def end_live(self, turn: str) -> None:
+        """Forget ``turn``'s transient events (its reply as written): the log completed it.
+        Nothing is built when none are held, the usual case (every turn's end comes here)."""
+        if self.live:
+            self.drop_live(lambda d: d.record.turn == turn)
+
     def turn(self, turn: str) -> TurnView:
         tv = self.turns.get(turn)
         if tv is None:
@@ -270,14 +276,13 @@ class ConversationViews(OnDemandViews[ConversationView]):
         elif isinstance(rec, TurnStateChanged):
             tv = view.turn(rec.turn)
             tv.state, tv.ended = rec.state, rec
-            if rec.state != "Thinking" and view.live:
-                view.drop_live(lambda d, turn=rec.turn: d.record.turn == turn)
+            if rec.state != "Thinking":
+                view.end_live(rec.turn)
         elif isinstance(rec, ReplyRecorded):
             view.content[env.seq] = env
             tv = view.turn(rec.turn)
             tv.reply, tv.reply_seq = env, env.seq
-            if view.live:
-                view.drop_live(lambda d, turn=rec.turn: d.record.turn == turn)
+            view.end_live(rec.turn)
         elif isinstance(rec, ProposalRecorded):
             view.content[env.seq] = env
             tv = view.turn(rec.turn)
